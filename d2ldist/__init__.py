@@ -1,0 +1,39 @@
+"""d2ldist: multi-machine data-parallel training, taught by code that really runs.
+
+The layers, bottom up (ARCHITECTURE.md draws them):
+- ``van``: authenticated messages over ZeroMQ;
+- ``scheduler`` and ``node``: registration, address book, barriers, liveness;
+- ``server`` / ``kv``: the parameter server; ``ring``: all-reduce among workers;
+- ``launch``: ``d2l-launch``, which starts and stops whole jobs.
+"""
+import os
+
+from .node import Node, PeerFailed
+
+__version__ = '0.1.0'
+
+_node = None
+
+
+def init():
+    """Join the job the launcher started; alone (rank 0 of 1) outside a job."""
+    global _node
+    if _node is None and 'D2L_SCHEDULER_URI' in os.environ:
+        _node = Node.from_env(role='worker').start()
+    return _node
+
+
+def rank():
+    """This worker's rank, 0 .. size() - 1."""
+    return _node.rank if _node else 0
+
+
+def size():
+    """The number of workers in the job."""
+    return _node.num_workers if _node else 1
+
+
+def barrier():
+    """Wait until every worker has reached this point."""
+    if _node:
+        _node.barrier('worker')

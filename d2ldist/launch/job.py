@@ -1,0 +1,253 @@
+"""A running job: start its processes, merge their output, and stop them together.
+
+``Job(specs).run()`` starts the scheduler, learns the port it listens on, starts
+the servers and workers, and then loops: it copies every line any process prints
+to our stdout with a ``[worker 0]`` prefix, and watches for exits. It ends when
+
+* every worker has exited 0: servers and scheduler get a moment to finish, then are
+  stopped; the job succeeds (exit code 0);
+* any process fails: all others are stopped and the failure is reported with the
+  process's last lines (exit code: the process's, or 1);
+* the timeout passes (exit code 124), or we are interrupted (KeyboardInterrupt is
+  raised again once every process is gone).
+
+Each process runs under the guard (``guard.py``) in its own session, with a stdin
+pipe from us: if we die, the pipe closes and the guards end their process groups.
+"""
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+
+from ..guard import GRACE
+from .placement import child_env, guarded
+
+READY = re.compile(r'd2ldist: scheduler ready at tcp://(\S+):(\d+)')
+STATES = ('starting', 'running', 'finished', 'failed', 'stopped')
+
+
+class Terminated(Exception):
+    """The launcher received SIGTERM."""
+
+
+class JobFailed(RuntimeError):
+    """A process of the job failed; ``proc`` is the first one that did."""
+
+    def __init__(self, message, proc=None):
+        super().__init__(message)
+        self.proc = proc
+
+
+class Proc:
+    """A process of the job as the launcher sees it."""
+
+    def __init__(self, spec):
+        self.spec, self.popen, self.state, self.code = spec, None, 'starting', None
+        self.tail = deque(maxlen=10)    # its last lines, for the failure report
+        self.exited_at, self._buf = None, b''
+
+    @property
+    def label(self):
+        return self.spec.label
+
+    @property
+    def alive(self):
+        return self.popen is not None and self.code is None
+
+    def __repr__(self):
+        return f'<{self.label}: {self.state}, exit code {self.code}>'
+
+
+def describe_exit(code):
+    """'exit code 3', or 'killed by SIGKILL (exit code 137)'."""
+    if code > 128:
+        try:
+            return f'killed by {signal.Signals(code - 128).name} (exit code {code})'
+        except ValueError:
+            pass
+    return f'exit code {code}'
+
+
+class Job:
+    """Start a job's processes, merge their output, stop them all when it ends."""
+
+    def __init__(self, specs, timeout=None, out=None, on_line=None, on_state=None):
+        self.procs = [Proc(s) for s in specs]
+        self.timeout, self.out = timeout, out or sys.stdout
+        self.on_line = on_line or (lambda proc, line: line)   # may hide or change a line
+        self.on_state = on_state or (lambda proc: None)
+        self.log = []                     # the merged output: (label, line)
+        self.failure = None               # the first process that failed
+        self.code = None
+        self._sel = selectors.DefaultSelector()
+
+    # -- the main loop -------------------------------------------------------------
+    def run(self):
+        """Run the job to its end; return its exit code."""
+        start = time.monotonic()
+        try:
+            self._start_all()
+            while self.code is None:
+                self._pump(0.1)
+                self._reap()
+                self.code = self._verdict(start)
+        except (KeyboardInterrupt, Terminated):
+            self._say('interrupted: stopping the job')
+            self.stop_all()
+            self.code = 130
+            raise
+        finally:
+            self.stop_all('finished' if self.code == 0 else 'stopped')
+            self._sel.close()
+        if self.failure is not None:
+            p = self.failure
+            self._say(f'{p.label} failed ({describe_exit(p.code)}); stopped the job. '
+                      f'Its last lines:\n' + ''.join(f'  | {line}\n' for line in p.tail))
+        return self.code
+
+    def _verdict(self, start):
+        """The job's exit code once it is over, else None."""
+        if self.failure is not None:
+            return self.failure.code if self.failure.code > 0 else 1
+        if self.timeout is not None and time.monotonic() - start > self.timeout:
+            self._say(f'timeout: the job ran for more than {self.timeout:g} s; stopping it')
+            return 124
+        workers = [p for p in self.procs if p.spec.role == 'worker']
+        if all(p.state == 'finished' for p in workers):
+            done = max(p.exited_at for p in workers)
+            others = [p for p in self.procs if p.alive]
+            if not others or time.monotonic() - done > GRACE:
+                return 0   # stop_all() ends servers and scheduler that still run
+        return None
+
+    # -- starting --------------------------------------------------------------------
+    def _start_all(self):
+        scheduler, others = self.procs[0], self.procs[1:]
+        assert scheduler.spec.role == 'scheduler'
+        self._start(scheduler)
+        port = self._wait_ready(scheduler)
+        if port is None:
+            return
+        for p in others:
+            p.spec.env['D2L_SCHEDULER_PORT'] = port
+            self._start(p)
+
+    def _start(self, p):
+        p.popen = subprocess.Popen(
+            guarded(p.spec.argv), env=child_env(p.spec), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        os.set_blocking(p.popen.stdout.fileno(), False)
+        self._sel.register(p.popen.stdout, selectors.EVENT_READ, p)
+        self._set_state(p, 'running')
+
+    def _wait_ready(self, scheduler, timeout=30.0):
+        """The port the scheduler listens on, from its first line."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self._pump(0.1):
+                if line[0] is scheduler and (m := READY.search(line[1])):
+                    return m.group(2)
+            self._reap()
+            if self.failure is not None or not scheduler.alive:
+                self.failure = self.failure or scheduler
+                return None
+        self._say('the scheduler did not start within 30 s')
+        self.failure = scheduler
+        return None
+
+    # -- output and exits ----------------------------------------------------------------
+    def _pump(self, timeout):
+        """Copy what the processes printed, a whole line at a time; return the lines."""
+        lines = []
+        for key, _ in self._sel.select(timeout):
+            p = key.data
+            try:
+                data = os.read(key.fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not data:                       # EOF: the process closed its output
+                self._sel.unregister(key.fileobj)
+                data, p._buf = p._buf + b'\n' if p._buf else b'', b''
+            *complete, p._buf = (p._buf + data).split(b'\n')
+            if len(p._buf) > 1 << 20:          # a runaway line without an end
+                complete.append(p._buf)
+                p._buf = b''
+            for raw in complete:
+                line = raw.decode(errors='replace').rstrip('\r')
+                lines.append((p, line))
+                self._emit(p, line)
+        return lines
+
+    def _emit(self, p, line):
+        p.tail.append(line)
+        self.log.append((p.label, line))
+        shown = self.on_line(p, line)
+        if shown is not None:
+            self.out.write(f'[{p.label}] {shown}\n')
+            self.out.flush()
+
+    def _reap(self):
+        """Notice processes that exited."""
+        for p in self.procs:
+            if not p.alive or p.popen.poll() is None:
+                continue
+            self._drain(p)
+            code = p.popen.returncode
+            p.code = 128 - code if code < 0 else code
+            p.exited_at = time.monotonic()
+            if p.state in ('stopped', 'finished'):
+                pass
+            elif p.code == 0:
+                self._set_state(p, 'finished')
+            else:
+                self._set_state(p, 'failed')
+                self.failure = self.failure or p
+
+    def _drain(self, p):
+        """Read what an exited process left in its pipe."""
+        deadline = time.monotonic() + 0.5
+        while self._reading(p) and time.monotonic() < deadline:
+            self._pump(0.05)
+
+    def _reading(self, p):
+        return any(k.fileobj is p.popen.stdout for k in self._sel.get_map().values())
+
+    def _set_state(self, p, state):
+        p.state = state
+        self.on_state(p)
+
+    def _say(self, text):
+        self.out.write(f'd2l-launch: {text}\n')
+        self.out.flush()
+
+    # -- stopping ---------------------------------------------------------------------
+    def stop_all(self, state='stopped'):
+        """Stop every process still running: SIGTERM to its group, SIGKILL after a grace."""
+        live = [p for p in self.procs if p.alive]
+        for p in live:
+            self._set_state(p, state)
+            _signal_group(p.popen.pid, signal.SIGTERM)
+            try:
+                p.popen.stdin.close()      # the guard's cue too
+            except OSError:
+                pass
+        deadline = time.monotonic() + GRACE + 2
+        while any(p.alive for p in live) and time.monotonic() < deadline:
+            self._pump(0.05)
+            self._reap()
+        for p in live:
+            if p.alive:
+                _signal_group(p.popen.pid, signal.SIGKILL)
+                p.popen.wait()
+                self._reap()
+
+
+def _signal_group(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,100 @@
+"""Which processes a job has, where each runs, and the command and environment of each.
+
+This is the one place that decides placement and builds the command line of a
+process, so that the ssh launcher only adds "which host" and "how to get there".
+"""
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+
+ROLES = ('scheduler', 'server', 'worker')
+
+
+@dataclass
+class ProcSpec:
+    """One process of a job: its role and rank, its host, its command and environment."""
+    role: str
+    rank: int
+    host: str = 'localhost'
+    argv: list = field(default_factory=list)
+    env: dict = field(default_factory=dict)
+    remote: bool = False
+
+    @property
+    def label(self):
+        """How the process is named in the merged output: 'worker 1' or 'worker 1@hostB'."""
+        name = 'scheduler' if self.role == 'scheduler' else f'{self.role} {self.rank}'
+        return f'{name}@{self.host}' if self.remote else name
+
+
+def place(num_workers, num_servers, hosts=('localhost',)):
+    """The (role, rank, host) of every process: scheduler, servers, workers, round-robin."""
+    roles = [('scheduler', 0)] + [('server', r) for r in range(num_servers)] \
+        + [('worker', r) for r in range(num_workers)]
+    return [(role, rank, hosts[i % len(hosts)]) for i, (role, rank) in enumerate(roles)]
+
+
+def job_env(role, rank, *, num_workers, num_servers, scheduler_host, secret,
+            master_addr, master_port, local_rank=0, local_world_size=1, extra=()):
+    """The environment contract of one process (the table in ARCHITECTURE.md)."""
+    env = {
+        'D2L_ROLE': role, 'D2L_RANK': str(rank),
+        'D2L_NUM_WORKER': str(num_workers), 'D2L_NUM_SERVER': str(num_servers),
+        'D2L_SCHEDULER_URI': scheduler_host, 'D2L_JOB_SECRET': secret,
+        'PYTHONUNBUFFERED': '1',
+    }
+    if role == 'worker':   # torchrun's names, so torch.distributed works unchanged
+        env.update(RANK=str(rank), WORLD_SIZE=str(num_workers), LOCAL_RANK=str(local_rank),
+                   LOCAL_WORLD_SIZE=str(local_world_size), MASTER_ADDR=master_addr,
+                   MASTER_PORT=str(master_port))
+    env.update(dict(extra))
+    return env
+
+
+def node_argv(role, command, python=sys.executable):
+    """What a process runs: d2ldist's own module for scheduler and servers, else the command."""
+    if role == 'worker':
+        return list(command)
+    return [python, '-m', f'd2ldist.{role}']
+
+
+def local_specs(num_workers, num_servers, command, secret, extra_env=()):
+    """The processes of a job on this machine."""
+    master_port = free_port()
+    specs = []
+    for role, rank, _ in place(num_workers, num_servers):
+        env = job_env(role, rank, num_workers=num_workers, num_servers=num_servers,
+                      scheduler_host='127.0.0.1', secret=secret, master_addr='127.0.0.1',
+                      master_port=master_port, local_rank=rank,
+                      local_world_size=num_workers, extra=extra_env)
+        specs.append(ProcSpec(role, rank, 'localhost', node_argv(role, command), env))
+    return specs
+
+
+def guarded(argv, python=sys.executable):
+    """``argv`` run under the guard, which ends its process group when the job ends."""
+    return [python, '-m', 'd2ldist.guard', '--', *argv]
+
+
+def free_port(host='127.0.0.1'):
+    """A TCP port that is free now (for torch.distributed's own rendezvous)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port, host='127.0.0.1'):
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def child_env(spec):
+    """The full environment of a local child: ours, then the job's."""
+    env = dict(os.environ)
+    env.update(spec.env)
+    return env
