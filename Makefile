@@ -1,0 +1,27 @@
+# Two commands on a fresh machine:  make demo  and  make test.
+VENV   ?= .venv
+PYTHON ?= python3
+PY      = $(VENV)/bin/python
+
+.PHONY: venv demo test benchmarks clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[notebooks,test]'
+	touch $@
+
+demo: venv
+	$(VENV)/bin/d2l-launch -n 2 -s 2 python examples/hello_roles.py
+
+test: venv
+	$(PY) -m pytest
+
+benchmarks: venv
+	$(PY) benchmarks/kvstore.py
+	$(PY) benchmarks/allreduce.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,108 @@
+"""Shared helpers for tests that run real jobs.
+
+Every job a test starts carries a unique tag in its environment (``D2L_TEST_TAG``),
+so that a test can look for survivors in the process table afterwards: "no process
+of the job is left" is checked, not assumed.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get('CI', '').lower() in ('1', 'true', 'yes')
+
+
+def need(ok, what):
+    """Skip (with the reason) when a system component is missing; fail in CI."""
+    if not ok:
+        if IN_CI:
+            pytest.fail(f'{what} is missing, and CI=true requires it')
+        pytest.skip(f'{what} is missing')
+
+
+def need_command(name):
+    need(shutil.which(name) is not None, f'the command {name!r}')
+
+
+def launch_argv(*args):
+    """The launcher's command line with this Python."""
+    return [sys.executable, '-m', 'd2ldist.launch', *map(str, args)]
+
+
+def new_tag():
+    return f'd2ltest-{uuid.uuid4().hex[:12]}'
+
+
+def run_launch(*args, tag=None, timeout=120, env=None, cwd=ROOT):
+    """Run d2l-launch to the end; the result has .stdout, .stderr, .returncode, .tag."""
+    tag = tag or new_tag()
+    full_env = dict(os.environ, **(env or {}))
+    argv = launch_argv('--env', f'D2L_TEST_TAG={tag}', *args)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                       env=full_env, cwd=cwd)
+    r.tag = tag
+    return r
+
+
+def start_launch(*args, tag=None, env=None, cwd=ROOT):
+    """Start d2l-launch in the background (its own session); returns the Popen."""
+    tag = tag or new_tag()
+    full_env = dict(os.environ, **(env or {}))
+    p = subprocess.Popen(launch_argv('--env', f'D2L_TEST_TAG={tag}', *args),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=full_env, cwd=cwd, start_new_session=True)
+    p.tag = tag
+    return p
+
+
+def tagged_pids(tag):
+    """Pids of live processes whose environment holds D2L_TEST_TAG=tag."""
+    needle = f'D2L_TEST_TAG={tag}'.encode()
+    pids = []
+    for entry in Path('/proc').iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / 'environ').read_bytes().split(b'\0'):
+                state = (entry / 'stat').read_text().rsplit(')', 1)[1].split()[0]
+                if state != 'Z':
+                    pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def wait_no_survivors(tag, timeout=10.0):
+    """Wait until no process of the tagged job is left; return the survivors (if any)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = tagged_pids(tag)
+        if not pids:
+            return []
+        time.sleep(0.1)
+    return tagged_pids(tag)
+
+
+def kill_tagged(tag):
+    for pid in tagged_pids(tag):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def write_script(tmp_path):
+    """Write a worker script into tmp_path; returns its path."""
+    def write(text, name='job.py'):
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+    return write
