@@ -10,6 +10,7 @@ import atexit
 import os
 import secrets
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -73,6 +74,7 @@ class Node:
         threading.Thread(target=self._heartbeat, daemon=True,
                          name='d2ldist-heartbeat').start()
         atexit.register(self.stop)
+        _report_peer_failures_in_one_line()
         return self
 
     def peers(self, role):
@@ -132,6 +134,18 @@ class Node:
             self.van.send('scheduler', P.GOODBYE)
         finally:
             self.van.close()
+
+
+def _report_peer_failures_in_one_line():
+    """Let an uncaught PeerFailed end the process with its message, not a traceback."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if issubclass(kind, PeerFailed):
+            print(f'd2ldist: {value}', file=sys.stderr, flush=True)
+        else:
+            previous(kind, value, tb)
+    sys.excepthook = hook
 
 
 def _address_towards(uri):

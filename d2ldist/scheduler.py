@@ -133,6 +133,8 @@ def main():
     print(f'd2ldist: scheduler ready at {van.address}', flush=True)
     timeout = float(env.get('D2L_HEARTBEAT_TIMEOUT', '5'))
     code = Scheduler(van, num_workers, num_servers, timeout).serve()
+    if van.dropped:
+        print(f'd2ldist: the scheduler dropped {van.dropped} invalid messages', flush=True)
     van.close()
     sys.exit(code)
 
