@@ -347,8 +347,10 @@ def placement_table(specs):
                      for r in rows)
 
 
-def launch(args, secret, out=None):
-    """Run the job of the parsed ``args`` with ``--launcher ssh``; return the exit code."""
+def launch(args, secret, out=None, **job_options):
+    """Run the job of the parsed ``args`` with ``--launcher ssh``; return the exit code.
+
+    ``job_options`` go to the Job (``on_line``, ``on_state``: see job.py)."""
     out = out or sys.stdout
     hosts = read_hosts(args.hostfile)
     ssh = Ssh(args.ssh_config, args.connect_timeout)
@@ -378,6 +380,6 @@ def launch(args, secret, out=None):
               f'{placement_table(specs)}\n')
     out.flush()
     job = SshJob(specs, hosts, ssh, python, workdir, pythonpath, job_id,
-                 timeout=args.timeout, out=out)
+                 timeout=args.timeout, out=out, **job_options)
     return job.run()
 
