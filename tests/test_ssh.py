@@ -19,7 +19,7 @@ from conftest import ROOT, launch_argv, new_tag, need, need_command, tagged_pids
 from d2ldist.launch.placement import ProcSpec, place
 from d2ldist.launch.ssh import SWEEP, HostError, placement_table, read_hosts, \
     remote_command
-from netns_hosts import LAUNCHER_NS, UNREACHABLE, NetnsHosts
+from netns_hosts import LAUNCHER_NS, UNREACHABLE, NetnsHosts, netns_pids
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,7 +38,10 @@ def hosts():
     for command in ('ip', 'ssh', 'ssh-keygen', 'rsync'):
         need_command(command)
     need(os.access('/usr/sbin/sshd', os.X_OK), "Debian's sshd (/usr/sbin/sshd)")
-    h = NetnsHosts(('hostA', 'hostB')).start()
+    try:
+        h = NetnsHosts(('hostA', 'hostB')).start()
+    except (subprocess.CalledProcessError, RuntimeError) as e:   # e.g. no CAP_SYS_ADMIN
+        need(False, f'network namespaces with sshd ({getattr(e, "stderr", None) or e})')
     try:
         yield h
     finally:
@@ -50,6 +53,12 @@ def clean(hosts):
     """Every test must leave no process on any host, whatever happened."""
     yield hosts
     left = hosts.wait_no_leftovers(15)
+    for pids in left.values():            # so that one failure does not fail the next test
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     assert not left, f'processes left on the hosts: {left}'
 
 
@@ -168,7 +177,6 @@ def environ_of(pid):
 
 def job_pids_on(hosts, host, tag, role=None):
     """The job's processes on ``host`` (optionally of one role)."""
-    from netns_hosts import netns_pids
     pids = set(tagged_pids(tag)) & netns_pids(hosts.ns[host])
     return [p for p in pids if role is None or environ_of(p).get('D2L_ROLE') == role]
 
@@ -331,8 +339,9 @@ def test_remote_command_quotes_everything():
     assert command.startswith("cd '/work dir' && exec env PYTHONPATH=/src/d2l '/opt/py thon' "
                               '-m d2ldist.guard --remote -- ')
     # the shell splits the command line back into exactly the original words
-    echo = subprocess.run(['sh', '-c', command.replace("cd '/work dir' && exec ", 'printf "%s\\0" ')],
-                          capture_output=True, timeout=10).stdout.split(b'\0')[:-1]
+    printf = command.replace("cd '/work dir' && exec ", 'printf "%s\\0" ')
+    echo = subprocess.run(['sh', '-c', printf], capture_output=True,
+                          timeout=10).stdout.split(b'\0')[:-1]
     assert [w.decode() for w in echo] == ['env', 'PYTHONPATH=/src/d2l', '/opt/py thon', '-m',
                                           'd2ldist.guard', '--remote', '--', *spec.argv]
 

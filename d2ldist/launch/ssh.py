@@ -121,7 +121,9 @@ class Ssh:
         self.config, self.connect_timeout = config, connect_timeout
 
     def options(self, host):
-        argv = ['ssh', '-T', '-o', 'BatchMode=yes', '-o', f'ConnectTimeout={self.connect_timeout:g}',
+        """ssh and its options for ``host``: no tty, never a password prompt."""
+        argv = ['ssh', '-T', '-o', 'BatchMode=yes',
+                '-o', f'ConnectTimeout={self.connect_timeout:g}',
                 '-o', 'ServerAliveInterval=5', '-o', 'ServerAliveCountMax=3',
                 '-o', 'LogLevel=ERROR']
         if self.config:
@@ -142,14 +144,20 @@ def run_parallel(argvs, timeout):
     procs = [subprocess.Popen(a, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for a in argvs]
     results = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=timeout)
-            results.append((p.returncode, out, err))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, err = p.communicate()
-            results.append((None, out, err))
+    try:
+        for p in procs:
+            try:
+                out, err = p.communicate(timeout=timeout)
+                results.append((p.returncode, out, err))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, err = p.communicate()
+                results.append((None, out, err))
+    finally:                  # interrupted: leave no ssh or rsync behind
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return results
 
 
@@ -205,7 +213,8 @@ def preflight(hosts, ssh, python, workdir, pythonpath, interface=None, syncing=F
                 why = f'cannot run {python}: {why}'
             failed.append(f'{host.label}: {why}')
     if failed:
-        more = f' (and {len(failed) - 1} more hosts failed)' if len(failed) > 1 else ''
+        more = len(failed) - 1
+        more = f' (and {more} more host{"s" * (more > 1)})' if more else ''
         raise HostError(f'preflight failed on {failed[0]}{more}')
     first = answers[hosts[0].label][0]
     if ':' in first:
