@@ -7,6 +7,7 @@ other than sshd itself) and by the job's tag.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -204,6 +205,10 @@ def interrupt_launcher(hosts, launcher, tag):
     os.kill(launcher.pid, signal.SIGINT)
 
 
+def terminate_launcher(hosts, launcher, tag):
+    os.kill(launcher.pid, signal.SIGTERM)
+
+
 def kill_launcher(hosts, launcher, tag):
     os.kill(launcher.pid, signal.SIGKILL)
 
@@ -218,6 +223,7 @@ def kill_ssh_children(hosts, launcher, tag):
 @pytest.mark.parametrize('action,code,says', [
     (kill_worker_on_b, 137, '@hostB failed (killed by SIGKILL (exit code 137))'),
     (interrupt_launcher, 130, 'interrupted: stopping the job'),
+    (terminate_launcher, 143, 'interrupted: stopping the job'),
     (kill_ssh_children, 137, 'failed (killed by SIGKILL (exit code 137))'),
     (kill_launcher, -signal.SIGKILL, ''),        # MXNet's launcher left everything running
 ])
@@ -235,7 +241,7 @@ def test_no_process_left_on_any_host(clean, tmp_path, action, code, says):
     def read():
         for line in launcher.stdout:
             lines.append(line)
-            if sum(' ready' in x for x in lines) == 3:
+            if sum(bool(re.search(r'\] worker \d ready$', x)) for x in lines) == 3:
                 ready.set()
     threading.Thread(target=read, daemon=True).start()
     try:
