@@ -136,6 +136,21 @@ def test_sync_dst_dir_copies_the_directory(clean, tmp_path):
     assert not dst.exists()
 
 
+def test_hostfile_with_user_port_and_slots(clean, tmp_path):
+    hosts = clean
+    script = tmp_path / 'local.py'
+    script.write_text('import os\nprint("local", os.environ["RANK"], os.environ["LOCAL_RANK"], '
+                      'os.environ["LOCAL_WORLD_SIZE"])\n')
+    hostfile = hosts.hostfile(tmp_path / 'hosts', ['root@hostA:22 slots=2', 'hostB  # one slot'])
+    r = run_ssh(hosts, '-H', hostfile, '-n', '3', '-s', '0', 'python', script)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # workers fill hostA's two slots first, then hostB's one
+    assert 'local 0 0 2' in prefixed(r.stdout, 'worker 0@hostA:22')
+    assert 'local 1 1 2' in prefixed(r.stdout, 'worker 1@hostA:22')
+    assert 'local 2 0 1' in prefixed(r.stdout, 'worker 2@hostB')
+    assert 'workers by slots' in r.stdout
+
+
 WEIRD_ARGS = ['two words', "it's", '"double"', '$HOME', '${PATH}', '$(id -u)', '`id`',
               'back\\slash', '', ';exit 3', '*', 'tab\there', 'new\nline', 'ünïcode €']
 WEIRD_VALUE = 'a b "c" \'d\' $HOME $(id) `id` \\ ;&|'
