@@ -6,7 +6,13 @@ on a remote host, the ssh connection): when it closes - the launcher exited, was
 killed, or the ssh link dropped - the guard ends the command's whole process group.
 SIGTERM, SIGINT and SIGHUP to the guard do the same. The guard exits with the
 command's exit code (128 + signal number if a signal ended it).
+
+On a remote host the ssh launcher runs ``python -m d2ldist.guard --remote -- command``:
+the guard then reads the job's environment as one JSON line from stdin (so that the
+job secret never appears on a command line, where ``ps`` would show it) and prints
+``d2ldist.guard: pgid N`` so that the launcher can also end the group by its number.
 """
+import json
 import os
 import signal
 import subprocess
@@ -36,17 +42,38 @@ def stop_group(pgid, grace=GRACE):
         pass
 
 
+def read_env_line():
+    """The job's environment, sent by the ssh launcher as the first line of stdin."""
+    line = b''
+    while not line.endswith(b'\n'):
+        byte = os.read(0, 1)              # one byte at a time: leave the rest unread
+        if not byte:
+            sys.exit('d2ldist.guard: the launcher went away before sending the environment')
+        line += byte
+    env = json.loads(line)
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        sys.exit('d2ldist.guard: the environment line is not a JSON object of strings')
+    return env
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    remote = argv[:1] == ['--remote']
+    if remote:
+        argv = argv[1:]
     if argv[:1] == ['--']:
         argv = argv[1:]
     if not argv:
         sys.exit('d2ldist.guard: no command given')
+    env = dict(os.environ, **read_env_line()) if remote else None
     try:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,
+                                 env=env)
     except OSError as e:
         print(f'd2l-launch: cannot start {argv[0]!r}: {e.strerror}', file=sys.stderr, flush=True)
         sys.exit(127)
+    if remote:
+        print(f'd2ldist.guard: pgid {child.pid}', flush=True)
     stopping = threading.Event()
 
     def stop(*_):

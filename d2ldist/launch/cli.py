@@ -2,11 +2,13 @@
 
     d2l-launch -n 2 -s 2 python train.py --lr 0.1
     d2l-launch -n 4 -s 0 train.py              # a .py file runs with this Python
+    d2l-launch -n 2 -s 2 -H hosts --launcher ssh --sync-dst-dir /tmp/job python train.py
 
 The options follow MXNet's tools/launch.py. Everything after the options (or after
 ``--``) is the command each worker runs.
 """
 import argparse
+import os
 import secrets
 import shlex
 import shutil
@@ -36,10 +38,26 @@ def build_parser(prog='d2l-launch'):
     p.add_argument('-s', '--num-servers', type=int, default=None,
                    help='number of parameter servers (default: as many as workers; '
                    '0 for jobs without servers)')
-    p.add_argument('--launcher', choices=['local'], default='local',
+    p.add_argument('--launcher', choices=['local', 'ssh'], default='local',
                    help='how processes are started (default: local)')
     p.add_argument('-H', '--hostfile', default=None,
-                   help='the hosts to run on (for --launcher ssh)')
+                   help='the hosts to run on (for --launcher ssh): a file of '
+                   '[user@]host[:port] [slots=N] lines, or host1,host2:2222')
+    p.add_argument('--sync-dst-dir', default=None, metavar='DIR',
+                   help='ssh: first rsync the current directory to DIR on every host '
+                   '(without .git and .venv) and run there')
+    p.add_argument('--sync-all', action='store_true',
+                   help='ssh: with --sync-dst-dir, copy .git and .venv too')
+    p.add_argument('--python', default=None, metavar='PATH',
+                   help="ssh: the Python on the hosts (default: the launcher's, same path)")
+    p.add_argument('--interface', default=os.environ.get('D2L_INTERFACE') or None,
+                   metavar='NAME', help='ssh: the network interface whose address the '
+                   'processes advertise (default: $D2L_INTERFACE, else the route '
+                   'to the scheduler)')
+    p.add_argument('--ssh-config', default=None, metavar='FILE',
+                   help='ssh: use this ssh config file (ssh -F FILE)')
+    p.add_argument('--connect-timeout', type=float, default=10, metavar='SECONDS',
+                   help='ssh: give up on a host that does not answer within this time')
     p.add_argument('--env', action='append', default=[], metavar='NAME=VALUE',
                    help='set an environment variable in every process (repeatable)')
     p.add_argument('--port', type=int, default=None,
@@ -60,14 +78,27 @@ def parse(argv, prog='d2l-launch'):
         args.num_servers = args.num_workers
     if args.num_servers < 0:
         raise UsageError(f'-s must be 0 or more, got {args.num_servers}')
-    if args.hostfile is not None and args.launcher == 'local':
-        raise UsageError('-H/--hostfile needs --launcher ssh')
+    if args.launcher == 'local':
+        for name, value in (('-H/--hostfile', args.hostfile),
+                            ('--sync-dst-dir', args.sync_dst_dir), ('--python', args.python)):
+            if value is not None:
+                raise UsageError(f'{name} needs --launcher ssh')
+    elif args.hostfile is None:
+        raise UsageError('--launcher ssh needs -H hostfile (or -H host1,host2)')
+    if args.sync_dst_dir is not None and not os.path.isabs(args.sync_dst_dir):
+        raise UsageError(f'--sync-dst-dir needs an absolute path, got {args.sync_dst_dir!r}')
+    if args.connect_timeout <= 0:
+        raise UsageError(f'--connect-timeout must be positive, got {args.connect_timeout:g}')
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f'--timeout must be positive, got {args.timeout:g}')
-    if args.port is not None and not (0 < args.port < 65536 and port_is_free(args.port)):
+    if args.port is not None and not (0 < args.port < 65536 and (
+            args.launcher == 'ssh' or port_is_free(args.port))):
         raise UsageError(f'port {args.port} is not free')
     args.env = dict(_name_value(item) for item in args.env)
-    args.command = command_of(args.command)
+    if args.launcher == 'ssh':   # the program need only exist on the hosts
+        args.command = command_of(args.command, args.python or sys.executable, local=False)
+    else:
+        args.command = command_of(args.command)
     return args
 
 
@@ -78,8 +109,10 @@ def _name_value(item):
     return name, value
 
 
-def command_of(words, python=sys.executable):
-    """The worker command, checked: ``x.py`` and ``python x.py`` run with our Python."""
+def command_of(words, python=sys.executable, local=True):
+    """The worker command, checked: ``x.py`` and ``python x.py`` run with our Python.
+
+    ``local=False`` (ssh): the program is looked for on the hosts, not here."""
     if words[:1] == ['--']:
         words = words[1:]
     if len(words) == 1 and ' ' in words[0]:   # MXNet style: "python train.py" quoted
@@ -90,7 +123,7 @@ def command_of(words, python=sys.executable):
         words = [python, *words]
     elif words[0] in ('python', 'python3'):   # the launcher's own Python, as in MXNet
         words = [python, *words[1:]]
-    if shutil.which(words[0]) is None:
+    if local and shutil.which(words[0]) is None:
         raise UsageError(f'cannot start {words[0]!r}: command not found')
     if Path(words[0]).name.startswith('python') and len(words) > 1 \
             and words[1].endswith('.py') and not Path(words[1]).is_file():
@@ -109,6 +142,8 @@ def main(argv=None):
     except UsageError as e:
         print(f'd2l-launch: error: {e}', file=sys.stderr)
         return 2
+    if args.launcher == 'ssh':
+        return _main_ssh(args)
     specs = local_specs(args.num_workers, args.num_servers, args.command,
                         secrets.token_hex(32), extra_env=args.env)
     if args.port:
@@ -117,6 +152,21 @@ def main(argv=None):
     job = Job(specs, timeout=args.timeout)
     try:
         return job.run()
+    except KeyboardInterrupt:
+        return 130
+    except Terminated:
+        return 143
+
+
+def _main_ssh(args):
+    """``--launcher ssh``: preflight, sync, then the job on the hosts (see ssh.py)."""
+    from . import ssh
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return ssh.launch(args, secrets.token_hex(32))
+    except ssh.HostError as e:
+        print(f'd2l-launch: error: {e}', file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except Terminated:

@@ -137,12 +137,16 @@ class Job:
             self._start(p)
 
     def _start(self, p):
-        p.popen = subprocess.Popen(
-            guarded(p.spec.argv), env=child_env(p.spec), stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        p.popen = self.spawn(p.spec)
         os.set_blocking(p.popen.stdout.fileno(), False)
         self._sel.register(p.popen.stdout, selectors.EVENT_READ, p)
         self._set_state(p, 'running')
+
+    def spawn(self, spec):
+        """Start one process under the guard (the ssh launcher starts it on its host)."""
+        return subprocess.Popen(
+            guarded(spec.argv), env=child_env(spec), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
     def _wait_ready(self, scheduler, timeout=30.0):
         """The port the scheduler listens on, from its first line."""
@@ -230,11 +234,7 @@ class Job:
         live = [p for p in self.procs if p.alive]
         for p in live:
             self._set_state(p, state)
-            _signal_group(p.popen.pid, signal.SIGTERM)
-            try:
-                p.popen.stdin.close()      # the guard's cue too
-            except OSError:
-                pass
+            self.terminate(p)
         deadline = time.monotonic() + GRACE + 2
         while any(p.alive for p in live) and time.monotonic() < deadline:
             self._pump(0.05)
@@ -244,6 +244,14 @@ class Job:
                 _signal_group(p.popen.pid, signal.SIGKILL)
                 p.popen.wait()
                 self._reap()
+
+    def terminate(self, p):
+        """Ask one process to stop: SIGTERM to its group, and close the guard's stdin."""
+        _signal_group(p.popen.pid, signal.SIGTERM)
+        try:
+            p.popen.stdin.close()      # the guard's cue too
+        except OSError:
+            pass
 
 
 def _signal_group(pgid, sig):

@@ -28,11 +28,22 @@ class ProcSpec:
         return f'{name}@{self.host}' if self.remote else name
 
 
-def place(num_workers, num_servers, hosts=('localhost',)):
-    """The (role, rank, host) of every process: scheduler, servers, workers, round-robin."""
+def place(num_workers, num_servers, hosts=('localhost',), slots=None):
+    """The (role, rank, host) of every process.
+
+    The scheduler goes on the first host; then servers and workers are dealt
+    round-robin over the hosts, in that order. With ``slots`` (workers per host, as in
+    an MPI hostfile) the workers instead fill the first host's slots, then the next
+    host's, and so on, starting again at the first host once all slots are taken.
+    """
     roles = [('scheduler', 0)] + [('server', r) for r in range(num_servers)] \
         + [('worker', r) for r in range(num_workers)]
-    return [(role, rank, hosts[i % len(hosts)]) for i, (role, rank) in enumerate(roles)]
+    placed = [(role, rank, hosts[i % len(hosts)]) for i, (role, rank) in enumerate(roles)]
+    if slots:
+        by_slot = [h for h, n in zip(hosts, slots) for _ in range(n)]
+        placed = [(role, rank, by_slot[rank % len(by_slot)] if role == 'worker' else host)
+                  for role, rank, host in placed]
+    return placed
 
 
 def job_env(role, rank, *, num_workers, num_servers, scheduler_host, secret,
@@ -61,20 +72,41 @@ def node_argv(role, command, python=sys.executable):
 
 def local_specs(num_workers, num_servers, command, secret, extra_env=()):
     """The processes of a job on this machine."""
-    master_port = free_port()
+    return job_specs(num_workers, num_servers, command, secret, extra_env=extra_env)
+
+
+def job_specs(num_workers, num_servers, command, secret, hosts=('localhost',), slots=None,
+              scheduler_address='127.0.0.1', master_port=None, extra_env=(), host_env=None,
+              python=sys.executable, remote=False):
+    """The processes of a job: placed on ``hosts``, each with its command and environment.
+
+    ``scheduler_address`` is where the others reach the scheduler (an address of the
+    first host); ``host_env`` maps a host to variables only its processes get.
+    """
+    placed = place(num_workers, num_servers, hosts, slots)
+    workers_on = {}                          # host -> its workers' ranks, for LOCAL_RANK
+    for role, rank, host in placed:
+        if role == 'worker':
+            workers_on.setdefault(host, []).append(rank)
+    master_port = master_port or free_port()
     specs = []
-    for role, rank, _ in place(num_workers, num_servers):
+    for role, rank, host in placed:
+        local = workers_on.get(host, [])
         env = job_env(role, rank, num_workers=num_workers, num_servers=num_servers,
-                      scheduler_host='127.0.0.1', secret=secret, master_addr='127.0.0.1',
-                      master_port=master_port, local_rank=rank,
-                      local_world_size=num_workers, extra=extra_env)
-        specs.append(ProcSpec(role, rank, 'localhost', node_argv(role, command), env))
+                      scheduler_host=scheduler_address, secret=secret,
+                      master_addr=scheduler_address, master_port=master_port,
+                      local_rank=local.index(rank) if role == 'worker' else 0,
+                      local_world_size=len(local), extra=extra_env)
+        env.update((host_env or {}).get(host, {}))
+        specs.append(ProcSpec(role, rank, host, node_argv(role, command, python), env, remote))
     return specs
 
 
-def guarded(argv, python=sys.executable):
-    """``argv`` run under the guard, which ends its process group when the job ends."""
-    return [python, '-m', 'd2ldist.guard', '--', *argv]
+def guarded(argv, python=sys.executable, remote=False):
+    """``argv`` run under the guard, which ends its process group when the job ends.
+
+    ``remote``: the guard reads the environment from stdin (see guard.py)."""
+    return [python, '-m', 'd2ldist.guard', *(['--remote'] if remote else []), '--', *argv]
 
 
 def free_port(host='127.0.0.1'):

@@ -1,0 +1,394 @@
+"""The ssh launcher: run a job's processes on other machines with OpenSSH.
+
+``placement.py`` decides what runs where, with which command and environment; this
+module adds only *which host* and *how to get there*:
+
+1. hosts: a hostfile of ``[user@]host[:port] [slots=N]`` lines, or ``-H a,b:2222``;
+2. preflight: before anything starts, every host is checked in parallel (ssh with
+   ``BatchMode=yes`` and a connect timeout; the directory; the remote Python). Each
+   host answers with the address it was reached at (``SSH_CONNECTION``), which is what
+   the others use to reach the scheduler, and a free port for torch.distributed;
+3. ``--sync-dst-dir DIR``: rsync the current directory to DIR on every host, in parallel;
+4. every process is ``ssh -T host 'cd DIR && exec python -m d2ldist.guard --remote -- cmd'``;
+   its environment, with the job secret, goes as one JSON line down ssh's stdin, so no
+   secret (nor any ``--env`` value) is ever on a command line where ``ps`` shows it;
+5. clean-up, two ways:
+
+   * the guard watches its stdin, which is the ssh channel. We do not ask for a tty
+     (``-T``): whether the launcher closes the pipe, dies, or the ssh client or the
+     connection dies, sshd closes the session's pipes and the guard reads EOF and ends
+     the process group. A tty would add nothing (sshd's SIGHUP reaches only the tty's
+     foreground group, and the command runs in its own session) and would cost: it
+     echoes stdin (the secret would come back in the output) and mangles the output
+     (``\\r\\n``, stderr merged into the tty);
+   * the guard prints the group's number (``d2ldist.guard: pgid N``); when the job
+     ends, the launcher logs in once more to every host whose processes did not end
+     cleanly and ends any such group still alive (SIGTERM, then SIGKILL), after
+     checking via ``D2L_JOB_ID`` that the group still belongs to this job.
+"""
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..guard import GRACE
+from .job import Job
+from .placement import child_env, guarded, job_specs
+
+HOST_LINE = re.compile(r'(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.-]*)@)?'
+                       r'(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)(?::(?P<port>\d+))?'
+                       r'(?:\s+slots=(?P<slots>\d+))?')
+GUARD_PGID = re.compile(r'd2ldist\.guard: pgid (\d+)')
+SYNC_EXCLUDES = ('.git', '.venv')
+# Variables a user expects to reach every process (as ``env`` does for local jobs).
+FORWARD = ('PYTHONPATH', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS')
+FORWARD_PREFIXES = ('D2L_', 'NCCL_', 'GLOO_', 'TORCH_')
+NOT_FORWARDED = ('D2L_JOB_SECRET', 'D2L_NODE_HOST', 'D2L_INTERFACE', 'D2L_SCHEDULER_URI',
+                 'D2L_SCHEDULER_PORT', 'D2L_ROLE', 'D2L_RANK', 'D2L_NUM_WORKER',
+                 'D2L_NUM_SERVER', 'D2L_JOB_ID')
+
+
+class HostError(Exception):
+    """A host cannot be used: reported in one line, exit code 2, nothing started."""
+
+
+@dataclass
+class Host:
+    """One line of a hostfile."""
+    name: str
+    user: str = None
+    port: int = None
+    slots: int = None
+
+    @property
+    def label(self):
+        """How the host appears in placement and output: 'hostB' (or 'hostB:2222')."""
+        return self.name if self.port is None else f'{self.name}:{self.port}'
+
+
+# -- 1. hosts ----------------------------------------------------------------------
+def parse_host(text, where):
+    """One ``[user@]host[:port] [slots=N]`` entry; ``where`` names it in errors."""
+    m = HOST_LINE.fullmatch(text.strip())
+    if m is None:
+        raise HostError(f'{where}: expected host, host:port, user@host or user@host:port, '
+                        f'optionally followed by slots=N; got {text.strip()!r}')
+    port = None if m['port'] is None else int(m['port'])
+    if port is not None and not 0 < port < 65536:
+        raise HostError(f'{where}: port {port} is out of range')
+    slots = None if m['slots'] is None else int(m['slots'])
+    if slots == 0:
+        raise HostError(f'{where}: slots must be at least 1')
+    return Host(m['name'], m['user'], port, slots)
+
+
+def read_hosts(value):
+    """The hosts of ``-H``: a hostfile, or an inline list ``host1,user@host2:2222``."""
+    path = Path(value)
+    if path.is_file() or '/' in value:
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as e:
+            raise HostError(f'cannot read hostfile {value}: {e.strerror}') from None
+        entries = [(line.split('#', 1)[0], f'{value} line {i}')
+                   for i, line in enumerate(lines, 1)]
+    else:
+        entries = [(item, f'-H {value!r} item {i}')
+                   for i, item in enumerate(value.split(','), 1)]
+    hosts = []
+    for text, where in entries:
+        if not text.strip():
+            continue
+        host = parse_host(text, where)
+        if any(h.label == host.label for h in hosts):
+            raise HostError(f'{where}: {host.label} is listed twice (use slots=N)')
+        hosts.append(host)
+    if not hosts:
+        raise HostError(f'no hosts in {value}')
+    return hosts
+
+
+# -- how to get there --------------------------------------------------------------
+class Ssh:
+    """The ssh command line for each host (and for rsync's ``-e``)."""
+
+    def __init__(self, config=None, connect_timeout=10):
+        self.config, self.connect_timeout = config, connect_timeout
+
+    def options(self, host):
+        """ssh and its options for ``host``: no tty, never a password prompt."""
+        argv = ['ssh', '-T', '-o', 'BatchMode=yes',
+                '-o', f'ConnectTimeout={self.connect_timeout:g}',
+                '-o', 'ServerAliveInterval=5', '-o', 'ServerAliveCountMax=3',
+                '-o', 'LogLevel=ERROR']
+        if self.config:
+            argv += ['-F', self.config]
+        if host.port is not None:
+            argv += ['-p', str(host.port)]
+        if host.user:
+            argv += ['-l', host.user]
+        return argv
+
+    def argv(self, host, command):
+        """``ssh ... host command``: run the shell command line ``command`` on ``host``."""
+        return [*self.options(host), host.name, command]
+
+
+def run_parallel(argvs, timeout):
+    """Run commands at once; return [(exit code, stdout, stderr)] (code None: timed out)."""
+    procs = [subprocess.Popen(a, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for a in argvs]
+    results = []
+    try:
+        for p in procs:
+            try:
+                out, err = p.communicate(timeout=timeout)
+                results.append((p.returncode, out, err))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, err = p.communicate()
+                results.append((None, out, err))
+    finally:                  # interrupted: leave no ssh or rsync behind
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return results
+
+
+def reason(code, err, timeout):
+    """ssh's (or the remote shell's) reason for a failure, in one line."""
+    if code is None:
+        return f'no answer within {timeout:g} s'
+    lines = [line.strip() for line in err.splitlines() if line.strip()]
+    return lines[-1] if lines else f'exit code {code}'
+
+
+# -- 2. preflight ------------------------------------------------------------------
+# Runs on each host with its Python: the address it was reached at (or the address of
+# --interface), a free port there, and (unless the directory is still to be synced)
+# that d2ldist can be imported.
+PROBE = '''\
+import os, socket, sys
+iface, check = sys.argv[1], sys.argv[2] == "1"
+if check:
+    import d2ldist.guard
+addr = os.environ.get("SSH_CONNECTION", "- - 127.0.0.1").split()[2]
+if iface:
+    import fcntl, struct
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            req = struct.pack("256s", iface.encode()[:15])
+            addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])
+    except OSError as e:
+        sys.exit(f"no IPv4 address on interface {iface}: {e.strerror}")
+with socket.socket() as s:
+    s.bind((addr, 0))
+    print("d2ldist-preflight", addr, s.getsockname()[1])
+'''
+
+
+def preflight(hosts, ssh, python, workdir, pythonpath, interface=None, syncing=False):
+    """Check every host in parallel; return {label: (address, free port)} or raise HostError."""
+    steps = [f'mkdir -p {shlex.quote(workdir)}'] if syncing else []
+    steps.append(f'cd {shlex.quote(workdir)}')
+    steps.append('exec ' + shlex.join([*env_words(pythonpath), python, '-c', PROBE,
+                                       interface or '', '0' if syncing else '1']))
+    command = ' && '.join(steps)
+    timeout = ssh.connect_timeout + 20
+    results = run_parallel([ssh.argv(h, command) for h in hosts], timeout)
+    answers, failed = {}, []
+    for host, (code, out, err) in zip(hosts, results):
+        m = re.search(r'^d2ldist-preflight (\S+) (\d+)$', out, re.M)
+        if code == 0 and m:
+            answers[host.label] = (m.group(1), int(m.group(2)))
+        else:
+            why = reason(code, err, timeout)
+            if code == 127:
+                why = f'cannot run {python}: {why}'
+            failed.append(f'{host.label}: {why}')
+    if failed:
+        more = len(failed) - 1
+        more = f' (and {more} more host{"s" * (more > 1)})' if more else ''
+        raise HostError(f'preflight failed on {failed[0]}{more}')
+    first = answers[hosts[0].label][0]
+    if ':' in first:
+        raise HostError(f'{hosts[0].label} is reached over IPv6 ({first}); d2ldist needs '
+                        'IPv4: pick an interface with --interface')
+    if first.startswith('127.') and any(not a.startswith('127.') for a, _ in answers.values()):
+        raise HostError(f'{hosts[0].label} is reached at {first}, which other hosts cannot '
+                        'reach: list it by its network address or use --interface')
+    return answers
+
+
+def env_words(pythonpath):
+    """``env PYTHONPATH=...``: what the guard itself needs to start (no secrets)."""
+    return ['env', f'PYTHONPATH={pythonpath}'] if pythonpath else []
+
+
+# -- 3. --sync-dst-dir -------------------------------------------------------------
+def sync(hosts, ssh, dst, src='.', excludes=SYNC_EXCLUDES):
+    """rsync ``src`` to ``dst`` on every host in parallel; raise HostError on failure."""
+    argvs = [['rsync', '-a', *[f'--exclude={e}' for e in excludes],
+              '-e', shlex.join(ssh.options(h)), f'{src.rstrip("/")}/',
+              f'{h.name}:{dst.rstrip("/")}/'] for h in hosts]
+    timeout = 600
+    for host, (code, _, err) in zip(hosts, run_parallel(argvs, timeout)):
+        if code != 0:
+            raise HostError(f'rsync to {host.label}:{dst} failed: {reason(code, err, timeout)}')
+
+
+# -- 4. the processes --------------------------------------------------------------
+def forwarded_env(environ=os.environ):
+    """The launcher's variables every remote process gets (PYTHONPATH goes separately)."""
+    return {k: v for k, v in environ.items()
+            if (k in FORWARD or k.startswith(FORWARD_PREFIXES))
+            and k not in NOT_FORWARDED and k != 'PYTHONPATH'}
+
+
+def remote_pythonpath(pythonpath, cwd, workdir):
+    """PYTHONPATH for the hosts: entries inside the synced directory move with it."""
+    entries = []
+    for entry in filter(None, (pythonpath or '').split(os.pathsep)):
+        path = Path(cwd, entry).resolve()
+        try:
+            entries.append(str(Path(workdir, path.relative_to(Path(cwd).resolve()))))
+        except ValueError:
+            entries.append(str(path))
+    return os.pathsep.join(entries)
+
+
+def remote_command(spec, python, workdir, pythonpath):
+    """The shell command line that runs one process on its host, under the guard."""
+    return f'cd {shlex.quote(workdir)} && exec ' + shlex.join(
+        [*env_words(pythonpath), *guarded(spec.argv, python, remote=True)])
+
+
+class SshJob(Job):
+    """A Job whose processes run on other hosts, each through its own ssh connection."""
+
+    def __init__(self, specs, hosts, ssh, python, workdir, pythonpath, job_id, **kw):
+        super().__init__(specs, **kw)
+        self.hosts = {h.label: h for h in hosts}
+        self.ssh, self.python, self.workdir = ssh, python, workdir
+        self.pythonpath, self.job_id = pythonpath, job_id
+        self.swept = set()
+
+    def spawn(self, spec):
+        """ssh to the host, then send the environment as the first line of stdin."""
+        command = remote_command(spec, self.python, self.workdir, self.pythonpath)
+        env = {k: v for k, v in child_env(spec).items() if k != 'D2L_JOB_SECRET'}
+        popen = subprocess.Popen(
+            self.ssh.argv(self.hosts[spec.host], command), env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            popen.stdin.write(json.dumps(spec.env).encode() + b'\n')
+            popen.stdin.flush()
+        except BrokenPipeError:
+            pass          # ssh already failed: its exit code and message tell why
+        return popen
+
+    def _emit(self, p, line):
+        m = GUARD_PGID.fullmatch(line)
+        if m:             # the guard's note of the remote process group: keep, don't show
+            p.remote_pgid = int(m.group(1))
+            return
+        super()._emit(p, line)
+
+    def terminate(self, p):
+        """Close ssh's stdin: the remote guard reads EOF and stops its group (with a grace)."""
+        try:
+            p.popen.stdin.close()
+        except OSError:
+            pass
+
+    def stop_all(self, state='stopped'):
+        super().stop_all(state)
+        self.sweep()
+
+    def sweep(self):
+        """End, on every host, the recorded process groups that may still be alive."""
+        groups = {}
+        for p in self.procs:
+            pgid = getattr(p, 'remote_pgid', None)
+            if pgid and p.state != 'finished' and p not in self.swept:
+                groups.setdefault(p.spec.host, []).append(str(pgid))
+                self.swept.add(p)
+        if not groups:
+            return
+        argvs = [self.ssh.argv(self.hosts[label], shlex.join(
+                 ['sh', '-c', SWEEP, 'sweep', self.job_id, f'{GRACE:g}', *pgids]))
+                 for label, pgids in groups.items()]
+        run_parallel(argvs, self.ssh.connect_timeout + GRACE + 5)
+
+
+# $1 job id, $2 grace, then process group ids. A group is ours if its leader is gone
+# (a pid is never reused while its group lives) or the leader's environment holds our
+# D2L_JOB_ID; then it gets SIGTERM and, after the grace, SIGKILL.
+SWEEP = '''\
+job=$1 grace=$2; shift 2; alive=
+for g in "$@"; do
+  kill -0 -"$g" 2>/dev/null || continue
+  if [ -r /proc/"$g"/environ ]; then
+    tr '\\000' '\\n' < /proc/"$g"/environ | grep -qx "D2L_JOB_ID=$job" || continue
+  fi
+  alive="$alive $g"; kill -TERM -"$g" 2>/dev/null
+done
+[ -n "$alive" ] || exit 0
+sleep "$grace"
+for g in $alive; do kill -KILL -"$g" 2>/dev/null; done
+exit 0
+'''
+
+
+# -- putting it together -------------------------------------------------------------
+def placement_table(specs):
+    """The placement, printed at start: role, rank and host of every process."""
+    rows = [('role', 'rank', 'host')] + [
+        (s.role, '-' if s.role == 'scheduler' else str(s.rank), s.host) for s in specs]
+    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    return '\n'.join('  ' + '  '.join(c.ljust(w) for c, w in zip(r, width)).rstrip()
+                     for r in rows)
+
+
+def launch(args, secret, out=None, **job_options):
+    """Run the job of the parsed ``args`` with ``--launcher ssh``; return the exit code.
+
+    ``job_options`` go to the Job (``on_line``, ``on_state``: see job.py)."""
+    out = out or sys.stdout
+    hosts = read_hosts(args.hostfile)
+    ssh = Ssh(args.ssh_config, args.connect_timeout)
+    python = args.python or sys.executable
+    cwd = os.getcwd()
+    workdir = args.sync_dst_dir or cwd
+    pythonpath = remote_pythonpath(os.environ.get('PYTHONPATH'), cwd,
+                                   workdir if args.sync_dst_dir else cwd)
+    answers = preflight(hosts, ssh, python, workdir, pythonpath, args.interface,
+                        syncing=bool(args.sync_dst_dir))
+    if args.sync_dst_dir:
+        sync(hosts, ssh, args.sync_dst_dir, cwd, () if args.sync_all else SYNC_EXCLUDES)
+    job_id = uuid.uuid4().hex
+    labels = [h.label for h in hosts]
+    slots = [h.slots or 1 for h in hosts] if any(h.slots for h in hosts) else None
+    scheduler_address, master_port = answers[labels[0]]
+    host_env = {label: {'D2L_NODE_HOST': answers[label][0]} for label in labels} \
+        if args.interface else None
+    specs = job_specs(args.num_workers, args.num_servers, args.command, secret,
+                      hosts=labels, slots=slots, scheduler_address=scheduler_address,
+                      master_port=master_port, host_env=host_env, python=python, remote=True,
+                      extra_env={**forwarded_env(), **args.env, 'D2L_JOB_ID': job_id})
+    if args.port:
+        specs[0].env['D2L_SCHEDULER_PORT'] = str(args.port)
+    rule = 'workers by slots' if slots else 'servers and workers round-robin'
+    out.write(f'd2l-launch: placement (scheduler on the first host, {rule}):\n'
+              f'{placement_table(specs)}\n')
+    out.flush()
+    job = SshJob(specs, hosts, ssh, python, workdir, pythonpath, job_id,
+                 timeout=args.timeout, out=out, **job_options)
+    return job.run()
+
