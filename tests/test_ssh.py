@@ -160,10 +160,13 @@ def test_arguments_and_env_arrive_unchanged(clean, tmp_path):
     hosts = clean
     script = tmp_path / 'show.py'
     script.write_text(
-        'import json, os, sys\n'
+        'import json, os, sys, torch, torch.distributed as dist\n'
+        'dist.init_process_group("gloo")   # MASTER_ADDR must be worker 0\'s host\n'
+        'x = torch.tensor([dist.get_rank() + 1.0]); dist.all_reduce(x)\n'
         'print(json.dumps({"argv": sys.argv[1:], "weird": os.environ.get("D2L_TEST_WEIRD"),'
         ' "omp": os.environ.get("OMP_NUM_THREADS"), "node": os.environ.get("D2L_NODE_HOST"),'
-        ' "master": os.environ.get("MASTER_ADDR")}))\n')
+        ' "master": os.environ.get("MASTER_ADDR"), "sum": x.item()}))\n'
+        'dist.destroy_process_group()\n')
     r = run_ssh(hosts, '-H', 'hostA,hostB', '-n', '2', '-s', '0', '--interface', 'eth0',
                 '--env', f'D2L_TEST_WEIRD={WEIRD_VALUE}', 'python', script, *WEIRD_ARGS,
                 env={'OMP_NUM_THREADS': '3'})
@@ -171,7 +174,8 @@ def test_arguments_and_env_arrive_unchanged(clean, tmp_path):
     for rank, host in ((0, 'hostB'), (1, 'hostA')):
         (line,) = [x for x in prefixed(r.stdout, f'worker {rank}@{host}') if x.startswith('{')]
         assert json.loads(line) == {'argv': WEIRD_ARGS, 'weird': WEIRD_VALUE, 'omp': '3',
-                                    'node': hosts.addr[host], 'master': hosts.addr['hostA']}
+                                    'node': hosts.addr[host], 'master': hosts.addr['hostB'],
+                                    'sum': 3.0}
 
 
 # -- clean-up on every host -----------------------------------------------------------

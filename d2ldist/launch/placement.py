@@ -76,25 +76,29 @@ def local_specs(num_workers, num_servers, command, secret, extra_env=()):
 
 
 def job_specs(num_workers, num_servers, command, secret, hosts=('localhost',), slots=None,
-              scheduler_address='127.0.0.1', master_port=None, extra_env=(), host_env=None,
+              addresses=None, free_ports=None, extra_env=(), host_env=None,
               python=sys.executable, remote=False):
     """The processes of a job: placed on ``hosts``, each with its command and environment.
 
-    ``scheduler_address`` is where the others reach the scheduler (an address of the
-    first host); ``host_env`` maps a host to variables only its processes get.
+    ``addresses`` maps a host to the address the others reach it at, ``free_ports`` a
+    host to a port free there (default: this machine's); ``host_env`` maps a host to
+    variables only its processes get. The scheduler listens on the first host;
+    torch.distributed's rendezvous (MASTER_ADDR:MASTER_PORT) is on worker 0's host.
     """
     placed = place(num_workers, num_servers, hosts, slots)
+    addresses = addresses or {h: '127.0.0.1' for h in hosts}
     workers_on = {}                          # host -> its workers' ranks, for LOCAL_RANK
     for role, rank, host in placed:
         if role == 'worker':
             workers_on.setdefault(host, []).append(rank)
-    master_port = master_port or free_port()
+    master_host = next(host for role, rank, host in placed if (role, rank) == ('worker', 0))
+    master_port = (free_ports or {}).get(master_host) or free_port()
     specs = []
     for role, rank, host in placed:
         local = workers_on.get(host, [])
         env = job_env(role, rank, num_workers=num_workers, num_servers=num_servers,
-                      scheduler_host=scheduler_address, secret=secret,
-                      master_addr=scheduler_address, master_port=master_port,
+                      scheduler_host=addresses[hosts[0]], secret=secret,
+                      master_addr=addresses[master_host], master_port=master_port,
                       local_rank=local.index(rank) if role == 'worker' else 0,
                       local_world_size=len(local), extra=extra_env)
         env.update((host_env or {}).get(host, {}))

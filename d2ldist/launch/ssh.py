@@ -174,27 +174,37 @@ def reason(code, err, timeout):
 # --interface), a free port there, and (unless the directory is still to be synced)
 # that d2ldist can be imported.
 PROBE = '''\
-import os, socket, sys
+import fcntl, os, socket, struct, sys
 iface, check = sys.argv[1], sys.argv[2] == "1"
 if check:
     import d2ldist.guard
+def address_of(name):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        req = struct.pack("256s", name.encode()[:15])
+        return socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])
 addr = os.environ.get("SSH_CONNECTION", "- - 127.0.0.1").split()[2]
 if iface:
-    import fcntl, struct
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            req = struct.pack("256s", iface.encode()[:15])
-            addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])
+        addr = address_of(iface)
     except OSError as e:
         sys.exit(f"no IPv4 address on interface {iface}: {e.strerror}")
+else:
+    for _, name in socket.if_nameindex():
+        try:
+            if address_of(name) == addr:
+                iface = name
+        except OSError:
+            pass
 with socket.socket() as s:
     s.bind((addr, 0))
-    print("d2ldist-preflight", addr, s.getsockname()[1])
+    print("d2ldist-preflight", addr, s.getsockname()[1], iface or "-")
 '''
 
 
 def preflight(hosts, ssh, python, workdir, pythonpath, interface=None, syncing=False):
-    """Check every host in parallel; return {label: (address, free port)} or raise HostError."""
+    """Check every host in parallel; return {label: (address, free port, interface)}.
+
+    Raise HostError naming the first host that failed."""
     steps = [f'mkdir -p {shlex.quote(workdir)}'] if syncing else []
     steps.append(f'cd {shlex.quote(workdir)}')
     steps.append('exec ' + shlex.join([*env_words(pythonpath), python, '-c', PROBE,
@@ -204,9 +214,9 @@ def preflight(hosts, ssh, python, workdir, pythonpath, interface=None, syncing=F
     results = run_parallel([ssh.argv(h, command) for h in hosts], timeout)
     answers, failed = {}, []
     for host, (code, out, err) in zip(hosts, results):
-        m = re.search(r'^d2ldist-preflight (\S+) (\d+)$', out, re.M)
+        m = re.search(r'^d2ldist-preflight (\S+) (\d+) (\S+)$', out, re.M)
         if code == 0 and m:
-            answers[host.label] = (m.group(1), int(m.group(2)))
+            answers[host.label] = (m.group(1), int(m.group(2)), m.group(3))
         else:
             why = reason(code, err, timeout)
             if code == 127:
@@ -220,7 +230,7 @@ def preflight(hosts, ssh, python, workdir, pythonpath, interface=None, syncing=F
     if ':' in first:
         raise HostError(f'{hosts[0].label} is reached over IPv6 ({first}); d2ldist needs '
                         'IPv4: pick an interface with --interface')
-    if first.startswith('127.') and any(not a.startswith('127.') for a, _ in answers.values()):
+    if first.startswith('127.') and any(not a.startswith('127.') for a, _, _ in answers.values()):
         raise HostError(f'{hosts[0].label} is reached at {first}, which other hosts cannot '
                         'reach: list it by its network address or use --interface')
     return answers
@@ -347,6 +357,21 @@ exit 0
 
 
 # -- putting it together -------------------------------------------------------------
+def host_variables(address, port, interface, chosen, environ=os.environ):
+    """Variables for the processes of one host: which network to use.
+
+    torch.distributed's gloo and NCCL find their own address from the host name, which
+    often resolves to 127.0.0.1; naming the interface the host was reached on avoids
+    that (unless the user set the variables already)."""
+    env = {'D2L_NODE_HOST': address} if chosen else {}
+    if interface != '-':
+        for name in ('GLOO_SOCKET_IFNAME', 'NCCL_SOCKET_IFNAME'):
+            if name not in environ:
+                env[name] = interface
+    return env
+
+
+
 def placement_table(specs):
     """The placement, printed at start: role, rank and host of every process."""
     rows = [('role', 'rank', 'host')] + [
@@ -375,12 +400,12 @@ def launch(args, secret, out=None, **job_options):
     job_id = uuid.uuid4().hex
     labels = [h.label for h in hosts]
     slots = [h.slots or 1 for h in hosts] if any(h.slots for h in hosts) else None
-    scheduler_address, master_port = answers[labels[0]]
-    host_env = {label: {'D2L_NODE_HOST': answers[label][0]} for label in labels} \
-        if args.interface else None
+    host_env = {label: host_variables(*answers[label], args.interface) for label in labels}
     specs = job_specs(args.num_workers, args.num_servers, args.command, secret,
-                      hosts=labels, slots=slots, scheduler_address=scheduler_address,
-                      master_port=master_port, host_env=host_env, python=python, remote=True,
+                      hosts=labels, slots=slots,
+                      addresses={label: answers[label][0] for label in labels},
+                      free_ports={label: answers[label][1] for label in labels},
+                      host_env=host_env, python=python, remote=True,
                       extra_env={**forwarded_env(), **args.env, 'D2L_JOB_ID': job_id})
     if args.port:
         specs[0].env['D2L_SCHEDULER_PORT'] = str(args.port)
