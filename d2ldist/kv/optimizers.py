@@ -3,8 +3,8 @@
 Each one updates a weight in place from a gradient, with the very formulas (and the
 order of floating-point operations) of ``torch.optim``, so that a parameter server
 and a single process running torch.optim reach the same weights.
-The servers receive the *sum* of the workers' gradients; ``rescale_grad`` (MXNet's
-name) multiplies it first -- by default 1 / num_workers, the average.
+The servers receive the *sum* of the workers' gradients and divide it by the number
+of workers (the average), or multiply it by ``rescale_grad`` (MXNet's name) if given.
 """
 import torch
 
@@ -61,12 +61,12 @@ class Adam:
 OPTIMIZERS = {'sgd': SGD, 'adam': Adam}
 
 
-def create(name, num_workers=1, **hyper):
+def create(name, **hyper):
     """The optimizer called ``name`` with checked hyperparameters (numbers only)."""
     if name not in OPTIMIZERS:
         raise ValueError(f'unknown optimizer {name!r}; known: {", ".join(OPTIMIZERS)}')
     cls = OPTIMIZERS[name]
-    allowed = dict(cls.defaults, rescale_grad=1.0 / num_workers)
+    allowed = dict(cls.defaults, rescale_grad=None)
     unknown = set(hyper) - set(allowed)
     if unknown:
         raise ValueError(f'optimizer {name!r} has no hyperparameter {", ".join(sorted(unknown))}; '
@@ -74,20 +74,20 @@ def create(name, num_workers=1, **hyper):
     for k, v in hyper.items():
         if not isinstance(v, (int, float)):
             raise ValueError(f'hyperparameter {k} must be a number, got {v!r}')
-    opt = cls(**dict(allowed, **hyper))
-    return opt
+    return cls(**dict(allowed, **hyper))
 
 
 class Updater:
     """Applies an optimizer to keys: keeps one state per key, rescales the summed gradient."""
 
     def __init__(self, name, num_workers=1, **hyper):
-        self.name, self.opt = name, create(name, num_workers, **hyper)
-        self.states = {}
+        self.name, self.opt = name, create(name, **hyper)
+        self.num_workers, self.states = num_workers, {}
 
     def __call__(self, key, w, grad_sum):
         """Update ``w`` in place from the sum of the pushed gradients."""
         if key not in self.states:
             self.states[key] = self.opt.init_state(w)
-        grad = grad_sum * self.opt.hyper['rescale_grad']
+        rescale = self.opt.hyper['rescale_grad']
+        grad = grad_sum / self.num_workers if rescale is None else grad_sum * rescale
         self.opt.update(w, grad, self.states[key])
