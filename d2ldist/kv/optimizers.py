@@ -12,6 +12,7 @@ import torch
 class SGD:
     """torch.optim.SGD: momentum, dampening, nesterov, weight decay."""
     defaults = dict(lr=0.01, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False)
+    state_names, required = ('momentum_buffer',), ()
 
     def __init__(self, **hyper):
         self.hyper = hyper
@@ -37,6 +38,7 @@ class SGD:
 class Adam:
     """torch.optim.Adam (with L2 weight decay, as torch's Adam does it)."""
     defaults = dict(lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
+    state_names = required = ('step', 'exp_avg', 'exp_avg_sq')
 
     def __init__(self, **hyper):
         self.hyper = hyper
@@ -91,3 +93,15 @@ class Updater:
         rescale = self.opt.hyper['rescale_grad']
         grad = grad_sum / self.num_workers if rescale is None else grad_sum * rescale
         self.opt.update(w, grad, self.states[key])
+
+    def load_state(self, key, state, numel):
+        """Take a saved state for ``key`` after checking it fits this optimizer."""
+        names, opt = set(state), self.opt
+        if not set(opt.required) <= names <= set(opt.state_names):
+            raise ValueError(f'key {key!r}: state {sorted(names)} is not a state of '
+                             f'{self.name} (it has {", ".join(opt.state_names)})')
+        for name, v in state.items():
+            if getattr(v, 'numel', lambda: numel)() != numel:
+                raise ValueError(f'key {key!r}: state {name} has {v.numel()} elements, '
+                                 f'the key {numel}')
+        self.states[key] = state

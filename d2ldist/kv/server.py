@@ -78,8 +78,9 @@ class KVServer:
                 self.get_state(msg)
             elif msg.kind == M.SET_STATE:
                 self.set_state(msg)
-        except M.KVError as e:
-            self.node.send(msg.sender, M.ERROR, {'id': msg.get('id'), 'error': str(e)})
+        except (M.KVError, KeyError, TypeError, ValueError) as e:   # refuse it, go on serving
+            error = str(e) if isinstance(e, M.KVError) else f'malformed request ({e!r})'[:300]
+            self.node.send(msg.sender, M.ERROR, {'id': msg.get('id'), 'error': error})
         return True
 
     # -- the heart: push, aggregate, update --------------------------------------------------
@@ -231,5 +232,7 @@ class KVServer:
             except (ValueError, StopIteration) as e:
                 raise M.KVError(f'key {key!r}: bad state {name!r}: {e}') from None
             states.setdefault(key, {})[name] = t.clone()
-        self.updater.states.update(states)
+        for key, state in states.items():
+            slot = self.store[key]
+            self.updater.load_state(key, state, slot.stop - slot.start)
         self.ack(msg)

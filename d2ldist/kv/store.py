@@ -162,7 +162,8 @@ class LocalKVStore(KVStore):
         data = torch.load(path, weights_only=True)
         if self._updater is None:
             raise M.KVError('set the optimizer before loading its states')
-        self._updater.states.update(data['states'])
+        for key, state in data['states'].items():
+            self._updater.load_state(key, state, self._store[key].numel())
 
 
 class DistKVStore(KVStore):
