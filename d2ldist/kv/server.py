@@ -43,6 +43,7 @@ class KVServer:
         self.deferred = {}     # worker -> deque of its requests that must wait for a round
         self.updater = None    # the optimizer, once a worker sets one
         self.lent = set()      # keys whose value the van may still be sending
+        M.reuse_freed_memory()
 
     def serve(self):
         """Answer requests until the scheduler says the job is over."""
