@@ -114,13 +114,19 @@ def main():
         shapes = [tuple(int(x) for x in j.split('x')) for j in args.jobs.split(',')]
     print(f'{"payload":<22} {"workers":>7} {"servers":>7} {"kv step":>9} {"kv GB/s":>8} '
           f'{"gloo step":>9} {"gloo GB/s":>9} {"kv/gloo":>7}')
+    target = None
     for name in args.payloads.split(','):
         for n, s in shapes:
             r = run_job(n, s, name, args)
+            if (name, n, s) == ('resnet18', 2, 2):
+                target = r['kv'] / r['gloo']
             label = f'{name} ({r["tensors"]} x, {r["bytes"] / 2**20:.0f} MB)'
             print(f'{label:<22} {n:>7} {s:>7} {r["kv"] * 1e3:>7.1f}ms '
                   f'{r["bytes"] / r["kv"] / 1e9:>8.2f} {r["gloo"] * 1e3:>7.1f}ms '
                   f'{r["bytes"] / r["gloo"] / 1e9:>9.2f} {r["kv"] / r["gloo"]:>7.2f}', flush=True)
+    if target is not None:
+        print(f'2 workers x 2 servers, ResNet-18: kv step = {target:.2f} x gloo all_reduce '
+              f'(target <= 1.25; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})')
 
 
 if __name__ == '__main__':
