@@ -25,7 +25,7 @@ class KVStore:
     def __init__(self, kind):
         self.type = kind
         self._meta = {}          # key -> (shape, dtype) given at init
-        self._pinned = {}        # key -> pinned CPU buffer for copies from/to CUDA
+        self._pinned = {}        # ('push' or 'pull', key) -> pinned CPU buffer for CUDA
 
     rank, num_workers = 0, 1
 
@@ -84,9 +84,9 @@ class KVStore:
         """A contiguous CPU tensor; from CUDA through a pinned buffer, non-blocking."""
         if t.device.type == 'cpu':
             return t.detach().contiguous()
-        buf = self._pinned.get(key)
+        buf = self._pinned.get(('push', key))
         if buf is None:
-            buf = self._pinned[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            buf = self._pinned[('push', key)] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         buf.copy_(t.detach(), non_blocking=True)
         torch.cuda.current_stream(t.device).synchronize()  # the copy must land before use
         return buf
@@ -94,14 +94,16 @@ class KVStore:
     def _fill(self, key, outs, value):
         """Copy a pulled CPU value into each output (CUDA outputs from pinned memory)."""
         for o in _as_list(outs):
+            if o is value:
+                continue
             if o.device.type == 'cpu':
                 o.copy_(value)
             else:
-                buf = self._pinned.get(key)
+                buf = self._pinned.get(('pull', key))
                 if buf is None:
-                    buf = self._pinned[key] = torch.empty(o.shape, dtype=o.dtype, pin_memory=True)
-                if buf.data_ptr() != value.data_ptr():
-                    buf.copy_(value)
+                    buf = self._pinned[('pull', key)] = torch.empty(o.shape, dtype=o.dtype,
+                                                                    pin_memory=True)
+                buf.copy_(value)
                 o.copy_(buf, non_blocking=True)
                 torch.cuda.current_stream(o.device).synchronize()  # buf is reused next time
 
@@ -213,10 +215,7 @@ class DistKVStore(KVStore):
         for i, k in enumerate(keys):
             shape, dtype = self._meta[k]
             flat = values[i].view(-1) if values is not None else None
-            numel = 1
-            for n in shape:
-                numel *= n
-            for s, start, stop in place(k, numel, self._node.num_servers):
+            for s, start, stop in place(k, _numel(shape), self._node.num_servers):
                 parts, frames = by_server.setdefault(s, ([], []))
                 parts.append([k, _dtype_name(dtype), list(shape), start, stop])
                 if flat is not None:
