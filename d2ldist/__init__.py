@@ -15,6 +15,14 @@ __version__ = '0.1.0'
 _node = None
 
 
+def __getattr__(name):
+    """Load the heavy parts (torch) only when used: ``d2ldist.kv``."""
+    if name == 'kv':
+        import importlib
+        return importlib.import_module('.kv', __name__)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
 def init():
     """Join the job the launcher started; alone (rank 0 of 1) outside a job."""
     global _node

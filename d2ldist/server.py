@@ -1,19 +1,20 @@
 """A server node: ``python -m d2ldist.server``, started by the launcher for ``-s S``.
 
-Until the parameter server lands, a server registers with the scheduler, takes part
-in barriers of the group 'all' and 'server', and waits to be told to shut down.
+It registers with the scheduler and then runs the parameter server's loop
+(``d2ldist/kv/server.py``) until the scheduler says the workers are done.
 """
 import sys
 
-from . import protocol as P
 from .node import Node, PeerFailed
 
 
 def main():
+    import torch
+    from .kv.server import KVServer
+    torch.set_num_threads(1)     # a server adds tensors up; many processes share the cores
     try:
         node = Node.from_env(role='server').start()
-        while node.recv([P.SHUTDOWN]) is None:
-            pass
+        KVServer(node).serve()
     except (PeerFailed, RuntimeError, TimeoutError) as e:
         sys.exit(f'd2ldist.server: {e}')
     node.stop()

@@ -1,0 +1,30 @@
+"""Where a key lives: the one rule that spreads a model over the servers (as in MXNet).
+
+A value with fewer elements than the big-array bound lives whole on one server, picked
+by a stable hash of its key, so many small keys spread evenly over the servers. A larger
+value is cut into contiguous slices of its flattened elements, one slice per server, so
+every server carries 1/n of its traffic: that is the O(m/n) of the chapter.
+
+    key 'fc.weight', 2,000,000 elements, 2 servers  ->  [(0, 0, 1000000), (1, 1000000, 2000000)]
+    key 'fc.bias',          10 elements, 2 servers  ->  [(1, 0, 10)]
+"""
+import os
+import zlib
+
+DEFAULT_BIGARRAY_BOUND = 1_000_000
+
+
+def bigarray_bound():
+    """D2L_KVSTORE_BIGARRAY_BOUND, the size from which a value is split (default 10^6)."""
+    return int(os.environ.get('D2L_KVSTORE_BIGARRAY_BOUND', DEFAULT_BIGARRAY_BOUND))
+
+
+def place(key, numel, num_servers, bound=None):
+    """The parts of a value: a list of (server, start, stop) over its flattened elements."""
+    bound = bigarray_bound() if bound is None else bound
+    if numel < bound or num_servers == 1:
+        # crc32 of the key's type and text: the same number in every process and run
+        server = zlib.crc32(f'{type(key).__name__}:{key}'.encode()) % num_servers
+        return [(server, 0, numel)]
+    cuts = [numel * s // num_servers for s in range(num_servers + 1)]   # uneven: +-1 element
+    return [(s, cuts[s], cuts[s + 1]) for s in range(num_servers) if cuts[s] < cuts[s + 1]]

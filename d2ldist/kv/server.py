@@ -1,0 +1,239 @@
+"""The server of the key-value store: receive, aggregate, update, answer.
+
+Each server holds a slice of the model (``placement.place`` says which). Workers push
+gradients and pull weights. In **sync** mode (dist_sync) a server adds up the pushes of
+a key and, only when all N workers have pushed it this round, updates the key once --
+with the optimizer if a worker set one, else the value becomes the sum -- and answers
+every pull that waited for that round. In **async** mode (dist_async) each push is
+applied the moment it arrives: nobody waits for anybody.
+
+One thread does everything, so each key changes atomically; the van receives the next
+messages in its own I/O thread while we add tensors up.
+"""
+import os
+from collections import deque
+
+from .. import protocol as P
+from . import messages as M
+from .optimizers import Updater
+
+
+class Slot:
+    """This server's slice of one key: elements start..stop of the flattened value."""
+
+    def __init__(self, dtype, shape, start, stop, value):
+        self.dtype, self.shape, self.start, self.stop, self.value = dtype, shape, start, stop, value
+
+
+class Round:
+    """The pushes of one key in the current sync round: their sum and who pushed."""
+
+    def __init__(self):
+        self.sum, self.pushed = None, set()
+
+
+class KVServer:
+    """The parameter server's state and its loop."""
+
+    def __init__(self, node):
+        self.node = node
+        self.store = {}        # key -> Slot
+        self.rounds = {}       # key -> Round still open (sync mode)
+        self.waiting = []      # [worker, request id, parts, keys whose round must close]
+        self.deferred = {}     # worker -> deque of its requests that must wait for a round
+        self.updater = None    # the optimizer, once a worker sets one
+        self.lent = set()      # keys whose value the van may still be sending
+        M.reuse_freed_memory()
+
+    def serve(self):
+        """Answer requests until the scheduler says the job is over."""
+        while True:
+            msg = self.node.recv()                     # raises PeerFailed if a node died
+            if msg.kind == P.SHUTDOWN:
+                return
+            if msg.kind not in M.REQUESTS:
+                continue
+            queue = self.deferred.setdefault(msg.sender, deque())
+            if queue or not self.handle(msg):          # keep each worker's order
+                queue.append(msg)
+            self.retry_deferred()
+
+    def handle(self, msg):
+        """Answer one request; False if it must wait until a round closes."""
+        try:
+            if msg.kind == M.PUSH:
+                return self.push(msg, M.read_parts(msg, with_frames=True))
+            if msg.kind == M.PULL:
+                parts = M.read_parts(msg, with_frames=False)
+                self.check(parts, 'pulled')
+                self.answer_after_round(msg.sender, msg['id'], parts)
+            elif msg.kind == M.INIT:
+                self.init(msg, M.read_parts(msg, with_frames=True))
+            elif msg.kind == M.OPTIMIZER:
+                self.set_optimizer(msg)
+            elif msg.kind == M.INFO:
+                self.ack(msg, keys=[[k, s.dtype, s.shape, s.start, s.stop]
+                                    for k, s in self.store.items()],
+                         pid=os.getpid(), optimizer=self.updater and self.updater.name)
+            elif msg.kind == M.GET_STATE:
+                self.get_state(msg)
+            elif msg.kind == M.SET_STATE:
+                self.set_state(msg)
+        except (M.KVError, KeyError, TypeError, ValueError) as e:   # refuse it, go on serving
+            error = str(e) if isinstance(e, M.KVError) else f'malformed request ({e!r})'[:300]
+            self.node.send(msg.sender, M.ERROR, {'id': msg.get('id'), 'error': error})
+        return True
+
+    # -- the heart: push, aggregate, update --------------------------------------------------
+    def push(self, msg, parts):
+        """Aggregate (sync) or apply (async) the pushed values; answer or ack."""
+        self.check(parts, 'pushed')
+        sync, worker = msg.get('sync') is not False, msg.sender
+        if sync and any(worker in self.rounds.get(p[0], Round()).pushed for p in parts):
+            return False                                 # its second push waits for the round
+        closed = []
+        for key, *_, grad in parts:
+            if not sync:
+                self.update(key, grad, accumulate=True)  # async: apply on arrival
+                continue
+            r = self.rounds.setdefault(key, Round())
+            if r.sum is None:
+                r.sum = grad                             # the message's own memory, no copy
+            else:
+                r.sum.add_(grad)                         # in place, while more pushes arrive
+            r.pushed.add(worker)
+            if len(r.pushed) == self.node.num_workers:   # everybody pushed: update once
+                self.update(key, r.sum, accumulate=False)
+                del self.rounds[key]
+                closed.append(key)
+        if msg.get('pull'):
+            self.answer_after_round(worker, msg['id'], parts)
+        else:
+            self.ack(msg)
+        self.round_closed(closed)
+        return True
+
+    def update(self, key, grad, accumulate):
+        """Apply the optimizer; without one, the value becomes (or, async, adds) the sum."""
+        slot = self.store[key]
+        if self.updater is not None:
+            self.updater(key, self.writable(key), grad)
+        elif accumulate:
+            self.writable(key).add_(grad)
+        else:
+            slot.value = grad
+
+    def answer_after_round(self, worker, rid, parts):
+        """Send the values now, or once every round this worker pushed into has closed."""
+        keys = {p[0] for p in parts if worker in getattr(self.rounds.get(p[0]), 'pushed', ())}
+        if keys:
+            self.waiting.append([worker, rid, parts, keys])
+        else:
+            self.send_values(worker, rid, parts)
+
+    def round_closed(self, keys):
+        """Answer the pulls that waited for these keys."""
+        for w in list(self.waiting):
+            w[3].difference_update(keys)
+            if not w[3]:
+                self.waiting.remove(w)
+                self.send_values(*w[:3])
+
+    def retry_deferred(self):
+        """Handle deferred requests whose turn has come (a round they waited for closed)."""
+        progress = True
+        while progress:
+            progress = False
+            for queue in self.deferred.values():
+                while queue and self.handle(queue[0]):
+                    queue.popleft()
+                    progress = True
+
+    # -- helpers ----------------------------------------------------------------------------
+    def check(self, parts, what):
+        """Refuse keys never initialised, and shapes, dtypes or slices that differ."""
+        for key, dtype, shape, start, stop, _ in parts:
+            slot = self.store.get(key)
+            if slot is None:
+                raise M.KVError(f'key {key!r} was never initialised (call kv.init first)')
+            if (dtype, shape) != (slot.dtype, slot.shape):
+                raise M.KVError(f'key {key!r}: {what} {M.describe(dtype, shape)} but the key '
+                                f'holds {M.describe(slot.dtype, slot.shape)}')
+            if (start, stop) != (slot.start, slot.stop):
+                raise M.KVError(f'key {key!r}: elements {start}..{stop} are not the slice '
+                                f'{slot.start}..{slot.stop} this server holds')
+
+    def writable(self, key):
+        """The key's value, copied first if the van may still be sending it."""
+        slot = self.store[key]
+        if key in self.lent:
+            slot.value = slot.value.clone()
+            self.lent.discard(key)
+        return slot.value
+
+    def send_values(self, worker, rid, parts):
+        frames = [self.store[p[0]].value for p in parts]
+        self.lent.update(p[0] for p in parts)
+        self.node.send(worker, M.VALUES, {'id': rid, 'parts': [list(p[:5]) for p in parts]},
+                       [f.numpy().data if f.numel() else b'' for f in frames])
+
+    def ack(self, msg, **fields):
+        self.node.send(msg.sender, M.ACK, dict(fields, id=msg.get('id')))
+
+    def init(self, msg, parts):
+        for key, *_ in parts:
+            if key in self.store:
+                raise M.KVError(f'key {key!r} is already initialised')
+        for key, dtype, shape, start, stop, value in parts:
+            self.store[key] = Slot(dtype, shape, start, stop, value)
+        self.ack(msg)
+
+    def set_optimizer(self, msg):
+        try:
+            self.updater = Updater(str(msg.get('name')), self.node.num_workers,
+                                   **dict(msg.get('hyper') or {}))
+        except (ValueError, TypeError) as e:
+            raise M.KVError(str(e)) from None
+        self.ack(msg)
+
+    def get_state(self, msg):
+        """Send the optimizer state of every key held: a checkpoint of this server."""
+        entries, frames = [], []
+        for key, state in (self.updater.states.items() if self.updater else ()):
+            for name, v in state.items():
+                is_tensor = not isinstance(v, (int, float))
+                entries.append([key, name, str(v.dtype).removeprefix('torch.') if is_tensor else None,
+                                None if is_tensor else v])
+                if is_tensor:
+                    frames.append(v.numpy().data)
+        self.node.send(msg.sender, M.ACK, {'id': msg.get('id'), 'entries': entries,
+                                           'optimizer': self.updater and self.updater.name},
+                       frames)
+
+    def set_state(self, msg):
+        """Restore optimizer states sent by a worker (tensors come as raw frames)."""
+        if self.updater is None:
+            raise M.KVError('set the optimizer before loading its states')
+        entries, frames, states = msg.get('entries'), iter(msg.frames), {}
+        if not isinstance(entries, list):
+            raise M.KVError('malformed state')
+        for entry in entries:
+            key, name, dtype, number = entry if isinstance(entry, list) and len(entry) == 4 \
+                else (None,) * 4
+            slot = self.store.get(key)
+            if slot is None or not isinstance(name, str):
+                raise M.KVError(f'state for a key this server does not hold: {key!r}')
+            if dtype is None:
+                if not isinstance(number, (int, float)):
+                    raise M.KVError(f'key {key!r}: bad state {name!r}')
+                states.setdefault(key, {})[name] = number
+                continue
+            try:
+                t = M.wire.unpack({'dtype': dtype, 'shape': [slot.stop - slot.start]}, next(frames))
+            except (ValueError, StopIteration) as e:
+                raise M.KVError(f'key {key!r}: bad state {name!r}: {e}') from None
+            states.setdefault(key, {})[name] = t.clone()
+        for key, state in states.items():
+            slot = self.store[key]
+            self.updater.load_state(key, state, slot.stop - slot.start)
+        self.ack(msg)
