@@ -64,6 +64,8 @@ class Proc:
 
 def describe_exit(code):
     """'exit code 3', or 'killed by SIGKILL (exit code 137)'."""
+    if code is None:
+        return 'did not get ready'
     if code > 128:
         try:
             return f'killed by {signal.Signals(code - 128).name} (exit code {code})'
@@ -112,7 +114,8 @@ class Job:
     def _verdict(self, start):
         """The job's exit code once it is over, else None."""
         if self.failure is not None:
-            return self.failure.code if self.failure.code > 0 else 1
+            code = self.failure.code      # None: it was still running (never got ready)
+            return code if code and code > 0 else 1
         if self.timeout is not None and time.monotonic() - start > self.timeout:
             self._say(f'timeout: the job ran for more than {self.timeout:g} s; stopping it')
             return 124
