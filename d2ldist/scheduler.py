@@ -86,10 +86,10 @@ class Scheduler:
         if msg.sender != node:
             self.van.connect(node, address)
         self.nodes[node] = address
-        self.last_seen[node] = time.monotonic()
         if len(self.nodes) == self.num_workers + self.num_servers:
             for n in self.nodes:
                 self.van.send(n, P.ADDRESS_BOOK, {'nodes': self.nodes, 'you': n})
+                self.last_seen[n] = time.monotonic()   # heartbeats start with the book
             self.book_sent = True
 
     def barrier(self, node, group, n):
