@@ -19,7 +19,9 @@ pushes gradients and pulls back weights:
 - ``push(keys, values)`` and ``pull(keys, out)``: the two halves of a round,
   so that sending the gradients and waiting for the new weights are timed
   apart; ``pull`` returns the weights after all workers' gradients are applied;
-- ``set_learning_rate(lr)`` (optional), for learning-rate schedules.
+- ``set_learning_rate(lr)`` (optional), for learning-rate schedules;
+- ``is_async`` (optional, default False): True if each worker's push updates
+  the weights on its own (dist_async) instead of being summed with the others'.
 
 ``LocalStore`` is the store of a single process (``kvstore='local'``).
 """

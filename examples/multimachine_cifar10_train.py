@@ -76,7 +76,8 @@ def setup(args):
     devices = d2ldist.parse_devices(args.devices)
     train_iter, test_iter = d2ldist.load_data(
         args.data, args.batch_size, root=args.root, num_parts=store.num_workers,
-        part_index=store.rank, seed=args.seed)
+        part_index=store.rank, seed=args.seed,
+        pin_memory=any(d.type == 'cuda' for d in devices))
     torch.manual_seed(args.seed)
     in_channels = next(iter(test_iter))[0].shape[1]
     net = d2ldist.resnet18(10, in_channels=in_channels, width=args.width)
