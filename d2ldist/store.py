@@ -9,6 +9,8 @@ network, keys 0, 1, 2, ...) and is shared by all workers. What the Trainer needs
   with them, in place;
 - ``pushpull(keys, values, out)``: push this worker's values and pull back the
   sum over all workers into ``out`` (an all-reduce; ``out`` may be ``values``).
+  The Trainer's values are views of one flat CPU buffer, in key order
+  (``trainer.flat_grads``), so a ring may all-reduce that buffer at once.
 
 A store that can also run the optimizer itself (a parameter server does: the
 servers update the weights they hold) has three more methods; the Trainer then

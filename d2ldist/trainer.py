@@ -77,10 +77,21 @@ class Trainer:
         self.keys = list(range(len(self.params[0])))
         self.optimizer_params = dict(optimizer_params or {})
         pin = torch.cuda.is_available() and any(d.type == 'cuda' for d in self.devices)
-        host = lambda p: (torch.empty(p.shape, dtype=p.dtype, pin_memory=pin)
-                          .copy_(p.detach()))
-        self._grads = [host(p) for p in self.params[0]]      # step 3 lands here
-        self._weights = [host(p) for p in self.params[0]]    # step 5 lands here
+        # Host copies, one tensor per key, all views of one flat buffer (which a
+        # ring can all-reduce in one go): step 3 lands in the gradients, step 5
+        # in the weights.
+        if len({p.dtype for p in self.params[0]}) != 1:
+            raise ValueError('all parameters must have the same dtype')
+        numels = [p.numel() for p in self.params[0]]
+        dtype = self.params[0][0].dtype
+        self.flat_grads = torch.zeros(sum(numels), dtype=dtype, pin_memory=pin)
+        self.flat_weights = torch.zeros(sum(numels), dtype=dtype, pin_memory=pin)
+        self._grads = [v.view_as(p) for v, p in zip(self.flat_grads.split(numels),
+                                                    self.params[0])]
+        self._weights = [v.view_as(p) for v, p in zip(self.flat_weights.split(numels),
+                                                      self.params[0])]
+        for w, p in zip(self._weights, self.params[0]):
+            w.copy_(p.detach())
         # Every worker starts from rank 0's weights.
         self.store.init(self.keys, self._weights)
         if update_on_kvstore is None:

@@ -79,6 +79,9 @@ def test_two_replicas_equal_one_replica_on_the_whole_batch(update_on_kvstore, ba
         for p, q in zip(reference.parameters(), net.parameters()):
             assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), (p - q).abs().max()
     assert_replicas_identical(trainer)
+    # The host copies are views of one flat buffer, holding the latest weights.
+    assert torch.equal(trainer.flat_weights, torch.cat([p.detach().flatten()
+                                                        for p in net.parameters()]))
 
 
 def test_batchnorm_running_statistics_are_averaged_over_replicas():
