@@ -96,6 +96,9 @@ def main():
         sys.exit(2)
     print(f'worker {store.rank} of {store.num_workers}, kvstore {args.kvstore}, devices '
           f'{",".join(map(str, devices))}, {torch.get_num_threads()} threads', flush=True)
+    if store.num_workers < d2ldist.size():
+        print(f'note: with kvstore {args.kvstore}, each of the {d2ldist.size()} workers of '
+              'this job trains alone on all the data', flush=True)
     trainer = d2ldist.Trainer(net, 'sgd', {'lr': args.lr, 'momentum': args.momentum,
                                            'weight_decay': args.wd},
                               kvstore=store, devices=devices)
