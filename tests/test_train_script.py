@@ -33,7 +33,12 @@ def test_script_bad_input_is_one_line_and_exit_2(tmp_path):
     procs = [subprocess.Popen([sys.executable, SCRIPT, *args, '--epochs', '1'], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for args, _ in cases]                       # at once: each mostly imports torch
-    for p, (args, message) in zip(procs, cases):
-        _, err = p.communicate(timeout=120)
-        assert p.returncode == 2 and message in err, (args, err)
-        assert len(err.strip().splitlines()) == 1
+    try:
+        for p, (args, message) in zip(procs, cases):
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 2 and message in err, (args, err)
+            assert len(err.strip().splitlines()) == 1
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -84,6 +84,30 @@ def test_two_replicas_equal_one_replica_on_the_whole_batch(update_on_kvstore, ba
                                                         for p in net.parameters()]))
 
 
+class TwinStore(LocalStore):
+    """A store of two workers where the other worker pushes the same gradients as we do."""
+    num_workers = 2
+
+    def push(self, keys, values):
+        super().push(keys, [2 * v for v in values])
+
+
+@pytest.mark.parametrize('update_on_kvstore', [True, False])
+def test_gradients_are_averaged_over_all_workers(update_on_kvstore):
+    """Two workers with the same batch take the same step as one worker with it."""
+    reference, net = small_cnn(), small_cnn()
+    optimizer = torch.optim.SGD(reference.parameters(), **HYPER)
+    trainer = Trainer(net, 'sgd', HYPER, kvstore=TwinStore(), devices=[cpu()],
+                      update_on_kvstore=update_on_kvstore)
+    for X, y in batches(2, 6):
+        optimizer.zero_grad()
+        LOSS(reference(X), y).mean().backward()
+        optimizer.step()
+        train_batch(X, y, net, LOSS, trainer, [cpu()])
+    for p, q in zip(reference.parameters(), net.parameters()):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), (p - q).abs().max()
+
+
 def test_batchnorm_running_statistics_are_averaged_over_replicas():
     """Policy: each replica normalizes its slice; step 7 averages the running stats."""
     net = small_cnn(batch_norm=True)
