@@ -4,7 +4,9 @@ The layers, bottom up (ARCHITECTURE.md draws them):
 - ``van``: authenticated messages over ZeroMQ;
 - ``scheduler`` and ``node``: registration, address book, barriers, liveness;
 - ``server`` / ``kv``: the parameter server; ``ring``: all-reduce among workers;
-- ``launch``: ``d2l-launch``, which starts and stops whole jobs.
+- ``launch``: ``d2l-launch``, which starts and stops whole jobs;
+- ``data``, ``models``, ``devices``, ``store``, ``trainer``: data split by worker,
+  ResNet-18, devices and the seven steps of a training batch.
 """
 import os
 
@@ -13,6 +15,24 @@ from .node import Node, PeerFailed
 __version__ = '0.1.0'
 
 _node = None
+
+# Names that need torch: imported on first use (PEP 562), so `import d2ldist` stays light.
+_LAZY = {
+    'SplitSampler': 'data', 'load_data': 'data', 'load_data_cifar10': 'data',
+    'load_data_digits': 'data',
+    'resnet18': 'models',
+    'cpu': 'devices', 'try_gpu': 'devices', 'try_all_gpus': 'devices',
+    'split_and_load': 'devices', 'parse_devices': 'devices',
+    'LocalStore': 'store',
+    'Trainer': 'trainer', 'train_batch': 'trainer', 'evaluate_accuracy': 'trainer',
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f'.{_LAZY[name]}', __name__), name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
 def __getattr__(name):

@@ -1,0 +1,243 @@
+"""The seven steps of multi-machine, multi-device training, and a Trainer that runs them.
+
+Every batch, on every worker (one machine with several devices):
+
+1. a batch is split across the devices; each replica of the network computes
+   the loss and the gradients of its slice;
+2. the replicas' gradients are summed on one device;
+3. the sum is copied to the CPU;
+4. the CPU pushes it to the store, whose servers sum it over all workers;
+5. the summed gradient updates the weights, and the new weights come back (pull);
+6. the weights are copied to one device;
+7. and from there broadcast to all devices.
+
+``train_batch`` does step 1, ``Trainer.step`` steps 2 to 7; each step is timed
+(``trainer.step_times``). The store is anything with the small interface of
+``d2ldist.store`` (a parameter server, a ring all-reduce, or ``LocalStore``).
+
+BatchNorm: each replica normalizes its own slice with that slice's statistics
+(as MXNet and DistributedDataParallel do without synchronized BatchNorm), and
+in step 7 the replicas' running statistics are averaged and given to all, so
+the replicas of a worker stay identical. Across workers running statistics are
+not exchanged (as in MXNet's kvstore): each worker's model is evaluated with the
+statistics of its own data, so test accuracies may differ a little by worker.
+"""
+import copy
+import time
+from contextlib import contextmanager
+
+import torch
+
+from .devices import split_and_load
+from .store import LocalStore, create_optimizer
+
+STEP_NAMES = {1: 'forward and backward on each device',
+              2: 'sum gradients on one device',
+              3: 'copy gradients to the CPU',
+              4: 'push gradients to the store',
+              5: 'update weights, pull them back',
+              6: 'copy weights to one device',
+              7: 'broadcast weights to all devices'}
+DIST_STORES = ('dist', 'dist_sync', 'dist_async', 'dist_sync_device', 'ring', 'torch')
+
+
+def create_store(kvstore):
+    """A store from a name ('local', 'dist_sync', ...), or the store itself."""
+    if not isinstance(kvstore, str):
+        return kvstore
+    if kvstore == 'local':
+        return LocalStore()
+    if kvstore in DIST_STORES:
+        try:
+            from . import kv
+            return kv.create(kvstore)
+        except (ImportError, AttributeError):
+            raise ValueError(f'kvstore {kvstore!r} needs d2ldist.kv.create, '
+                             'which this version of d2ldist lacks') from None
+    raise ValueError(f"unknown kvstore {kvstore!r}: use 'local' or one of {DIST_STORES}")
+
+
+class Trainer:
+    """Trains the replicas of net on devices through a key-value store (after gluon.Trainer).
+
+    ``net`` itself becomes the replica on ``devices[0]``; the other replicas are
+    deep copies. With a store that runs the optimizer (``set_optimizer``) the
+    update happens in the store; otherwise the store only sums the gradients
+    and every worker applies the same update to the same sum.
+    """
+
+    def __init__(self, net, optimizer='sgd', optimizer_params=None, kvstore='local',
+                 devices=None, update_on_kvstore=None):
+        self.devices = list(devices) if devices else [next(net.parameters()).device]
+        self.replicas = [net.to(self.devices[0])] + [
+            copy.deepcopy(net).to(d) for d in self.devices[1:]]
+        self.params = [[p for p in r.parameters() if p.requires_grad] for r in self.replicas]
+        self.buffers = [list(r.buffers()) for r in self.replicas]
+        self.store = create_store(kvstore)
+        self.keys = list(range(len(self.params[0])))
+        self.optimizer_params = dict(optimizer_params or {})
+        pin = torch.cuda.is_available() and any(d.type == 'cuda' for d in self.devices)
+        # Host copies, one tensor per key, all views of one flat buffer (which a
+        # ring can all-reduce in one go): step 3 lands in the gradients, step 5
+        # in the weights.
+        if len({p.dtype for p in self.params[0]}) != 1:
+            raise ValueError('all parameters must have the same dtype')
+        numels = [p.numel() for p in self.params[0]]
+        dtype = self.params[0][0].dtype
+        self.flat_grads = torch.zeros(sum(numels), dtype=dtype, pin_memory=pin)
+        self.flat_weights = torch.zeros(sum(numels), dtype=dtype, pin_memory=pin)
+        self._grads = [v.view_as(p) for v, p in zip(self.flat_grads.split(numels),
+                                                    self.params[0])]
+        self._weights = [v.view_as(p) for v, p in zip(self.flat_weights.split(numels),
+                                                      self.params[0])]
+        for w, p in zip(self._weights, self.params[0]):
+            w.copy_(p.detach())
+        # Every worker starts from rank 0's weights.
+        self.store.init(self.keys, self._weights)
+        if update_on_kvstore is None:
+            update_on_kvstore = hasattr(self.store, 'set_optimizer')
+        self.update_on_kvstore = update_on_kvstore
+        if update_on_kvstore:
+            self.store.set_optimizer(optimizer, self.optimizer_params)
+            self._optimizer = None
+        else:
+            self._optimizer = create_optimizer(optimizer, self.optimizer_params, self._weights)
+        self._copy_weights_to_devices()
+        self.reset_step_times()
+
+    @property
+    def learning_rate(self):
+        return self.optimizer_params.get('lr', self.optimizer_params.get('learning_rate'))
+
+    def set_learning_rate(self, lr):
+        """Change the learning rate of the optimizer, wherever it runs."""
+        self.optimizer_params['lr'] = lr
+        if self.update_on_kvstore:
+            self.store.set_learning_rate(lr)
+        else:
+            for group in self._optimizer.param_groups:
+                group['lr'] = lr
+
+    def step(self, batch_size):
+        """Steps 2 to 7: update every replica with the gradients of all workers.
+
+        batch_size: the number of examples this worker used (the same on every
+        worker); the update uses the mean gradient over all workers' examples.
+        """
+        dev0, params = self.devices[0], self.params
+        # Synchronous stores sum all workers' gradients: divide by all examples.
+        # An asynchronous store applies each push alone: divide by ours.
+        workers = 1 if getattr(self.store, 'is_async', False) else self.store.num_workers
+        scale = 1.0 / (batch_size * workers)
+        # Step 2: sum the replicas' gradients on the first device.
+        with self.timed(2):
+            grads = []
+            for i, p in enumerate(params[0]):
+                g = p.grad if p.grad is not None else torch.zeros_like(p)
+                for r in range(1, len(self.replicas)):
+                    if params[r][i].grad is not None:
+                        g += params[r][i].grad.to(dev0, non_blocking=True)
+                grads.append(g.mul_(scale))
+        # Step 3: copy the sum to the CPU (pinned memory: the copy does not block).
+        with self.timed(3):
+            for host_g, g in zip(self._grads, grads):
+                host_g.copy_(g, non_blocking=True)
+        # Step 4: push the gradients to the store; its servers sum them over all workers.
+        with self.timed(4):
+            if self.update_on_kvstore:
+                self.store.push(self.keys, self._grads)
+            else:
+                self.store.pushpull(self.keys, self._grads, out=self._grads)
+        # Step 5: the summed gradients update the weights; the new weights come back.
+        with self.timed(5):
+            if self.update_on_kvstore:
+                self.store.pull(self.keys, out=self._weights)
+            else:                       # every worker: the same update of the same sum
+                for w, g in zip(self._weights, self._grads):
+                    w.grad = g
+                self._optimizer.step()
+        # Steps 6 and 7: to the first device, then to all the others.
+        self._copy_weights_to_devices(timed=True)
+
+    def _copy_weights_to_devices(self, timed=False):
+        """Steps 6 and 7: CPU -> first device -> every device (with BatchNorm statistics)."""
+        params, buffers = self.params, self.buffers
+        with torch.no_grad():
+            # Step 6: copy the new weights to the first device.
+            with self.timed(6, timed):
+                for p, w in zip(params[0], self._weights):
+                    p.copy_(w, non_blocking=True)
+            # Step 7: broadcast them to all devices, with the replicas' averaged
+            # BatchNorm running statistics.
+            with self.timed(7, timed):
+                for r in range(1, len(self.replicas)):
+                    for p, p0 in zip(params[r], params[0]):
+                        p.copy_(p0, non_blocking=True)
+                for i, b0 in enumerate(buffers[0]):
+                    if b0.is_floating_point() and len(self.replicas) > 1:
+                        b0.copy_(torch.stack([b[i].to(b0.device) for b in buffers]).mean(0))
+                    for r in range(1, len(self.replicas)):
+                        buffers[r][i].copy_(b0, non_blocking=True)
+
+    @contextmanager
+    def timed(self, step, enabled=True):
+        """Add the time of the block (waiting for the devices) to the step's total."""
+        start = time.perf_counter()
+        yield
+        if enabled:
+            for d in set(self.devices):
+                if d.type == 'cuda':
+                    torch.cuda.synchronize(d)
+            self._time_sums[step] += time.perf_counter() - start
+            self._time_counts[step] += 1
+
+    def reset_step_times(self):
+        self._time_sums = dict.fromkeys(STEP_NAMES, 0.0)
+        self._time_counts = dict.fromkeys(STEP_NAMES, 0)
+
+    @property
+    def step_times(self):
+        """Mean seconds per batch of each step, {1: ..., 7: ...} (None if not run yet)."""
+        return {s: (self._time_sums[s] / n if n else None)
+                for s, n in self._time_counts.items()}
+
+
+def train_batch(X, y, net, loss, trainer, devices):
+    """Train on one batch (steps 1 to 7); returns (sum of losses, number correct).
+
+    loss must give one value per example, e.g. nn.CrossEntropyLoss(reduction='none').
+    """
+    if net is not trainer.replicas[0] or list(devices) != trainer.devices:
+        raise ValueError("train_batch needs the trainer's net and devices")
+    # Step 1: split the batch across the devices; each replica computes the
+    # loss and gradients of its slice (on GPUs, all devices work at once).
+    with trainer.timed(1):
+        X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
+        losses, corrects = [], []
+        for replica, X_shard, y_shard in zip(trainer.replicas, X_shards, y_shards):
+            replica.train()
+            replica.zero_grad(set_to_none=True)
+            y_hat = replica(X_shard)
+            l = loss(y_hat, y_shard)
+            if l.dim() == 0:
+                raise ValueError("loss must give one value per example "
+                                 "(use reduction='none')")
+            l.sum().backward()
+            losses.append(l.detach().sum())
+            corrects.append((y_hat.argmax(dim=1) == y_shard).sum())
+    # Steps 2 to 7.
+    trainer.step(X.shape[0])
+    return sum(float(l) for l in losses), sum(int(c) for c in corrects)
+
+
+def evaluate_accuracy(net, data_iter, device=None):
+    """The accuracy of net on a data set, in evaluation mode."""
+    device = device or next(net.parameters()).device
+    net.eval()
+    correct, total = 0, 0
+    with torch.no_grad():
+        for X, y in data_iter:
+            X, y = X.to(device), y.to(device)
+            correct += int((net(X).argmax(dim=1) == y).sum())
+            total += y.numel()
+    return correct / total
