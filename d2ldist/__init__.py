@@ -28,18 +28,16 @@ _LAZY = {
 }
 
 
+_LAZY_MODULES = ('kv',)
+
+
 def __getattr__(name):
+    """Load the heavy parts (torch) on first use."""
+    import importlib
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f'.{name}', __name__)
     if name in _LAZY:
-        import importlib
         return getattr(importlib.import_module(f'.{_LAZY[name]}', __name__), name)
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-
-
-def __getattr__(name):
-    """Load the heavy parts (torch) only when used: ``d2ldist.kv``."""
-    if name == 'kv':
-        import importlib
-        return importlib.import_module('.kv', __name__)
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
