@@ -270,3 +270,19 @@ def test_guard_ends_the_process_group_when_stdin_closes(tmp_path):
         assert wait_no_survivors(tag, 5) == []
     finally:
         g.kill()
+
+
+def test_a_slow_starter_is_not_declared_dead(write_script):
+    """Heartbeats start with the address book: waiting for a late node is not silence."""
+    script = write_script('''
+import time, d2ldist
+import os
+if os.environ['D2L_RANK'] == '1':
+    time.sleep(4)           # e.g. importing torch on a busy machine
+d2ldist.init()
+d2ldist.barrier()
+print('together', flush=True)
+''')
+    r = run_launch('--env', 'D2L_HEARTBEAT_TIMEOUT=2', '-n', 2, '-s', 1, 'python', script)
+    assert r.returncode == 0, r.stdout
+    assert r.stdout.count('together') == 2
