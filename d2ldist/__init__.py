@@ -9,6 +9,7 @@ The layers, bottom up (ARCHITECTURE.md draws them):
 import os
 
 from .node import Node, PeerFailed
+from .report import report
 
 __version__ = '0.1.0'
 
@@ -37,3 +38,9 @@ def barrier():
     """Wait until every worker has reached this point."""
     if _node:
         _node.barrier('worker')
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext d2ldist``: register the ``%launch`` magic."""
+    from .magic import LaunchMagics
+    ipython.register_magics(LaunchMagics)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .job import Job, Terminated
 from .placement import local_specs, port_is_free
+from .progress import Progress
 
 
 class UsageError(Exception):
@@ -98,6 +99,15 @@ def command_of(words, python=sys.executable):
     return words
 
 
+def job_specs(args):
+    """The processes of the job that parsed options describe (``%launch`` uses it too)."""
+    specs = local_specs(args.num_workers, args.num_servers, args.command,
+                        secrets.token_hex(32), extra_env=args.env)
+    if args.port:
+        specs[0].env['D2L_SCHEDULER_PORT'] = str(args.port)
+    return specs
+
+
 def _terminate(signum, frame):
     raise Terminated()
 
@@ -109,12 +119,10 @@ def main(argv=None):
     except UsageError as e:
         print(f'd2l-launch: error: {e}', file=sys.stderr)
         return 2
-    specs = local_specs(args.num_workers, args.num_servers, args.command,
-                        secrets.token_hex(32), extra_env=args.env)
-    if args.port:
-        specs[0].env['D2L_SCHEDULER_PORT'] = str(args.port)
+    specs = job_specs(args)
     signal.signal(signal.SIGTERM, _terminate)
-    job = Job(specs, timeout=args.timeout)
+    progress = Progress()          # report lines become progress lines
+    job = Job(specs, timeout=args.timeout, out=progress, on_line=progress.on_line)
     try:
         return job.run()
     except KeyboardInterrupt:
