@@ -186,10 +186,10 @@ class Job:
         return lines
 
     def _emit(self, p, line):
-        p.tail.append(line)
         self.log.append((p.label, line))
         shown = self.on_line(p, line)
         if shown is not None:
+            p.tail.append(shown)           # hidden lines (progress reports) are not news
             self.out.write(f'[{p.label}] {shown}\n')
             self.out.flush()
 
