@@ -159,7 +159,7 @@ class Dashboard:
     def __init__(self, model, rows_every=0.25, plots_every=1.0, log_lines=8,
                  clock=time.monotonic):
         import ipywidgets as w
-        self.model, self.log_lines = model, log_lines
+        self.model, self.log_lines, self.plots_every = model, log_lines, plots_every
         self.rows_throttle = Throttle(rows_every, clock)
         self.plots_throttle = Throttle(plots_every, clock)
         self.redraws = self.plot_redraws = 0
@@ -174,21 +174,22 @@ class Dashboard:
             cells['host'].value = html.escape(row.host)
             if row.role == 'worker':
                 cells['bar'] = w.FloatProgress(value=0, min=0, max=1, bar_style='info',
-                                               layout=w.Layout(width='160px'))
+                                               layout=w.Layout(width='120px'))
             else:
                 cells['bar'] = w.HTML()
             self.cells[row.label] = cells
             grid += [cells[n] for n in ('process', 'host', 'state', 'exit', 'bar', 'detail',
                                         'rate', 'loss', 'acc')]
         self.table = w.GridBox(grid, layout=w.Layout(
-            grid_template_columns='auto auto auto auto 170px auto auto auto auto',
-            grid_gap='2px 14px', align_items='center'))
-        self.curves = w.Image(format='png', layout=w.Layout(display='none'))
-        self.steps = w.Image(format='png', layout=w.Layout(display='none'))
+            grid_template_columns='repeat(4, max-content) 120px repeat(4, max-content)',
+            grid_gap='0 10px', align_items='center', overflow='auto'))
+        self.curves = w.Image(format='png', layout=w.Layout(display='none', max_width='100%'))
+        self.steps = w.Image(format='png', layout=w.Layout(display='none', max_width='100%'))
         self.tail = w.HTML()
         self.full_log = w.HTML()
         self.log_box = w.Accordion([self.full_log], selected_index=None)
-        self.box = w.VBox([self.header, self.table, w.HBox([self.curves, self.steps]),
+        plots = w.HBox([self.curves, self.steps], layout=w.Layout(flex_flow='row wrap'))
+        self.box = w.VBox([self.header, self.table, plots,
                            self.tail, self.log_box])
         self.box.add_class('d2l-dashboard')
         self.refresh(force=True)
@@ -196,14 +197,14 @@ class Dashboard:
     def refresh(self, force=False):
         """Show the model's changes, at most every ``rows_every`` s (plots: ``plots_every``)."""
         m = self.model
+        if m.plot_version != self._plotted and self.plots_throttle.ready(force):
+            self._plotted = m.plot_version        # plots first: the final header comes last
+            self.plot_redraws += 1
+            self._draw_plots()
         if m.version != self._seen and self.rows_throttle.ready(force):
             self._seen = m.version
             self.redraws += 1
             self._draw_rows()
-        if m.plot_version != self._plotted and self.plots_throttle.ready(force):
-            self._plotted = m.plot_version
-            self.plot_redraws += 1
-            self._draw_plots()
 
     def _draw_rows(self):
         m = self.model
@@ -221,12 +222,12 @@ class Dashboard:
             c['bar'].value = done or 0.0
             c['bar'].bar_style = BAR_STYLES[row.state]
             r = row.metrics
-            detail = [f'{done:.0%}'] if done is not None else []
+            detail = []
             if 'epoch' in r:
                 detail.append(f"epoch {r['epoch']}/{r.get('num_epochs', '?')}")
             if 'batch' in r:
                 detail.append(f"batch {r['batch']}/{r.get('num_batches', '?')}")
-            c['detail'].value = ' · '.join(detail)
+            c['detail'].value = f"<span style='white-space:nowrap'>{' · '.join(detail)}</span>"
             c['rate'].value = '' if row.rate is None else f'{row.rate:,.0f}'
             c['loss'].value = f"{r['loss']:.4f}" if 'loss' in r else ''
             acc = [f"{r['acc']:.3f}"] if 'acc' in r else []
@@ -239,12 +240,15 @@ class Dashboard:
         self.log_box.set_title(0, f'full log ({len(m.log)} lines)')
 
     def _draw_plots(self):
+        start = time.perf_counter()
         curves = plot_curves(self.model)
         if curves:
             self.curves.value, self.curves.layout.display = curves, ''
         steps = plot_steps(self.model)
         if steps:
             self.steps.value, self.steps.layout.display = steps, ''
+        took = time.perf_counter() - start   # drawing may take at most a tenth of the time
+        self.plots_throttle.interval = max(self.plots_every, 10 * took)
 
     def _repr_mimebundle_(self, **kwargs):
         bundle = self.box._repr_mimebundle_(**kwargs)
@@ -284,7 +288,7 @@ def plot_curves(model):
     workers = [r for r in model.workers if r.history]
     if not workers:
         return None
-    fig = _figure(7.5, 2.6)
+    fig = _figure(6.0, 2.4)
     loss_ax, acc_ax = fig.subplots(1, 2)
     for i, row in enumerate(workers):
         colour = f'C{i % 10}'
@@ -309,7 +313,7 @@ def plot_steps(model):
     if not workers:
         return None
     names = list(workers[0].metrics['step_times'])
-    fig = _figure(4.5, 2.6)
+    fig = _figure(4.0, 2.4)
     ax = fig.subplots()
     height = 0.8 / len(workers)
     for i, row in enumerate(workers):
