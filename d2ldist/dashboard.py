@@ -96,7 +96,8 @@ class JobModel:
         row.metrics.update(r)
         row.reports += 1
         if 'samples' in r:
-            row.rate = self._rates.setdefault(label, Rate()).add(self.clock(), r['samples'])
+            row.rate = self._rates.setdefault(label, Rate()).add(r.get('time', self.clock()),
+                                                                 r['samples'])
         if any(k in r for k in ('loss', 'acc', 'test_acc')):
             m = row.metrics
             x = (m.get('epoch', 1) - 1 + m.get('batch', 0) / m['num_batches']

@@ -26,6 +26,8 @@ samples       int     samples this worker has processed since it started
                       (cumulative: the reader computes samples per second)
 step_times    object  seconds per batch spent in each step, by name, in order
                       (e.g. the seven steps of multi-machine training)
+time          float   when the worker reported (its clock, Unix seconds; set by
+                      ``report()``): rates use it, not the time the line arrived
 ============  ======  =========================================================
 
 Every field is optional. A reader ignores fields it does not know and values of
@@ -35,11 +37,12 @@ import json
 import math
 import os
 import sys
+import time
 
 PREFIX = '@d2l/1 '
 FIELDS = {'epoch': int, 'num_epochs': int, 'batch': int, 'num_batches': int,
           'loss': float, 'acc': float, 'test_acc': float, 'samples': int,
-          'step_times': dict}
+          'step_times': dict, 'time': float}
 MAX_LINE = 1 << 16
 
 
@@ -49,6 +52,7 @@ def report(**metrics):
     if unknown:
         raise TypeError(f'report() got unknown fields: {", ".join(sorted(unknown))}')
     record = _clean({k: v for k, v in metrics.items() if v is not None})
+    record['time'] = round(time.time(), 3)
     if 'D2L_ROLE' in os.environ:              # under the launcher: the protocol line
         line = PREFIX + json.dumps(record, separators=(',', ':'))
     else:                                     # alone: something a person can read

@@ -33,8 +33,11 @@ def test_notebook_runs_a_job_and_keeps_its_output(tmp_path):
                   'print(_launch.exit_codes)\nprint(_launch.metrics[1])\n'
                   'print(len(_launch.log), _launch.outcome)',
                   '%launch -n 2 -s 2 no_such_script.py',
+                  f'%launch -n 1 -s 0 --timeout 1 --env D2L_TEST_TAG={tag} progress_job.py 1000 10 0.1 -1',
+                  'print(_launch.outcome, _launch.exit_codes)',
                   f'%launch -n 2 -s 1 --env D2L_TEST_TAG={tag} progress_job.py 2 5 0.02 1')
-    nb.cells[4].metadata['tags'] = ['raises-exception']     # nbclient goes on after it
+    for cell in nb.cells[4:6]:
+        cell.metadata['tags'] = ['raises-exception']         # nbclient goes on after them
     with pytest.raises(CellExecutionError) as failed:
         run_notebook(nb, tmp_path)
     launch = nb.cells[2]
@@ -54,8 +57,13 @@ def test_notebook_runs_a_job_and_keeps_its_output(tmp_path):
     assert result[2].endswith(' finished')
     # bad options: one line, no traceback, no job
     assert stream_text(nb.cells[4]) == 'UsageError: %launch: no such script: no_such_script.py\n'
-    # a failing worker fails the cell with a real exception naming it, with its last lines
+    # a job that runs too long is stopped, and the cell fails
     error = [o for o in nb.cells[5].outputs if o.output_type == 'error'][0]
+    assert (error.ename, error.evalue) == ('JobFailed', 'the job ran longer than --timeout 1 s; '
+                                                        'it was stopped')
+    assert stream_text(nb.cells[6]).startswith('timeout {')
+    # a failing worker fails the cell with a real exception naming it, with its last lines
+    error = [o for o in nb.cells[7].outputs if o.output_type == 'error'][0]
     assert error.ename == 'JobFailed'
     assert error.evalue.startswith('worker 1 failed (exit code 3); the job was stopped.')
     assert error.evalue.endswith('\n  | worker 1 starts\n  | worker 1: something broke')
@@ -138,3 +146,12 @@ def test_kernel_restart_leaves_nothing_running(kernel, now):
     assert len(tagged_pids(tag)) >= 5
     kernel.km.restart_kernel(now=now)            # now=True: SIGKILL, the kernel cannot clean up
     assert wait_no_survivors(tag, timeout=15) == []
+
+
+def test_help_lists_the_launchers_options():
+    from d2ldist.magic import LaunchMagics
+    doc = LaunchMagics.launch.__doc__
+    assert doc.startswith('Run a distributed job') and 'usage: %launch' in doc
+    for option in ('--num-workers', '--num-servers', '--launcher', '--hostfile', '--env',
+                   '--timeout', 'command'):
+        assert option in doc

@@ -1,6 +1,7 @@
 """The report-line protocol: the writer, the parser (robust to garbage) and d2l-launch's progress."""
 import io
 import json
+import time
 
 import pytest
 
@@ -18,7 +19,9 @@ def test_report_writes_one_versioned_line(capsys, monkeypatch):
                    samples=448, step_times={'push': 0.002, 'pull': 0.001})
     out = capsys.readouterr().out
     assert out.count('\n') == 1 and out.startswith('@d2l/1 {')
-    assert parse_report(out.rstrip('\n')) == {
+    record = parse_report(out.rstrip('\n'))
+    assert abs(record.pop('time') - time.time()) < 5      # the worker's clock, for rates
+    assert record == {
         'epoch': 1, 'num_epochs': 3, 'batch': 7, 'num_batches': 10, 'loss': 0.5,
         'acc': 0.75, 'samples': 448, 'step_times': {'push': 0.002, 'pull': 0.001}}
 
@@ -63,6 +66,17 @@ def test_fraction_done_and_rate():
     assert rate.add(2.0, 300) == 150
     assert rate.add(3.0, 50) is None            # the count restarted
     assert rate.add(4.0, 150) == 100
+
+
+def test_rates_use_the_workers_clock_not_arrival_times():
+    now = [0.0]
+    out = io.StringIO()
+    progress = Progress(out, tty=False, clock=lambda: now[0])
+    w0 = FakeProc('worker 0')
+    for batch in range(1, 11):          # sent 0.1 s apart, all read at once
+        progress.on_line(w0, report_line(epoch=1, num_epochs=1, batch=batch, num_batches=10,
+                                         samples=64 * batch, time=1000 + 0.1 * batch))
+    assert out.getvalue().splitlines()[-1].endswith(' 640 samples/s')
 
 
 class FakeProc:

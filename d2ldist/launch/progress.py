@@ -45,7 +45,7 @@ class Progress:
         now, label = self.clock(), proc.label
         r = self.metrics.setdefault(label, {}) | r      # a report may carry a few fields only
         self.metrics[label] = r
-        rate = self.rates.setdefault(label, Rate()).add(now, r['samples']) \
+        rate = self.rates.setdefault(label, Rate()).add(r.get('time', now), r['samples']) \
             if 'samples' in r else None
         done = fraction_done(r)
         text = (bar(done) + ' ' if done is not None else '') + format_progress(r, rate)
