@@ -4,7 +4,8 @@ The layers, bottom up (ARCHITECTURE.md draws them):
 - ``van``: authenticated messages over ZeroMQ;
 - ``scheduler`` and ``node``: registration, address book, barriers, liveness;
 - ``server`` / ``kv``: the parameter server; ``ring``: all-reduce among workers;
-- ``launch``: ``d2l-launch``, which starts and stops whole jobs.
+- ``launch``: ``d2l-launch``, which starts and stops whole jobs;
+- ``report``: workers' progress lines; ``magic`` and ``dashboard``: ``%launch`` in notebooks.
 """
 import os
 

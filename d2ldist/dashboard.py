@@ -163,6 +163,8 @@ class Dashboard:
         self.model, self.log_lines, self.plots_every = model, log_lines, plots_every
         self.rows_throttle = Throttle(rows_every, clock)
         self.plots_throttle = Throttle(plots_every, clock)
+        self.log_throttle = Throttle(2.0, clock)     # the full log can be long: not so often
+        self._logged = None
         self.redraws = self.plot_redraws = 0
         self._seen, self._plotted = None, 0
         self.header = w.HTML()
@@ -206,6 +208,10 @@ class Dashboard:
             self._seen = m.version
             self.redraws += 1
             self._draw_rows()
+            if len(m.log) != self._logged and self.log_throttle.ready(force):
+                self._logged = len(m.log)
+                self.full_log.value = _pre(m.log[-2000:], 'd2l-log-full', scroll=True)
+                self.log_box.set_title(0, f'full log ({len(m.log)} lines)')
 
     def _draw_rows(self):
         m = self.model
@@ -235,10 +241,7 @@ class Dashboard:
             if 'test_acc' in r:
                 acc.append(f"test {r['test_acc']:.3f}")
             c['acc'].value = ' · '.join(acc)
-        tail = m.log[-self.log_lines:]
-        self.tail.value = _pre(tail, 'd2l-log-tail')
-        self.full_log.value = _pre(m.log[-5000:], 'd2l-log-full', scroll=True)
-        self.log_box.set_title(0, f'full log ({len(m.log)} lines)')
+        self.tail.value = _pre(m.log[-self.log_lines:], 'd2l-log-tail')
 
     def _draw_plots(self):
         start = time.perf_counter()

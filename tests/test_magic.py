@@ -118,7 +118,7 @@ def kernel(tmp_path):
     k.close()
 
 
-LONG_JOB = '%launch -n 2 -s 2 --env D2L_TEST_TAG={tag} progress_job.py 1000 10 0.05 -1'
+LONG_JOB = '%launch -n 2 -s 2 --env D2L_TEST_TAG={tag} python progress_job.py 1000 10 0.05 -1'
 
 
 def test_stop_button_stops_every_process(kernel):
