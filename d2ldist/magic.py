@@ -62,13 +62,14 @@ class _Out:
 
 
 class _TextView:
-    """The view without ipywidgets: the model's text, shown when the job ends."""
+    """The view without ipywidgets: the model's text, shown again when the job ends."""
 
     def __init__(self, model):
         self.model = model
 
     def refresh(self, force=False):
-        pass
+        if force and self.model.ended is not None:
+            print(self.model.text())
 
     def __repr__(self):
         return self.model.text()
@@ -136,8 +137,6 @@ class LaunchMagics(Magics):
     def _finish(self, job, model, view, outcome, message=''):
         model.finish(outcome, message)
         view.refresh(force=True)
-        if not hasattr(view, 'box'):           # no widgets: show the final text once
-            print(model.text())
         self.shell.user_ns['_launch'] = LaunchResult(job, model)
 
 

@@ -1,5 +1,7 @@
 """%launch in a real kernel: notebooks run by nbclient, the stop button and kernel restarts."""
 import queue
+import subprocess
+import sys
 import time
 
 import nbformat
@@ -155,3 +157,23 @@ def test_help_lists_the_launchers_options():
     for option in ('--num-workers', '--num-servers', '--launcher', '--hostfile', '--env',
                    '--timeout', 'command'):
         assert option in doc
+
+
+def test_terminal_ipython_shows_the_text_form(tmp_path):
+    """Without widgets (terminal IPython) the magic shows its text form when the job ends."""
+    tag = new_tag()
+    (tmp_path / 'progress_job.py').write_text(JOB_SCRIPT)
+    (tmp_path / 'run.ipy').write_text(
+        '%load_ext d2ldist\n'
+        f'%launch -n 2 -s 1 --env D2L_TEST_TAG={tag} progress_job.py 1 4 0.01 -1\n'
+        'print(_launch.ok)\n')
+    r = subprocess.run([sys.executable, '-m', 'IPython', '--no-banner', '--colors=nocolor',
+                        'run.ipy'], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    lines = r.stdout.splitlines()
+    assert any(line.startswith('%launch -n 2 -s 1 --env') and ': finished after' in line
+               for line in lines), r.stdout + r.stderr
+    final = [line for line in lines if line.lstrip().startswith('worker 1 ')][-1].split()
+    assert final[:5] == ['worker', '1', 'localhost', 'finished', 'exit']
+    assert '100%' in final and 'epoch' in final
+    assert lines[-1] == 'True'
+    assert wait_no_survivors(tag) == []
