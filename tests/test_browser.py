@@ -16,6 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from d2ldist.launch.placement import free_port
 from conftest import ROOT, kill_tagged, need, new_tag, tagged_pids, wait_no_survivors
 from nbtools import JOB_SCRIPT, notebook
 
@@ -29,11 +30,6 @@ FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-
          '--disable-background-networking', '--disable-component-update', '--disable-sync']
 ARTIFACTS = ROOT / 'test-artifacts'
 NUM_PROCS = 5                               # %launch -n 2 -s 2: scheduler, 2 servers, 2 workers
-
-
-def free_port():
-    from d2ldist.launch.placement import free_port
-    return free_port()
 
 
 @pytest.fixture(scope='module')
