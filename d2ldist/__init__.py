@@ -6,11 +6,13 @@ The layers, bottom up (ARCHITECTURE.md draws them):
 - ``server`` / ``kv``: the parameter server; ``ring``: all-reduce among workers;
 - ``launch``: ``d2l-launch``, which starts and stops whole jobs;
 - ``data``, ``models``, ``devices``, ``store``, ``trainer``: data split by worker,
-  ResNet-18, devices and the seven steps of a training batch.
+  ResNet-18, devices and the seven steps of a training batch;
+- ``report``: workers' progress lines; ``magic`` and ``dashboard``: ``%launch`` in notebooks.
 """
 import os
 
 from .node import Node, PeerFailed
+from .report import report
 
 __version__ = '0.1.0'
 
@@ -63,3 +65,9 @@ def barrier():
     """Wait until every worker has reached this point."""
     if _node:
         _node.barrier('worker')
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext d2ldist``: register the ``%launch`` magic."""
+    from .magic import LaunchMagics
+    ipython.register_magics(LaunchMagics)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .job import Job, Terminated
 from .placement import local_specs, port_is_free
+from .progress import Progress
 
 
 class UsageError(Exception):
@@ -131,40 +132,37 @@ def command_of(words, python=sys.executable, local=True):
     return words
 
 
+def make_job(args, out=None, **job_options):
+    """The Job that parsed options describe, ready to run (``%launch`` uses it too).
+
+    With ``--launcher ssh`` the hosts are checked and the directory synced first; a
+    host that fails raises UsageError. ``job_options`` go to the Job (see job.py)."""
+    secret = secrets.token_hex(32)
+    if args.launcher == 'ssh':
+        from . import ssh
+        try:
+            return ssh.prepare(args, secret, out=out, **job_options)
+        except ssh.HostError as e:
+            raise UsageError(str(e)) from None
+    specs = local_specs(args.num_workers, args.num_servers, args.command, secret,
+                        extra_env=args.env)
+    if args.port:
+        specs[0].env['D2L_SCHEDULER_PORT'] = str(args.port)
+    return Job(specs, timeout=args.timeout, out=out, **job_options)
+
+
 def _terminate(signum, frame):
     raise Terminated()
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        args = parse(argv)
-    except UsageError as e:
-        print(f'd2l-launch: error: {e}', file=sys.stderr)
-        return 2
-    if args.launcher == 'ssh':
-        return _main_ssh(args)
-    specs = local_specs(args.num_workers, args.num_servers, args.command,
-                        secrets.token_hex(32), extra_env=args.env)
-    if args.port:
-        specs[0].env['D2L_SCHEDULER_PORT'] = str(args.port)
     signal.signal(signal.SIGTERM, _terminate)
-    job = Job(specs, timeout=args.timeout)
+    progress = Progress()          # report lines become progress lines
     try:
+        job = make_job(parse(argv), out=progress, on_line=progress.on_line)
         return job.run()
-    except KeyboardInterrupt:
-        return 130
-    except Terminated:
-        return 143
-
-
-def _main_ssh(args):
-    """``--launcher ssh``: preflight, sync, then the job on the hosts (see ssh.py)."""
-    from . import ssh
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
-        return ssh.launch(args, secrets.token_hex(32))
-    except ssh.HostError as e:
+    except UsageError as e:
         print(f'd2l-launch: error: {e}', file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -77,11 +77,13 @@ def describe_exit(code):
 class Job:
     """Start a job's processes, merge their output, stop them all when it ends."""
 
-    def __init__(self, specs, timeout=None, out=None, on_line=None, on_state=None):
+    def __init__(self, specs, timeout=None, out=None, on_line=None, on_state=None,
+                 on_tick=None):
         self.procs = [Proc(s) for s in specs]
         self.timeout, self.out = timeout, out or sys.stdout
         self.on_line = on_line or (lambda proc, line: line)   # may hide or change a line
-        self.on_state = on_state or (lambda proc: None)
+        self.on_state = on_state or (lambda proc: None)       # state or exit code changed
+        self.on_tick = on_tick or (lambda: None)              # about every 0.1 s
         self.log = []                     # the merged output: (label, line)
         self.failure = None               # the first process that failed
         self.code = None
@@ -96,6 +98,7 @@ class Job:
             while self.code is None:
                 self._pump(0.1)
                 self._reap()
+                self.on_tick()
                 self.code = self._verdict(start)
         except (KeyboardInterrupt, Terminated):
             self._say('interrupted: stopping the job')
@@ -190,10 +193,10 @@ class Job:
         return lines
 
     def _emit(self, p, line):
-        p.tail.append(line)
         self.log.append((p.label, line))
         shown = self.on_line(p, line)
         if shown is not None:
+            p.tail.append(shown)           # hidden lines (progress reports) are not news
             self.out.write(f'[{p.label}] {shown}\n')
             self.out.flush()
 
@@ -207,7 +210,7 @@ class Job:
             p.code = 128 - code if code < 0 else code
             p.exited_at = time.monotonic()
             if p.state in ('stopped', 'finished'):
-                pass
+                self.on_state(p)             # stopped by us: only the exit code is new
             elif p.code == 0:
                 self._set_state(p, 'finished')
             else:

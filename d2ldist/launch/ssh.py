@@ -381,8 +381,8 @@ def placement_table(specs):
                      for r in rows)
 
 
-def launch(args, secret, out=None, **job_options):
-    """Run the job of the parsed ``args`` with ``--launcher ssh``; return the exit code.
+def prepare(args, secret, out=None, **job_options):
+    """The job of the parsed ``args`` with ``--launcher ssh``, after preflight and sync.
 
     ``job_options`` go to the Job (``on_line``, ``on_state``: see job.py)."""
     out = out or sys.stdout
@@ -413,7 +413,6 @@ def launch(args, secret, out=None, **job_options):
     out.write(f'd2l-launch: placement (scheduler on the first host, {rule}):\n'
               f'{placement_table(specs)}\n')
     out.flush()
-    job = SshJob(specs, hosts, ssh, python, workdir, pythonpath, job_id,
-                 timeout=args.timeout, out=out, **job_options)
-    return job.run()
+    return SshJob(specs, hosts, ssh, python, workdir, pythonpath, job_id,
+                  timeout=args.timeout, out=out, **job_options)
 
