@@ -60,6 +60,11 @@ class _Engine:
         return handle
 
     def _loop(self):
+        # Reduce on this one thread, as Horovod's background thread does. With torch's
+        # OpenMP build this setting holds for this thread only; without it each add_
+        # would wake an OpenMP team that fights the training's own threads for the
+        # cores (measured on 2 cores, 2 workers: 16 MB all-reduce 630 ms -> 47 ms).
+        torch.set_num_threads(1)
         while True:
             handle, fn, args = self.queue.get()
             try:
