@@ -15,7 +15,9 @@ into its bucket as soon as backward has computed it; when a bucket is full, its
 all-reduce starts on the communication thread while backward goes on with the
 earlier layers. ``step()`` waits for the last buckets, copies the averages back into
 ``.grad`` and then steps. Buckets start in a fixed order, so every worker runs the
-same all-reduces in the same order.
+same all-reduces in the same order. (A parameter that gets no gradient -- an unused
+layer -- holds its bucket, and the later ones, back until ``step()``, which counts
+its gradient as zero.)
 """
 import torch
 

@@ -45,20 +45,26 @@ class TorchBackend:
             if dist.get_backend() == 'nccl' else torch.device('cpu')
 
     def allreduce_(self, tensor, op):
-        with _contiguous(tensor) as X:
-            if X.dtype == torch.bool:   # gloo and NCCL have no bool sums: any / all
-                Y = X.to(torch.uint8)
-                dist.all_reduce(Y, dist.ReduceOp.MIN if op is ops.Min else dist.ReduceOp.MAX)
-                X.copy_(Y)
+        with _contiguous(tensor, self._wider(tensor.dtype)) as X:
+            if tensor.dtype == torch.bool:   # no bool sums in gloo and NCCL: any / all
+                dist.all_reduce(X, dist.ReduceOp.MIN if op is ops.Min else dist.ReduceOp.MAX)
             else:
                 dist.all_reduce(X, getattr(dist.ReduceOp, op.torch_name))
                 ops.finish_(X, op, self.size)
         return tensor
 
     def broadcast_(self, tensor, root):
-        with _contiguous(tensor) as X:
+        with _contiguous(tensor, self._wider(tensor.dtype)) as X:
             dist.broadcast(X, root)
         return tensor
+
+    def _wider(self, dtype):
+        """The dtype to run in: bool as uint8, and int16 as int32 on gloo (it has none)."""
+        if dtype == torch.bool:
+            return torch.uint8
+        if dtype == torch.int16 and dist.get_backend() == 'gloo':
+            return torch.int32
+        return dtype
 
     def allgather(self, tensor):
         """all_gather needs equal shapes: gather the row counts, pad, gather, trim."""
@@ -78,13 +84,16 @@ class TorchBackend:
 
 
 class _contiguous:
-    """``with _contiguous(X) as Y``: X itself if contiguous, else a copy written back."""
+    """``with _contiguous(X, dtype) as Y``: X itself if contiguous and of that dtype,
+    else a contiguous copy in that dtype, written back afterwards."""
 
-    def __init__(self, tensor):
-        self.tensor = tensor
+    def __init__(self, tensor, dtype):
+        self.tensor, self.dtype = tensor, dtype
 
     def __enter__(self):
-        self.Y = self.tensor if self.tensor.is_contiguous() else self.tensor.contiguous()
+        X = self.tensor
+        same = X.is_contiguous() and X.dtype == self.dtype
+        self.Y = X if same else X.to(self.dtype).contiguous()
         return self.Y
 
     def __exit__(self, *exc):

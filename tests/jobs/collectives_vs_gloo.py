@@ -13,7 +13,8 @@ import d2ldist
 
 d2ldist.init()
 r, N = d2ldist.rank(), d2ldist.size()
-dist.init_process_group('gloo', init_method='env://')
+if not dist.is_initialized():   # (backend torch has done it)
+    dist.init_process_group('gloo', init_method='env://')
 assert (dist.get_rank(), dist.get_world_size()) == (r, N)
 TOL = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-5, torch.float64: 1e-12}
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
