@@ -100,19 +100,19 @@ def worker(args):
 
     def row(*cells):
         if r == 0:
-            print(''.join(f'{c:>12}' for c in cells), flush=True)
+            print(''.join(f'{c:>13}' for c in cells), flush=True)
 
     if args.chunk_sweep:
-        chunks = [64 * KB, 256 * KB, 512 * KB, MB, 4 * MB]
+        chunks = [256 * KB, MB, 2 * MB, 4 * MB, 8 * MB]
         row('size', *[f'chunk {human(c)}' for c in chunks])
-        row('', *['busbw GB/s'] * len(chunks))
+        row('', *['busbw/cpu ms'] * len(chunks))
         for nbytes in sizes(args):
             X = torch.ones(nbytes // 4)
             cells = []
             for c in chunks:
                 ring.chunk_bytes = c
-                t, _ = timed(d2l_ring, X, args.seconds, dist)
-                cells.append(f'{nbytes / t * bus / 1e9:.3f}')
+                t, cpu = timed(d2l_ring, X, args.seconds, dist)
+                cells.append(f'{nbytes / t * bus / 1e9:.2f}/{cpu * 1e3:.0f}')
             row(human(nbytes), *cells)
     else:
         row('size', 'count', 'ring time', 'algbw', 'busbw', 'cpu', 'gloo time', 'algbw',
