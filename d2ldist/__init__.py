@@ -47,7 +47,8 @@ def init(backend=None):
 
     ``backend`` (or the environment variable D2L_BACKEND) is 'ring', d2ldist's own
     ring all-reduce (the default under d2l-launch), or 'torch', torch.distributed
-    (the default under torchrun or srun, where there is no d2ldist scheduler).
+    (the default under torchrun, where there is no d2ldist scheduler; under Slurm's
+    srun set D2L_BACKEND=torch).
     """
     global _node, _backend_name
     name = _choose_backend(backend)
@@ -65,12 +66,14 @@ def init(backend=None):
 
 
 def _choose_backend(backend):
-    name = backend or os.environ.get('D2L_BACKEND') or (
-        'torch' if 'D2L_SCHEDULER_URI' not in os.environ
-        and int(os.environ.get('WORLD_SIZE', os.environ.get('SLURM_NTASKS', '1'))) > 1
-        else 'ring')
+    launched = 'D2L_SCHEDULER_URI' in os.environ
+    torchrun = not launched and int(os.environ.get('WORLD_SIZE', '1')) > 1
+    name = backend or os.environ.get('D2L_BACKEND') or ('torch' if torchrun else 'ring')
     if name not in BACKENDS:
         raise ValueError(f'unknown backend {name!r}: use one of {", ".join(BACKENDS)}')
+    if name == 'ring' and torchrun:
+        raise RuntimeError("backend 'ring' needs a job started by d2l-launch; under "
+                           "torchrun use backend 'torch'")
     return name
 
 

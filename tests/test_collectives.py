@@ -18,9 +18,11 @@ def ok_lines(r, n):
     return [line for line in r.stdout.splitlines() if ': ok ' in line and f' of {n}:' in line]
 
 
-@pytest.mark.parametrize('num_workers', [2, 3, 4])
-def test_ring_matches_gloo(num_workers):
-    r = run_launch('-n', num_workers, '-s', 0, '--timeout', 240,
+@pytest.mark.parametrize('num_workers, chunk_bytes', [(2, None), (3, 65536), (4, 40004)])
+def test_ring_matches_gloo(num_workers, chunk_bytes):
+    """With the default chunks, and with small odd ones, so that segments are cut."""
+    chunk = ['--env', f'D2L_RING_CHUNK={chunk_bytes}'] if chunk_bytes else []
+    r = run_launch('-n', num_workers, '-s', 0, '--timeout', 240, *chunk,
                    sys.executable, JOBS / 'collectives_vs_gloo.py', timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert len(ok_lines(r, num_workers)) == num_workers, r.stdout[-3000:]
