@@ -66,7 +66,8 @@ class Van:
         self.mac_payload = mac_payload
         # D2L_ZMQ_IO_THREADS=2 lets sending and receiving copy on two cores (the
         # ring all-reduce does both at once); one thread is ZeroMQ's default.
-        self._ctx = zmq.Context.instance(io_threads=int(os.environ.get('D2L_ZMQ_IO_THREADS', '1')))
+        io_threads = int(os.environ.get('D2L_ZMQ_IO_THREADS', '1'))
+        self._ctx = zmq.Context.instance(io_threads=io_threads)
         self._session = secrets.token_hex(4)   # tells this van's sequence apart
         self._seq = itertools.count(1)
         self._lock = threading.Lock()          # one sender at a time keeps seq in order

@@ -33,7 +33,8 @@ check(all(torch.equal(a, b) for a, b in zip(net.state_dict().values(),
       'broadcast_parameters gave worker 0 weights')
 
 # broadcast_optimizer_state: worker 0's hyperparameters and (created) state
-optimizer = torch.optim.Adam(net.parameters(), lr=0.01 if r == 0 else 0.5, betas=(0.8, 0.9 + r / 100))
+optimizer = torch.optim.Adam(net.parameters(), lr=0.01 if r == 0 else 0.5,
+                             betas=(0.8, 0.9 + r / 100))
 optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=net.named_parameters(),
                                      bucket_cap_mb=0.3)
 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
