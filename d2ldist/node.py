@@ -82,8 +82,8 @@ class Node:
         count = self.num_workers if role == 'worker' else self.num_servers
         return [f'{role}:{r}' for r in range(count)]
 
-    def send(self, peer, kind, header=None, frames=()):
-        self.van.send(peer, kind, header, frames)
+    def send(self, peer, kind, header=None, frames=(), track=False):
+        return self.van.send(peer, kind, header, frames, track=track)
 
     def recv(self, kinds=None, timeout=None):
         """The next message of one of ``kinds`` (others wait in a stash for later)."""

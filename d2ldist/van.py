@@ -64,7 +64,10 @@ class Van:
         if mac_payload is None:
             mac_payload = os.environ.get('D2L_MAC_PAYLOAD', '0') == '1'
         self.mac_payload = mac_payload
-        self._ctx = zmq.Context.instance()
+        # D2L_ZMQ_IO_THREADS=2 lets sending and receiving copy on two cores (the
+        # ring all-reduce does both at once); one thread is ZeroMQ's default.
+        io_threads = int(os.environ.get('D2L_ZMQ_IO_THREADS', '1'))
+        self._ctx = zmq.Context.instance(io_threads=io_threads)
         self._session = secrets.token_hex(4)   # tells this van's sequence apart
         self._seq = itertools.count(1)
         self._lock = threading.Lock()          # one sender at a time keeps seq in order
@@ -104,9 +107,15 @@ class Van:
     def is_connected(self, peer_id):
         return peer_id in self._peers
 
-    def send(self, peer_id, kind, header=None, frames=()):
-        """Send a message to a peer; frames are bytes-like (tensor memory, no copy)."""
+    def send(self, peer_id, kind, header=None, frames=(), track=False):
+        """Send a message to a peer; frames are bytes-like (tensor memory, no copy).
+
+        With ``track=True`` it returns the ZeroMQ trackers of the frames sent without
+        a copy: ``tracker.wait()`` returns once ZeroMQ no longer reads that memory,
+        so the caller may overwrite it.
+        """
         frames = [memoryview(f).cast('B') for f in frames]
+        trackers = []
         with self._lock:
             head = dict(header or {}, kind=kind, seq=next(self._seq),
                         session=self._session, sizes=[f.nbytes for f in frames])
@@ -117,7 +126,11 @@ class Van:
             sock.send(head_bytes, zmq.SNDMORE if frames else 0)
             for i, f in enumerate(frames):
                 small = f.nbytes < 64 * 1024   # copying small frames is cheaper
-                sock.send(f, zmq.SNDMORE if i < len(frames) - 1 else 0, copy=small)
+                more = zmq.SNDMORE if i < len(frames) - 1 else 0
+                tracker = sock.send(f, more, copy=small, track=track and not small)
+                if track and not small:
+                    trackers.append(tracker)
+        return trackers
 
     def _mac(self, head_bytes, frames):
         mac = hmac.new(self._key, head_bytes, hashlib.sha256)

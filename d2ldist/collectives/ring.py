@@ -1,0 +1,169 @@
+"""The ring all-reduce (after baidu-allreduce's RingAllreduce), over the van.
+
+The N workers stand in a ring in rank order: worker r sends only to its right
+neighbour r+1 and receives only from its left neighbour r-1. The tensor is cut
+into N segments. In the *reduce-scatter* phase (N-1 steps) each segment travels
+once round the ring, every worker adding its own values on the way, so that each
+worker ends up with one fully reduced segment; in the *all-gather* phase (N-1
+more steps) the reduced segments travel round once more, every worker copying
+them. Each worker sends 2(N-1)/N of the tensor, whatever N is: the ring is
+bandwidth-optimal.
+
+Segments are cut into chunks of ``CHUNK_BYTES``; a chunk is passed on to the right
+as soon as it has been reduced, so that while one chunk is on the wire the next
+is being received and added (pipelining), and the ZeroMQ I/O thread sends while
+Python adds.
+"""
+import ctypes
+import os
+import platform
+
+import torch
+
+RING = 'ring'   # the message kind of the ring's chunks
+# Measured with benchmarks/allreduce.py --chunk-sweep (loopback, 2 busy cores): CPU
+# time per 64 MB all-reduce with 4 workers, chunks of 256 KB / 1 / 2 / 4 / 8 MB:
+# 212 / 139 / 124 / 106 / 91 ms; with 2 workers 93 / 73 / 66 / 58 / 63 ms. Each
+# chunk costs a message (JSON header, HMAC, thread wake-ups), so small chunks are
+# dear; above 4 MB the gain stops and the pipeline gets short.
+CHUNK_BYTES = 4 * 1024 * 1024
+
+
+def keep_freed_memory():
+    """Ask glibc to keep freed message buffers instead of returning them to the kernel.
+
+    ZeroMQ allocates a fresh buffer for each received chunk and frees it once the chunk
+    is added. By default glibc gives big buffers back to the kernel at once (munmap,
+    heap trimming), so the next chunk page-faults and the kernel zeroes every page
+    again: ~1,200 page faults per 16 MB all-reduce, 4-7 % of the CPU in a profile.
+    """
+    if platform.system() == 'Linux' and platform.libc_ver()[0] == 'glibc':
+        libc = ctypes.CDLL(None)
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        libc.mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024)   # glibc's maximum
+        libc.mallopt(M_TRIM_THRESHOLD, 512 * 1024 * 1024)
+
+
+def _copy_(acc, x):
+    return acc.copy_(x)
+
+
+class Ring:
+    """Collectives among the workers of a job, between ring neighbours over the van."""
+
+    def __init__(self, node, chunk_bytes=None):
+        self.node, self.rank, self.size = node, node.rank, node.num_workers
+        self.left = f'worker:{(self.rank - 1) % self.size}'
+        self.right = f'worker:{(self.rank + 1) % self.size}'
+        self.chunk_bytes = int(chunk_bytes or os.environ.get('D2L_RING_CHUNK', CHUNK_BYTES))
+        self.calls = 0        # collectives so far: every chunk says which call it is from
+        self._sent = []       # trackers of chunks ZeroMQ may still be reading
+        keep_freed_memory()
+
+    def allreduce_(self, flat, op):
+        """Reduce the 1-D contiguous CPU tensor ``flat`` across all workers, in place."""
+        N, r = self.size, self.rank
+        seg = self._begin(flat, self.segments(flat.numel()))
+        # Reduce-scatter, shown for N = 3 workers and segments a, b, c. At step s,
+        # worker r sends segment r-s to the right and adds segment r-s-1 from the left:
+        #
+        #            worker 0           worker 1           worker 2
+        #   start    a0  b0  c0         a1  b1  c1         a2  b2  c2
+        #   step 0   a0  b0  c0+c2      a0+a1 b1 c1        a2  b1+b2 c2
+        #   step 1   a0  B   c0+c2      a0+a1 b1 C         A   b1+b2 c2
+        #
+        # (A = a0+a1+a2, ...): worker r now holds the reduced segment r+1.
+        for k, (a, b) in enumerate(self.chunks(seg[r])):
+            self._send(flat[a:b], 'rs', r, k)
+        for s in range(N - 1):
+            j = (r - s - 1) % N                        # the segment arriving now
+            last = s == N - 2                          # then j is reduced: all-gather it
+            self._relay(flat, 'rs', j, op.reduce_, forward='ag' if last else 'rs')
+        # All-gather: at step s, worker r receives the reduced segment r-s and copies it,
+        # passing it on unless its right neighbour is the one that reduced it:
+        #
+        #   step 0   A   B   c0+c2      a0+a1 B  C         A   b1+b2 C
+        #   step 1   A   B   C          A   B   C          A   B   C
+        for s in range(N - 1):
+            j = (r - s) % N
+            self._relay(flat, 'ag', j, _copy_, forward='ag' if s < N - 2 else None)
+        self._end()
+        return flat
+
+    def broadcast_(self, flat, root):
+        """Copy ``flat`` of worker ``root`` into ``flat`` of every worker (a pipelined chain)."""
+        whole = self._begin(flat, [(0, flat.numel())])[0]
+        if self.rank == root:
+            for k, (a, b) in enumerate(self.chunks(whole)):
+                self._send(flat[a:b], 'bc', 0, k)
+        else:   # root -> root+1 -> ... -> root-1: the last one keeps what it gets
+            last = self.right == f'worker:{root}'
+            self._relay(flat, 'bc', 0, _copy_, forward=None if last else 'bc')
+        self._end()
+        return flat
+
+    def allgather_(self, flat, seg):
+        """Worker i holds ``flat[seg[i][0]:seg[i][1]]``; afterwards every worker holds all."""
+        N, r = self.size, self.rank
+        self._begin(flat, seg)
+        for k, (a, b) in enumerate(self.chunks(seg[r])):
+            self._send(flat[a:b], 'ag', r, k)
+        for s in range(N - 1):   # the all-gather phase of allreduce_, starting one earlier
+            j = (r - s - 1) % N
+            self._relay(flat, 'ag', j, _copy_, forward='ag' if s < N - 2 else None)
+        self._end()
+        return flat
+
+    # -- segments and chunks -------------------------------------------------------
+    def segments(self, n):
+        """Cut n elements into N segments (start, end); the first n % N get one more."""
+        N = self.size
+        sizes = [n // N + (1 if i < n % N else 0) for i in range(N)]
+        starts = [sum(sizes[:i]) for i in range(N)]
+        return [(a, a + size) for a, size in zip(starts, sizes)]
+
+    def chunks(self, segment):
+        """Cut a segment (start, end) into chunks of at most chunk_bytes; none if empty."""
+        a, b = segment
+        step = max(1, self.chunk_bytes // self._itemsize)
+        return [(i, min(i + step, b)) for i in range(a, b, step)]
+
+    # -- one chunk on the wire -------------------------------------------------------
+    def _relay(self, flat, phase, j, combine, forward):
+        """Receive segment j from the left chunk by chunk, combine it into ``flat``,
+        and pass each chunk on to the right at once (as ``forward``) unless None."""
+        for k, (a, b) in enumerate(self.chunks(self._segs[j])):
+            x = self._recv(phase, j, k, flat.dtype, b - a)
+            combine(flat[a:b], x)
+            if forward:
+                self._send(flat[a:b], forward, j, k)
+
+    def _send(self, x, phase, j, k):
+        frame = x.view(torch.uint8).numpy()
+        head = {'n': self.calls, 'numel': self._numel, 'phase': phase, 'seg': j, 'k': k}
+        self._sent += self.node.send(self.right, RING, head, [frame], track=True)
+
+    def _recv(self, phase, j, k, dtype, numel):
+        """The next chunk from the left, checked to be the one expected, as a tensor."""
+        msg = self.node.recv([RING])
+        want = (self.calls, self._numel, phase, j, k)
+        got = tuple(msg.get(f) for f in ('n', 'numel', 'phase', 'seg', 'k'))
+        if msg.sender != self.left or got != want or len(msg.frames) != 1 \
+                or msg.frames[0].nbytes != numel * self._itemsize:
+            raise RuntimeError(
+                f'{self.node.id}: expected chunk (call, numel, phase, segment, chunk) '
+                f'{want} from {self.left}, got {got} from {msg.sender}: the workers must '
+                f'call the same collectives in the same order on tensors of the same size')
+        return torch.frombuffer(msg.frames[0], dtype=dtype)
+
+    def _begin(self, flat, segs):
+        """Start a collective on ``flat`` cut into ``segs``; returns segs."""
+        self.calls += 1
+        self._numel, self._itemsize, self._segs = flat.numel(), flat.element_size(), segs
+        return segs
+
+    def _end(self):
+        """Wait until ZeroMQ has sent every chunk, so the caller may reuse the memory."""
+        for tracker in self._sent:
+            tracker.wait()
+        self._sent = []

@@ -1,0 +1,102 @@
+"""The production backend: the same collectives on torch.distributed.
+
+gloo on CPU, NCCL when there is a GPU. The rendezvous comes from the environment
+torchrun sets (and d2l-launch sets too): MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
+LOCAL_RANK. Under Slurm without torchrun, SLURM_PROCID / SLURM_NTASKS /
+SLURM_LOCALID stand in for RANK / WORLD_SIZE / LOCAL_RANK (MASTER_ADDR and
+MASTER_PORT must still be exported by the batch script).
+"""
+import os
+
+import torch
+import torch.distributed as dist
+
+from . import ops
+
+_SLURM = {'RANK': 'SLURM_PROCID', 'WORLD_SIZE': 'SLURM_NTASKS',
+          'LOCAL_RANK': 'SLURM_LOCALID', 'LOCAL_WORLD_SIZE': 'SLURM_NTASKS_PER_NODE'}
+
+
+def rendezvous_env(env=os.environ):
+    """Fill torchrun's variables from Slurm's where only Slurm's are set."""
+    for name, slurm in _SLURM.items():
+        if name not in env and slurm in env:
+            env[name] = env[slurm].split('(')[0]   # SLURM_NTASKS_PER_NODE may be '4(x2)'
+    missing = [n for n in ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE') if n not in env]
+    if missing:
+        raise RuntimeError(f'backend torch: {", ".join(missing)} not set: start the job '
+                           'with torchrun, d2l-launch or srun')
+
+
+class TorchBackend:
+    """The collectives on torch.distributed (gloo on CPU, NCCL on GPUs)."""
+
+    name = 'torch'
+
+    def __init__(self):
+        if not dist.is_initialized():
+            rendezvous_env()
+            cuda = torch.cuda.is_available()
+            if cuda:   # one GPU per process: the local rank picks it
+                torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
+            dist.init_process_group('nccl' if cuda else 'gloo', init_method='env://')
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.device = torch.device('cuda', torch.cuda.current_device()) \
+            if dist.get_backend() == 'nccl' else torch.device('cpu')
+
+    def allreduce_(self, tensor, op):
+        with _contiguous(tensor, self._wider(tensor.dtype)) as X:
+            if tensor.dtype == torch.bool:   # no bool sums in gloo and NCCL: any / all
+                dist.all_reduce(X, dist.ReduceOp.MIN if op is ops.Min else dist.ReduceOp.MAX)
+            else:
+                dist.all_reduce(X, getattr(dist.ReduceOp, op.torch_name))
+                ops.finish_(X, op, self.size)
+        return tensor
+
+    def broadcast_(self, tensor, root):
+        with _contiguous(tensor, self._wider(tensor.dtype)) as X:
+            dist.broadcast(X, root)
+        return tensor
+
+    def _wider(self, dtype):
+        """The dtype to run in: bool as uint8, and int16 as int32 on gloo (it has none)."""
+        if dtype == torch.bool:
+            return torch.uint8
+        if dtype == torch.int16 and dist.get_backend() == 'gloo':
+            return torch.int32
+        return dtype
+
+    def allgather(self, tensor):
+        """all_gather needs equal shapes: gather the row counts, pad, gather, trim."""
+        X = tensor.contiguous()
+        rows = torch.tensor([X.shape[0]], device=self.device)
+        counts = [torch.zeros_like(rows) for _ in range(self.size)]
+        dist.all_gather(counts, rows)
+        counts = [int(c) for c in counts]
+        padded = X.new_zeros((max(counts), *X.shape[1:]), device=self.device)
+        padded[:X.shape[0]] = X
+        parts = [torch.empty_like(padded) for _ in range(self.size)]
+        dist.all_gather(parts, padded)
+        return torch.cat([p[:c] for p, c in zip(parts, counts)]).to(tensor.device)
+
+    def barrier(self):
+        dist.barrier()
+
+
+class _contiguous:
+    """``with _contiguous(X, dtype) as Y``: X itself if contiguous and of that dtype,
+    else a contiguous copy in that dtype, written back afterwards."""
+
+    def __init__(self, tensor, dtype):
+        self.tensor, self.dtype = tensor, dtype
+
+    def __enter__(self):
+        X = self.tensor
+        same = X.is_contiguous() and X.dtype == self.dtype
+        self.Y = X if same else X.to(self.dtype).contiguous()
+        return self.Y
+
+    def __exit__(self, *exc):
+        if self.Y is not self.tensor and exc[0] is None:
+            self.tensor.copy_(self.Y)
+        return False

@@ -1,0 +1,129 @@
+"""Every collective of d2ldist's ring against torch.distributed's gloo, same inputs.
+
+Run under d2l-launch -n N -s 0: the launcher's environment lets both d2ldist and
+gloo (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) join the same job. Each worker
+prints one 'ok' line with its case counts, or raises at the first mismatch.
+"""
+import sys
+
+import torch
+import torch.distributed as dist
+
+import d2ldist
+
+d2ldist.init()
+r, N = d2ldist.rank(), d2ldist.size()
+if not dist.is_initialized():   # (backend torch has done it)
+    dist.init_process_group('gloo', init_method='env://')
+assert (dist.get_rank(), dist.get_world_size()) == (r, N)
+TOL = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-5, torch.float64: 1e-12}
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
+          torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+LENGTHS = [0, 1, 2, N - 1, N + 1, 7, 13, 1009, 65537, 131101]
+counts = {'allreduce': 0, 'broadcast': 0, 'allgather': 0, 'gloo lacks': set()}
+
+
+def rand(shape, dtype, seed):
+    """The same random tensor on every worker for the same seed."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    low = 0 if dtype == torch.uint8 else -30   # sums of 4 fit in int8 and uint8
+    return torch.randint(low, 60, shape, generator=g, dtype=torch.int64).to(dtype)
+
+
+def same(a, b, what):
+    ok = a.shape == b.shape and a.dtype == b.dtype and (
+        torch.allclose(a.double(), b.double(), rtol=TOL[a.dtype], atol=TOL[a.dtype] * 4)
+        if a.is_floating_point() else torch.equal(a, b))
+    if not ok:
+        sys.exit(f'worker {r}: MISMATCH {what}: d2ldist {a.flatten()[:6]} gloo {b.flatten()[:6]}')
+
+
+def gloo_allreduce(X, op, inputs):
+    """What gloo says, computed as d2ldist defines the op (Average = Sum / N).
+
+    ``inputs(i)`` makes worker i's input: for dtypes gloo cannot reduce (int16),
+    the reference is added up here from every worker's input instead."""
+    Y = X.contiguous().clone()
+    if X.dtype == torch.bool:
+        Y = Y.to(torch.uint8)
+    red = {'Min': dist.ReduceOp.MIN, 'Max': dist.ReduceOp.MAX}.get(op.name, dist.ReduceOp.SUM)
+    if X.dtype == torch.bool and op.name != 'Min':
+        red = dist.ReduceOp.MAX      # bool sums are "any"
+    try:
+        dist.all_reduce(Y, red)
+    except RuntimeError:
+        counts['gloo lacks'].add(str(X.dtype))
+        Y = inputs(0).clone()
+        for i in range(1, N):
+            op.reduce_(Y, inputs(i))
+    Y = Y.to(X.dtype)
+    if op.name == 'Average' and X.dtype != torch.bool:
+        Y = Y / N if X.is_floating_point() else torch.div(Y, N, rounding_mode='trunc')
+    return Y.to(X.dtype)
+
+
+# -- allreduce: every dtype, op and length; every third input strided (non-contiguous) --
+case = 0
+for dtype in DTYPES:
+    for n in LENGTHS + ([1_000_003] if dtype in (torch.float32, torch.int64) else []):
+        for op in (d2ldist.Sum, d2ldist.Average, d2ldist.Min, d2ldist.Max):
+            case += 1
+            strided = case % 3 == 0
+            def inputs(i, n=n, dtype=dtype, strided=strided, case=case):
+                base = rand((2 * n,) if strided else (n,), dtype, case * 100 + i)
+                return base[::2] if strided else base
+            X = inputs(r)
+            expect = gloo_allreduce(X, op, inputs)
+            before = X.clone()
+            got = d2ldist.allreduce(X, op=op)
+            same(X, before, f'allreduce changed its input {dtype} n={n}')
+            same(got, expect, f'allreduce {op} {dtype} n={n} strided={strided}')
+            d2ldist.allreduce_(X, op=op)
+            same(X, expect, f'allreduce_ {op} {dtype} n={n} strided={strided}')
+            if strided:
+                same(X._base[1::2], inputs(r)._base[1::2], 'allreduce_ touched '
+                     'elements outside the strided view')
+            counts['allreduce'] += 1
+
+# -- broadcast: every root ---------------------------------------------------------------
+for dtype in DTYPES:
+    for n in (0, 1, N + 1, 1009, 131101):
+        for root in range(N):
+            case += 1
+            X = rand((n,), dtype, case * 100 + r)
+            Y = X.clone()
+            try:
+                dist.broadcast(Y, root)
+            except RuntimeError:     # a dtype gloo cannot send (bool, int16)
+                counts['gloo lacks'].add(str(dtype))
+                Y = rand((n,), dtype, case * 100 + root)
+            same(d2ldist.broadcast(X, root_rank=root), Y, f'broadcast {dtype} n={n}')
+            d2ldist.broadcast_(X, root_rank=root)
+            same(X, Y, f'broadcast_ {dtype} n={n} root={root}')
+            counts['broadcast'] += 1
+
+# -- allgather: first dimensions differ between workers (0 rows included) --------------
+for dtype in (torch.float32, torch.int64, torch.float16, torch.uint8):
+    for rows_seed in range(6):
+        case += 1
+        g = torch.Generator().manual_seed(case)
+        rows = torch.randint(0, 5, (N,), generator=g).tolist()
+        if rows_seed == 5:
+            rows = [1000 * (i + 1) for i in range(N)]
+        X = rand((rows[r], 3, 2), dtype, case * 100 + r)
+        padded = X.new_zeros((max(rows), 3, 2))
+        padded[:rows[r]] = X
+        parts = [torch.empty_like(padded) for _ in range(N)]
+        dist.all_gather(parts, padded)
+        expect = torch.cat([p[:k] for p, k in zip(parts, rows)])
+        same(d2ldist.allgather(X), expect, f'allgather {dtype} rows={rows}')
+        counts['allgather'] += 1
+
+d2ldist.barrier()
+print(f'worker {r} of {N}: ok allreduce={counts["allreduce"]} broadcast={counts["broadcast"]} '
+      f'allgather={counts["allgather"]} gloo lacks={sorted(counts["gloo lacks"])}', flush=True)
+dist.destroy_process_group()

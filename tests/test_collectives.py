@@ -1,0 +1,91 @@
+"""The ring's collectives against torch.distributed's gloo, in real jobs.
+
+Each job runs tests/jobs/collectives_vs_gloo.py: every dtype, op, odd and prime
+length (0, 1, ..., 1,000,003), strided inputs, every broadcast root and uneven
+all-gathers, compared with gloo on the same inputs in the same processes.
+"""
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, run_launch, wait_no_survivors
+
+JOBS = ROOT / 'tests' / 'jobs'
+
+
+def ok_lines(r, n):
+    return [line for line in r.stdout.splitlines() if ': ok ' in line and f' of {n}:' in line]
+
+
+@pytest.mark.parametrize('num_workers, chunk_bytes', [(2, None), (3, 65536), (4, 40004)])
+def test_ring_matches_gloo(num_workers, chunk_bytes):
+    """With the default chunks, and with small odd ones, so that segments are cut."""
+    chunk = ['--env', f'D2L_RING_CHUNK={chunk_bytes}'] if chunk_bytes else []
+    r = run_launch('-n', num_workers, '-s', 0, '--timeout', 240, *chunk,
+                   sys.executable, JOBS / 'collectives_vs_gloo.py', timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert len(ok_lines(r, num_workers)) == num_workers, r.stdout[-3000:]
+    assert wait_no_survivors(r.tag) == []
+
+
+def test_torch_backend_matches_gloo():
+    """The same API on backend 'torch' (bool, int16, strided, uneven all-gather)."""
+    r = run_launch('-n', 2, '-s', 0, '--timeout', 240, '--env', 'D2L_BACKEND=torch',
+                   sys.executable, JOBS / 'collectives_vs_gloo.py', timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert len(ok_lines(r, 2)) == 2, r.stdout[-3000:]
+
+
+def test_mismatched_sizes_fail_clearly(write_script):
+    """Workers that all-reduce tensors of different sizes get an error, not a hang."""
+    script = write_script(
+        'import torch, d2ldist\n'
+        'd2ldist.init()\n'
+        'd2ldist.allreduce(torch.ones(1000 + d2ldist.rank()))\n')
+    r = run_launch('-n', 2, '-s', 0, '--timeout', 60, sys.executable, script, timeout=90)
+    assert r.returncode != 0
+    assert 'the workers must call the same collectives in the same order' in r.stdout + r.stderr
+    assert 'timed out' not in r.stdout + r.stderr
+    assert wait_no_survivors(r.tag) == []
+
+
+STANDALONE = r'''
+import sys
+import d2ldist
+d2ldist.init()
+assert 'torch' not in sys.modules, 'init() alone must not import torch'
+assert (d2ldist.rank(), d2ldist.size(), d2ldist.local_rank(), d2ldist.local_size()) == (0, 1, 0, 1)
+import torch
+X = torch.arange(12.).view(3, 4).t()          # non-contiguous
+for op in (d2ldist.Sum, d2ldist.Average, d2ldist.Min, d2ldist.Max):
+    assert torch.equal(d2ldist.allreduce(X, op=op), X)
+assert torch.equal(d2ldist.allreduce_(X.clone()), X)
+assert torch.equal(d2ldist.broadcast(X, root_rank=0), X)
+assert torch.equal(d2ldist.allgather(X), X)
+d2ldist.barrier()
+errors = []
+for bad in (lambda: d2ldist.allreduce(X, op='median'),
+            lambda: d2ldist.allreduce(torch.ones(2, dtype=torch.complex64)),
+            lambda: d2ldist.broadcast(X, root_rank=1),
+            lambda: d2ldist.allgather(torch.tensor(1.0)),
+            lambda: d2ldist.init(backend='mpi')):
+    try:
+        bad()
+    except (ValueError, TypeError, RuntimeError) as e:
+        errors.append(str(e))
+assert len(errors) == 5, errors
+assert all('\n' not in e for e in errors), errors
+print('\n'.join(errors))
+'''
+
+
+def test_standalone_collectives_are_identity():
+    """Outside a job: rank 0 of 1, collectives return their input; bad input, one line."""
+    env = {k: v for k, v in __import__('os').environ.items()
+           if not k.startswith('D2L_') and k not in ('RANK', 'WORLD_SIZE')}
+    env['PYTHONPATH'] = str(ROOT)
+    r = subprocess.run([sys.executable, '-c', STANDALONE], capture_output=True, text=True,
+                       timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert 'unknown reduction' in r.stdout and 'complex64' in r.stdout, r.stdout
