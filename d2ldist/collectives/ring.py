@@ -14,11 +14,11 @@ as soon as it has been reduced, so that while one chunk is on the wire the next
 is being received and added (pipelining), and the ZeroMQ I/O thread sends while
 Python adds.
 """
-import ctypes
 import os
-import platform
 
 import torch
+
+from ..van import keep_freed_memory
 
 RING = 'ring'   # the message kind of the ring's chunks
 # Measured with benchmarks/allreduce.py --chunk-sweep (loopback, 2 busy cores): CPU
@@ -27,21 +27,6 @@ RING = 'ring'   # the message kind of the ring's chunks
 # chunk costs a message (JSON header, HMAC, thread wake-ups), so small chunks are
 # dear; above 4 MB the gain stops and the pipeline gets short.
 CHUNK_BYTES = 4 * 1024 * 1024
-
-
-def keep_freed_memory():
-    """Ask glibc to keep freed message buffers instead of returning them to the kernel.
-
-    ZeroMQ allocates a fresh buffer for each received chunk and frees it once the chunk
-    is added. By default glibc gives big buffers back to the kernel at once (munmap,
-    heap trimming), so the next chunk page-faults and the kernel zeroes every page
-    again: ~1,200 page faults per 16 MB all-reduce, 4-7 % of the CPU in a profile.
-    """
-    if platform.system() == 'Linux' and platform.libc_ver()[0] == 'glibc':
-        libc = ctypes.CDLL(None)
-        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-        libc.mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024)   # glibc's maximum
-        libc.mallopt(M_TRIM_THRESHOLD, 512 * 1024 * 1024)
 
 
 def _copy_(acc, x):
@@ -58,7 +43,7 @@ class Ring:
         self.chunk_bytes = int(chunk_bytes or os.environ.get('D2L_RING_CHUNK', CHUNK_BYTES))
         self.calls = 0        # collectives so far: every chunk says which call it is from
         self._sent = []       # trackers of chunks ZeroMQ may still be reading
-        keep_freed_memory()
+        keep_freed_memory()   # received chunks reuse the same pages
 
     def allreduce_(self, flat, op):
         """Reduce the 1-D contiguous CPU tensor ``flat`` across all workers, in place."""

@@ -7,8 +7,6 @@ Every request carries an ``id`` that its answer repeats, and a list of ``parts``
 with, for INIT and PUSH, one data frame per part (the raw bytes of those elements).
 A list of keys travels as ONE message per server, not one per key.
 """
-import ctypes
-import ctypes.util
 
 from .. import wire
 
@@ -69,20 +67,3 @@ def read_parts(msg, with_frames):
                 raise KVError(f'key {key!r}: {e}') from None
         out.append((key, dtype, shape, start, stop, t))
     return out
-
-
-def reuse_freed_memory():
-    """Let malloc keep freed message buffers for the next ones (glibc; else nothing).
-
-    ZeroMQ allocates every received frame with malloc. By default glibc serves a large
-    block with a fresh mmap and unmaps it on free, so each step faults in every page of
-    every frame again (thousands of page faults a step, ~10% of the CPU). Serving blocks
-    up to 32 MB from the heap and never trimming it reuses the same pages instead.
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library('c'))
-        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-        libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)     # the largest glibc accepts
-        libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
-    except (OSError, AttributeError):
-        pass

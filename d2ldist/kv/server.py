@@ -14,6 +14,7 @@ import os
 from collections import deque
 
 from .. import protocol as P
+from ..van import keep_freed_memory
 from . import messages as M
 from .optimizers import Updater
 
@@ -43,7 +44,7 @@ class KVServer:
         self.deferred = {}     # worker -> deque of its requests that must wait for a round
         self.updater = None    # the optimizer, once a worker sets one
         self.lent = set()      # keys whose value the van may still be sending
-        M.reuse_freed_memory()
+        keep_freed_memory()
 
     def serve(self):
         """Answer requests until the scheduler says the job is over."""

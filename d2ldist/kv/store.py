@@ -12,6 +12,7 @@ import itertools
 
 import torch
 
+from ..van import keep_freed_memory
 from . import messages as M
 from .optimizers import Updater
 from .placement import place
@@ -179,7 +180,7 @@ class DistKVStore(KVStore):
                                f'd2l-launch -s 1 (or more)')
         self.rank, self.num_workers = node.rank, node.num_workers
         self._sync = kind != 'dist_async'
-        M.reuse_freed_memory()
+        keep_freed_memory()
 
     def set_optimizer(self, name, **hyper):
         """Let the servers update the weights with this optimizer (chosen by name)."""
