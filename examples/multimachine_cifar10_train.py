@@ -65,10 +65,8 @@ def train(net, train_iter, test_iter, num_epochs, trainer, devices, lr_period, l
               f'train acc {train_acc_sum / n:.3f}, test acc {test_acc:.3f}, '
               f'time {elapsed:.1f} sec, lr {trainer.learning_rate:g}', flush=True)
         if hasattr(d2ldist, 'report'):
-            d2ldist.report(epoch=epoch + 1, loss=train_l_sum / n,
-                           train_acc=train_acc_sum / n, test_acc=test_acc,
-                           time=elapsed, lr=trainer.learning_rate,
-                           step_times=trainer.step_times)
+            d2ldist.report(epoch=epoch + 1, num_epochs=num_epochs, loss=train_l_sum / n,
+                           acc=train_acc_sum / n, test_acc=test_acc)
     times = ', '.join(f'{s} {t * 1000:.1f}' for s, t in trainer.step_times.items()
                       if t is not None)
     print(f'mean time per batch of steps 1-7 (ms): {times}', flush=True)
