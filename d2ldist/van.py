@@ -15,7 +15,7 @@ a peer it connects a DEALER socket to the peer's ROUTER. A message on the wire i
   covers every data byte (against a tamperer on the path), at the cost of hashing
   them (about 1.3 GB/s per core).
 
-Nothing received is ever unpickled or evaluated: the header is parsed as JSON, and
+Nothing received is ever turned into objects or code: the header is parsed as JSON, and
 a message that is malformed, oversized or fails the check is dropped with a log
 line while the receiver goes on serving.
 """
