@@ -71,8 +71,8 @@ class AllreduceStore:
         if kind not in ('ring', 'torch'):
             raise ValueError(f"AllreduceStore runs 'ring' or 'torch', not {kind!r}")
         self.type = kind
+        d2ldist.init()   # joins the job (the scheduler watches every worker's liveness)
         if kind == 'ring':
-            d2ldist.init(backend='ring')
             if d2ldist._backend_name != 'ring':
                 raise RuntimeError(f'kvstore ring: this worker already uses backend '
                                    f'{d2ldist._backend_name!r}')
