@@ -225,7 +225,11 @@ class Trainer:
                 for s, n in self._time_counts.items()}
 
     def step_times_report(self):
-        """step_times as d2ldist.report (and the dashboard's bars) take them: {'1 forward, backward': s, ...}."""
+        """step_times as d2ldist.report and the dashboard's bars take them.
+
+        {'1 forward, backward': seconds, ..., '7 to all devices': seconds}: the
+        dashboard labels its bars with the keys, in this order.
+        """
         return {STEP_LABELS[s]: t for s, t in self.step_times.items() if t is not None}
 
 

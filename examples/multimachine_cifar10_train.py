@@ -10,11 +10,20 @@ file runs alone or as every worker of a job (each worker prints its own lines):
     d2l-launch -n 2 python examples/multimachine_cifar10_train.py --kvstore ring
 
 The data set is CIFAR-10 when it is in --root (cifar-10-batches-py), else
-scikit-learn's digits; the script says which one it uses. The defaults (3
-epochs, 32 examples per worker per batch, lr 0.05) reached a test accuracy of
-0.95 on the digits in one process with two CPU replicas and batches of 64,
-which computes the updates of 2 workers; each worker uses cores / workers
-threads, which matters when all processes share a few cores.
+scikit-learn's digits; the script says which one it uses. ``make demo`` runs
+
+    d2l-launch -n 2 -s 2 python examples/multimachine_cifar10_train.py \
+        --kvstore dist_sync --data digits
+
+With the defaults (3 epochs, 32 examples per worker per batch, lr 0.05) that
+job reached test accuracy 0.970 and 0.973 (workers 0 and 1) after epoch 3, in
+3 min 53 s of wall time on 2 shared cores without a GPU (load average 2 to 12;
+epoch 2 gives only about 0.6: do not cut epochs). Each worker uses cores /
+workers threads, which matters when all processes share a few cores.
+
+Besides its lines, every worker calls ``d2ldist.report`` every few batches, so
+that d2l-launch shows a progress bar and ``%launch`` its dashboard: loss,
+accuracy, samples per second and the time of each of the seven steps.
 """
 import argparse
 import os

@@ -81,7 +81,7 @@ def test_dist_sync_2_workers_2_servers_follows_one_process(ref):
 
 
 def test_ring_and_torch_follow_one_process(ref):
-    """'ring' (d2ldist's ring) and 'torch' (gloo's all-reduce) in the same job, one after the other."""
+    """'ring' (d2ldist's ring), then 'torch' (gloo's all-reduce), in the same job."""
     results = run_job(2, 0, 'ring', 'torch')
     check_same_as_one_process(results, 'ring', ref, update_on_kvstore=False)
     check_same_as_one_process(results, 'torch', ref, update_on_kvstore=False)

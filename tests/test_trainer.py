@@ -178,7 +178,7 @@ def test_learning_rate_change_keeps_momentum(update_on_kvstore):
 
 
 def test_adam_on_the_store_with_torch_names():
-    """betas (torch's name) reach the store's Adam as beta1, beta2: the same steps as torch's Adam."""
+    """torch's betas reach the store's Adam as beta1, beta2: the steps of torch's Adam."""
     hyper = {'lr': 0.01, 'betas': (0.8, 0.99), 'weight_decay': 1e-3}
     reference, net = small_cnn(), small_cnn()
     optimizer = torch.optim.Adam(reference.parameters(), **hyper)
@@ -191,3 +191,23 @@ def test_adam_on_the_store_with_torch_names():
         train_batch(X, y, net, LOSS, trainer, [cpu()])
     for p, q in zip(reference.parameters(), net.parameters()):
         assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), (p - q).abs().max()
+
+
+def test_step_times_reach_the_dashboard_by_name(capsys, monkeypatch):
+    """trainer.step_times_report() goes through d2ldist.report to the dashboard's bars."""
+    from d2ldist.dashboard import JobModel, plot_steps
+    from d2ldist.launch.placement import local_specs
+    from d2ldist.report import parse_report, report
+    from d2ldist.trainer import STEP_LABELS
+    net = small_cnn()
+    trainer = Trainer(net, 'sgd', HYPER, devices=[cpu(), cpu()])
+    (X, y), = batches(1, 4)
+    train_batch(X, y, net, LOSS, trainer, [cpu(), cpu()])
+    monkeypatch.setenv('D2L_ROLE', 'worker')
+    report(step_times=trainer.step_times_report())
+    r = parse_report(capsys.readouterr().out.strip())
+    assert list(r['step_times']) == list(STEP_LABELS.values())     # all seven, in order
+    assert all(t > 0 for t in r['step_times'].values())
+    model = JobModel(local_specs(1, 0, ['true'], 'secret'))
+    model.add_report(model.workers[0].label, r)
+    assert plot_steps(model).startswith(b'\x89PNG')
