@@ -13,8 +13,17 @@ Every batch, on every worker (one machine with several devices):
 
 ``train_batch`` does step 1, ``Trainer.step`` steps 2 to 7; each step is timed
 (``trainer.step_times``). The store is anything with the small interface of
-``d2ldist.store`` (``create_store``: the parameter server, a ring all-reduce, or
-torch.distributed's all-reduce).
+``d2ldist.store``; ``create_store`` makes them by name:
+
+- 'local': one process (``d2ldist.kv``'s local store, which runs the optimizer);
+- 'dist_sync', 'dist_async': the parameter server -- step 4 pushes the gradients,
+  the servers update the weights, step 5 pulls them (async: each push alone);
+- 'dist_sync_device': the same as dist_sync here, because step 2 always sums on
+  ``devices[0]`` (on the GPU when there are GPUs); the name matters when a
+  ``d2ldist.kv`` store is given the device copies itself;
+- 'ring' and 'torch': no servers -- step 4 all-reduces the flat gradient buffer
+  (d2ldist's ring, or torch.distributed on gloo/NCCL) and in step 5 every worker
+  applies the same optimizer step to the same sum.
 
 BatchNorm: each replica normalizes its own slice with that slice's statistics
 (as MXNet and DistributedDataParallel do without synchronized BatchNorm), and
@@ -111,7 +120,10 @@ class Trainer:
             self.store.set_optimizer(optimizer, **hyper)
             self._optimizer = None
         else:
-            self._optimizer = create_optimizer(optimizer, self.optimizer_params, self._weights)
+            # One tensor for the optimizer: the flat buffer (the update is elementwise,
+            # so this is the same step as over each parameter, in a few big operations).
+            self._optimizer = create_optimizer(optimizer, self.optimizer_params,
+                                               [self.flat_weights])
         self._copy_weights_to_devices()
         self.reset_step_times()
 
@@ -176,8 +188,7 @@ class Trainer:
             if self.update_on_kvstore:
                 self.store.pull(self.keys, out=self._weights)
             else:                       # every worker: the same update of the same sum
-                for w, g in zip(self._weights, self._grads):
-                    w.grad = g
+                self.flat_weights.grad = self.flat_grads
                 self._optimizer.step()
         # Steps 6 and 7: to the first device, then to all the others.
         self._copy_weights_to_devices(timed=True)
