@@ -15,6 +15,18 @@ images/s = images of all workers / the slowest worker's time. The ratio is to DD
 in the same run. For the Trainer the table also gives the mean time of each of the
 seven steps (ms per batch): where the time goes. Each worker uses cores / workers
 threads for computing.
+
+Measured (2 shared cores, load average 4 to 6 from other jobs, so noisy):
+
+     kvstore    images/s   vs DDP   ms per batch in steps 1..7
+   dist_sync        29.8    1.16x    1886.8    12.3    24.9    87.9   113.3    23.0     0.1
+        ring        32.4    1.26x    1668.8    10.5    20.6   171.5    84.2    17.4     0.0
+         ddp        25.8    1.00x
+
+Step 1 (forward and backward) is 85-90% of a batch; the all-reduce (ring, step 4)
+or push + pull (dist_sync, steps 4 and 5) about 10%. DDP overlaps its all-reduce
+with backward, but here its gloo threads compete with backward for the same two
+cores, so the overlap does not pay.
 """
 import argparse
 import json
