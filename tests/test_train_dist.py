@@ -102,3 +102,23 @@ def test_dist_async_runs_and_learns():
         first, last = w['losses'][0], w['losses'][-1]
         assert last < 0.7 * first, w['losses']
         assert all(t > 0 for t in w['step_times'].values())
+
+
+def test_training_script_in_a_dist_sync_job_reports_progress(tmp_path):
+    """The chapter's script as 2 workers x 1 server (a tiny ResNet, one epoch): every
+    worker prints its epoch line, and its report lines become the launcher's progress."""
+    script = Path(__file__).resolve().parent.parent / 'examples' / 'multimachine_cifar10_train.py'
+    r = run_launch('-n', 2, '-s', 1, '--timeout', 110, sys.executable, script,
+                   '--kvstore', 'dist_sync', '--data', 'digits', '--epochs', 1, '--width', 4,
+                   '--batch-size', 100, '--lr', 0.1, '--threads', 1, '--root', tmp_path,
+                   timeout=120)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert wait_no_survivors(r.tag) == []
+    for w in (0, 1):
+        assert f'[worker {w}] worker {w} of 2, kvstore dist_sync' in r.stdout
+        assert re.search(rf'^\[worker {w}\] epoch 1, loss \d\.\d{{3}}, train acc \d\.\d{{3}}, '
+                         r'test acc \d\.\d{3}, time \d+\.\d sec, lr 0\.1$', r.stdout, re.M)
+        # 7 batches of 100 per worker: reports after batches 5 and 7 (the last)
+        for b in (5, 7):
+            assert re.search(rf'^\[worker {w}\] .*epoch 1/1 batch {b}/7 loss \d', r.stdout, re.M)
+        assert '@d2l/1' not in r.stdout                     # report lines are not in the log
