@@ -72,7 +72,7 @@ def main(kinds):
     torch.set_num_threads(1)
     for kind in kinds:
         fixed = kind == 'dist_async'          # async: does it learn one batch per worker?
-        steps = 12 if fixed else STEPS
+        steps = 30 if fixed else STEPS      # async: enough steps to learn both batches
         store = d2ldist.create_store(kind)
         trainer, losses, identical = train(store, [cpu(), cpu()], store.rank,
                                            store.num_workers, steps=steps, fixed=fixed)
