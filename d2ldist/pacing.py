@@ -71,9 +71,9 @@ class Pacer:
 
     def __init__(self, rate=None, latency=0.0, burst=None):
         self.rate, self.latency = rate, latency          # bytes/s (None: unlimited), s
-        # the token bucket's depth: 10 ms of traffic, so that a sender woken a little
-        # late (a busy machine) still finds bytes queued and the link never idles
-        self.burst = burst if burst is not None else max(64 * 1024, (rate or 0) * 0.01)
+        # the token bucket's depth (a socket buffer): 50 ms of traffic, so that a sender
+        # woken late on a busy machine still finds bytes queued and the link never idles
+        self.burst = burst if burst is not None else max(256 * 1024, (rate or 0) * 0.05)
         self.free_at = 0.0                               # when the link is idle again
 
     def book(self, nbytes):
