@@ -13,6 +13,8 @@ d2ldist/pacing.py). For m workers it times one synchronous step of communication
 * ``gloo``: torch.distributed's gloo all_reduce of that buffer, in the ring's job,
   NOT shaped (gloo has its own sockets): the reference of an unshaped machine.
 
+One job per (m, n); the ring and gloo run in the n = m job (its servers sit idle).
+
 The model, for S gradient bytes and bandwidth B per outgoing link (incoming links
 are not limited), with latency L:
 
@@ -97,14 +99,14 @@ def worker(args):
     shapes = resnet18_shapes(args.scale)
     grads = [torch.ones(s) for s in shapes]
     times = {}
-    if args.mode == 'ps':
+    if args.mode in ('ps', 'both'):
         kv = d2ldist.kv.create('dist_sync')
         weights = [torch.zeros(s) for s in shapes]
         keys = list(range(len(shapes)))
         kv.init(keys, weights)
         times['ps'] = steps(args, kv.barrier, lambda: kv.pushpull(keys, grads, out=weights))
         assert all(bool((w == kv.num_workers).all()) for w in weights), 'wrong sums'
-    else:
+    if args.mode in ('ring', 'both'):
         d2ldist.init()
         dist.init_process_group('gloo')
         flat = torch.ones(sum(g.numel() for g in grads))
@@ -160,13 +162,14 @@ def measure(args, log=print):
     shapes = resnet18_shapes(args.scale)
     nbytes = 4 * sum(numel(s) for s in shapes)
     bound = max(1, BIGARRAY_BOUND // args.scale)
-    rows = []
+    rows, wanted = [], set(args.only or ('ps', 'ring'))
     for m in args.workers:
-        configs = [('ps', n) for n in sorted({1, max(1, m // 2), m})] + [('ring', 0)]
-        for mode, n in configs:
-            if args.only and mode not in args.only:
+        for n in sorted({1, max(1, m // 2), m}):   # the ring runs in the n = m job
+            ps, ring = 'ps' in wanted, 'ring' in wanted and n == m
+            if not (ps or ring):
                 continue
-            got = run_job(m, n, mode, args)
+            mode = 'both' if ps and ring else 'ps' if ps else 'ring'
+            got = run_job(m, n if mode != 'ring' else 0, mode, args)
             for method, t in got.items():
                 label = {'ps': f'PS n={n}', 'ring': 'ring', 'gloo': 'gloo (unshaped)'}[method]
                 kinds = [label] if method != 'ps' else \
