@@ -139,19 +139,31 @@ def run_job(m, n, mode, args):
            '--env', f'D2L_KVSTORE_BIGARRAY_BOUND={bound}']
     if args.latency:
         cmd += ['--latency', args.latency]
-    cmd += [sys.executable, str(Path(__file__).resolve()), '--worker', '--mode', mode,
-            '--scale', str(args.scale), '--steps', str(args.steps), '--warmup', str(args.warmup)]
+    cmd += worker_argv(mode, args)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
     r = subprocess.run(cmd, capture_output=True, text=True, env=env,
                        timeout=args.job_timeout + 30)
-    per_worker = [json.loads(line.split('RESULT ', 1)[1]) for line in r.stdout.splitlines()
-                  if 'RESULT ' in line]
-    if r.returncode != 0 or len(per_worker) != m:
+    if r.returncode != 0:
         raise RuntimeError(f'job {m} workers x {n} servers ({mode}) failed:\n'
                            f'{r.stdout[-3000:]}{r.stderr[-2000:]}')
+    return summarize(r.stdout, m, args.steps)
+
+
+def worker_argv(mode, args):
+    """The command each worker of a job runs."""
+    return [sys.executable, str(Path(__file__).resolve()), '--worker', '--mode', mode,
+            '--scale', str(args.scale), '--steps', str(args.steps), '--warmup', str(args.warmup)]
+
+
+def summarize(stdout, m, num_steps):
+    """{method: median over steps of the slowest worker's time}, from a job's output."""
+    per_worker = [json.loads(line.split('RESULT ', 1)[1]) for line in stdout.splitlines()
+                  if 'RESULT ' in line]
+    if len(per_worker) != m:
+        raise RuntimeError(f'{len(per_worker)} of {m} workers reported:\n{stdout[-3000:]}')
     return {method: statistics.median(max(w[method][i] for w in per_worker)
-                                      for i in range(args.steps))
+                                      for i in range(num_steps))
             for method in per_worker[0]}
 
 
