@@ -176,8 +176,10 @@ def measure(args, log=print):
     bound = max(1, BIGARRAY_BOUND // args.scale)
     rows, wanted = [], set(args.only or ('ps', 'ring'))
     for m in args.workers:
-        for n in sorted({1, max(1, m // 2), m}):   # the ring runs in the n = m job
-            ps, ring = 'ps' in wanted, 'ring' in wanted and n == m
+        chosen = {{'1': 1, 'm/2': max(1, m // 2), 'm': m}[c] for c in args.servers}
+        for n in sorted(chosen | {m}):           # the ring runs in the n = m job
+            ps = 'ps' in wanted and n in chosen
+            ring = 'ring' in wanted and n == m
             if not (ps or ring):
                 continue
             mode = 'both' if ps and ring else 'ps' if ps else 'ring'
@@ -279,6 +281,8 @@ def parse(argv=None):
     p.add_argument('--steps', type=int, default=None, help='timed steps per job (default 5)')
     p.add_argument('--warmup', type=int, default=1, help='untimed steps first')
     p.add_argument('--only', default=None, help='ps or ring: run only those jobs')
+    p.add_argument('--servers', default='1,m/2,m',
+                   help='server counts for the parameter server (default 1,m/2,m)')
     p.add_argument('--compute-ms', type=float, default=200.0,
                    help='compute time of a step, for efficiency and throughput (default 200: '
                    'ResNet-18 with batch 128 on one modern GPU, roughly)')
@@ -294,6 +298,9 @@ def parse(argv=None):
     args.workers = [int(w) for w in (args.workers or ('2,4' if args.quick else '2,4,8'))
                     .split(',')]
     args.only = args.only.split(',') if args.only else None
+    args.servers = args.servers.split(',')
+    if not set(args.servers) <= {'1', 'm/2', 'm'}:
+        p.error(f'--servers takes 1, m/2 and m, got {",".join(args.servers)}')
     return args
 
 
