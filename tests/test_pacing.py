@@ -134,3 +134,17 @@ def test_unshaped_messages_overtake_held_ones(paced_pair):
         assert b.recv(timeout=1).kind == 'slow'
     finally:
         c.close()
+
+
+def test_every_process_of_a_job_gets_the_link():
+    """d2l-launch (and %launch, which uses the same parse and make_job) sets the link for
+    the scheduler, every server and every worker, as plain numbers."""
+    from d2ldist.launch import cli
+    job = cli.make_job(cli.parse(['--bandwidth', '100MB/s', '--latency', '1ms', '-n', '2',
+                                  '-s', '1', 'python', '-c', 'pass'], prog='%launch'))
+    specs = [proc.spec for proc in job.procs]
+    assert len(specs) == 4
+    for spec in specs:
+        assert pacing.pacer_from_env(spec.env).rate == 100e6
+        assert pacing.pacer_from_env(spec.env).latency == pytest.approx(1e-3)
+    assert pacing.pacer_from_env({}) is None
