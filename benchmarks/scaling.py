@@ -44,7 +44,7 @@ BIGARRAY_BOUND = 1_000_000      # MXNet's: a value this big is split over all se
 
 
 def resnet18_shapes(scale=1):
-    """The 62 parameter shapes of ResNet-18 (11.2 M values); output channels / scale."""
+    """The 62 parameter shapes of ResNet-18 (11.7 M values); output channels / scale."""
     shapes = [(64, 3, 7, 7), (64,), (64,)]
     c_in = 64
     for c, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
