@@ -29,6 +29,7 @@ import heapq
 import hmac
 import itertools
 import json
+import math
 import os
 import platform
 import secrets
@@ -208,7 +209,7 @@ class Van:
         ``sent + delay`` in the sender's clock; at most ``delay`` from now, so that a
         sender whose clock runs ahead of ours cannot make us hold a message longer."""
         sent, delay = msg.get('sent'), msg.get('delay')
-        if not all(isinstance(x, (int, float)) for x in (sent, delay)):
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (sent, delay)):
             return 0.0
         now = time.time()
         return min(sent + delay, now + delay)
