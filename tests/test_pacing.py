@@ -148,3 +148,36 @@ def test_every_process_of_a_job_gets_the_link():
         assert pacing.pacer_from_env(spec.env).rate == 100e6
         assert pacing.pacer_from_env(spec.env).latency == pytest.approx(1e-3)
     assert pacing.pacer_from_env({}) is None
+
+
+LINK_JOB = '''\
+import time, torch, d2ldist
+d2ldist.init()
+X = torch.ones(250_000)                      # 1 MB
+d2ldist.allreduce_(X, op=d2ldist.Sum)        # warm up
+times = []
+for _ in range(3):
+    d2ldist.barrier()
+    t0 = time.perf_counter()
+    d2ldist.allreduce_(X.fill_(1), op=d2ldist.Sum)
+    times.append(time.perf_counter() - t0)
+assert bool((X == 2).all())
+t0 = time.perf_counter()
+d2ldist.barrier()
+print(f"allreduce {min(times):.4f} barrier {time.perf_counter() - t0:.4f}", flush=True)
+'''
+
+
+def test_a_job_on_a_simulated_network(write_script):
+    """Two workers, 10 MB/s and 20 ms: a 1 MB ring all-reduce takes 2 steps of 0.5 MB
+    (0.1 s) plus 2 latencies; a barrier (there and back to the scheduler) 2 latencies."""
+    r = run_launch('--bandwidth', '80Mbit', '--latency', '20ms', '-n', '2', '-s', '0',
+                   'python', write_script(LINK_JOB))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert 'd2l-launch: simulated network: every process sends at 80 Mbit/s (10 MB/s), ' \
+        '20 ms latency' in r.stdout
+    for rank in (0, 1):
+        (line,) = [x for x in r.stdout.splitlines() if x.startswith(f'[worker {rank}] allreduce')]
+        allreduce, barrier = float(line.split()[3]), float(line.split()[5])
+        assert 0.14 <= allreduce < 0.14 * 1.5, line
+        assert 0.04 <= barrier < 0.04 * 1.5 + 0.02, line

@@ -159,6 +159,10 @@ def make_job(args, out=None, **job_options):
     With ``--launcher ssh`` the hosts are checked and the directory synced first; a
     host that fails raises UsageError. ``job_options`` go to the Job (see job.py)."""
     secret = secrets.token_hex(32)
+    if 'D2L_BANDWIDTH' in args.env or 'D2L_LATENCY' in args.env:
+        link = pacing.pacer_from_env(args.env)
+        (out or sys.stdout).write(f'd2l-launch: simulated network: every process sends at '
+                                  f'{pacing.describe(link.rate, link.latency)}\n')
     if args.launcher == 'ssh':
         from . import ssh
         try:
