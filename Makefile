@@ -22,6 +22,7 @@ benchmarks: venv
 	$(PY) benchmarks/kvstore.py
 	$(PY) benchmarks/allreduce.py
 	$(PY) benchmarks/train_throughput.py
+	$(PY) benchmarks/scaling.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
