@@ -9,12 +9,11 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[notebooks,test]'
 	touch $@
 
 demo: venv
-	$(VENV)/bin/d2l-launch -n 2 -s 2 python examples/hello_roles.py
+	$(VENV)/bin/d2l-launch -n 2 -s 2 python examples/multimachine_cifar10_train.py --kvstore dist_sync --data digits
 
 test: venv
 	$(PY) -m pytest
@@ -22,6 +21,8 @@ test: venv
 benchmarks: venv
 	$(PY) benchmarks/kvstore.py
 	$(PY) benchmarks/allreduce.py
+	$(PY) benchmarks/train_throughput.py
+	$(PY) benchmarks/scaling.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -41,7 +41,7 @@ _LAZY = {
     'resnet18': 'models',
     'cpu': 'devices', 'try_gpu': 'devices', 'try_all_gpus': 'devices',
     'split_and_load': 'devices', 'parse_devices': 'devices',
-    'LocalStore': 'store',
+    'AllreduceStore': 'store', 'create_store': 'trainer',
     'Trainer': 'trainer', 'train_batch': 'trainer', 'evaluate_accuracy': 'trainer',
 }
 _LAZY_MODULES = ('kv',)

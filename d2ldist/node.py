@@ -118,7 +118,7 @@ class Node:
 
     def _heartbeat(self):
         """Tell the scheduler every second that this node is alive (own socket)."""
-        van = Van(self.id, self.secret, bind=False)
+        van = Van(self.id, self.secret, bind=False, shaped=False)
         van.connect('scheduler', self.scheduler)
         interval = float(os.environ.get('D2L_HEARTBEAT_INTERVAL', '1'))
         while not self._stopped.wait(interval):

@@ -13,7 +13,17 @@ Every batch, on every worker (one machine with several devices):
 
 ``train_batch`` does step 1, ``Trainer.step`` steps 2 to 7; each step is timed
 (``trainer.step_times``). The store is anything with the small interface of
-``d2ldist.store`` (a parameter server, a ring all-reduce, or ``LocalStore``).
+``d2ldist.store``; ``create_store`` makes them by name:
+
+- 'local': one process (``d2ldist.kv``'s local store, which runs the optimizer);
+- 'dist_sync', 'dist_async': the parameter server -- step 4 pushes the gradients,
+  the servers update the weights, step 5 pulls them (async: each push alone);
+- 'dist_sync_device': the same as dist_sync here, because step 2 always sums on
+  ``devices[0]`` (on the GPU when there are GPUs); the name matters when a
+  ``d2ldist.kv`` store is given the device copies itself;
+- 'ring' and 'torch': no servers -- step 4 all-reduces the flat gradient buffer
+  (d2ldist's ring, or torch.distributed on gloo/NCCL) and in step 5 every worker
+  applies the same optimizer step to the same sum.
 
 BatchNorm: each replica normalizes its own slice with that slice's statistics
 (as MXNet and DistributedDataParallel do without synchronized BatchNorm), and
@@ -29,7 +39,7 @@ from contextlib import contextmanager
 import torch
 
 from .devices import split_and_load
-from .store import LocalStore, create_optimizer
+from .store import AllreduceStore, create_optimizer, torch_hyper
 
 STEP_NAMES = {1: 'forward and backward on each device',
               2: 'sum gradients on one device',
@@ -38,23 +48,28 @@ STEP_NAMES = {1: 'forward and backward on each device',
               5: 'update weights, pull them back',
               6: 'copy weights to one device',
               7: 'broadcast weights to all devices'}
-DIST_STORES = ('dist', 'dist_sync', 'dist_async', 'dist_sync_device', 'ring', 'torch')
+# What the dashboard's bars are called (d2ldist.report's step_times, in order)
+STEP_LABELS = {1: '1 forward, backward', 2: '2 sum on device', 3: '3 copy to CPU',
+               4: '4 push', 5: '5 update, pull', 6: '6 copy to device',
+               7: '7 to all devices'}
+STORES = ('local', 'dist_sync', 'dist_async', 'dist_sync_device', 'ring', 'torch', 'dist')
 
 
 def create_store(kvstore):
-    """A store from a name ('local', 'dist_sync', ...), or the store itself."""
+    """A store from a name ('local', 'dist_sync', 'ring', 'torch', ...), or the store itself.
+
+    'local', 'dist_sync', 'dist_async', 'dist_sync_device': ``d2ldist.kv.create``
+    (one process, or the parameter server); 'dist' means 'dist_sync'.
+    'ring' and 'torch': the workers all-reduce the gradients (``AllreduceStore``).
+    """
     if not isinstance(kvstore, str):
         return kvstore
-    if kvstore == 'local':
-        return LocalStore()
-    if kvstore in DIST_STORES:
-        try:
-            from . import kv
-            return kv.create(kvstore)
-        except (ImportError, AttributeError):
-            raise ValueError(f'kvstore {kvstore!r} needs d2ldist.kv.create, '
-                             'which this version of d2ldist lacks') from None
-    raise ValueError(f"unknown kvstore {kvstore!r}: use 'local' or one of {DIST_STORES}")
+    if kvstore not in STORES:
+        raise ValueError(f'unknown kvstore {kvstore!r}: use one of {", ".join(STORES)}')
+    if kvstore in ('ring', 'torch'):
+        return AllreduceStore(kvstore)
+    from . import kv
+    return kv.create('dist_sync' if kvstore == 'dist' else kvstore)
 
 
 class Trainer:
@@ -69,13 +84,14 @@ class Trainer:
     def __init__(self, net, optimizer='sgd', optimizer_params=None, kvstore='local',
                  devices=None, update_on_kvstore=None):
         self.devices = list(devices) if devices else [next(net.parameters()).device]
+        optimizer = optimizer.lower()
         self.replicas = [net.to(self.devices[0])] + [
             copy.deepcopy(net).to(d) for d in self.devices[1:]]
         self.params = [[p for p in r.parameters() if p.requires_grad] for r in self.replicas]
         self.buffers = [list(r.buffers()) for r in self.replicas]
         self.store = create_store(kvstore)
         self.keys = list(range(len(self.params[0])))
-        self.optimizer_params = dict(optimizer_params or {})
+        self.optimizer_params = torch_hyper(optimizer_params)
         pin = torch.cuda.is_available() and any(d.type == 'cuda' for d in self.devices)
         # Host copies, one tensor per key, all views of one flat buffer (which a
         # ring can all-reduce in one go): step 3 lands in the gradients, step 5
@@ -94,23 +110,42 @@ class Trainer:
             w.copy_(p.detach())
         # Every worker starts from rank 0's weights.
         self.store.init(self.keys, self._weights)
-        if update_on_kvstore is None:
-            update_on_kvstore = hasattr(self.store, 'set_optimizer')
-        self.update_on_kvstore = update_on_kvstore
-        if update_on_kvstore:
-            self.store.set_optimizer(optimizer, self.optimizer_params)
+        self.store.pull(self.keys, out=self._weights)
+        self.update_on_kvstore = self._choose_update_on_kvstore(optimizer, update_on_kvstore)
+        if self.update_on_kvstore:
+            # The Trainer scales the gradients (step 2): the servers must not rescale.
+            hyper = dict(self.optimizer_params, rescale_grad=1.0)
+            if 'betas' in hyper:
+                hyper['beta1'], hyper['beta2'] = hyper.pop('betas')
+            self.store.set_optimizer(optimizer, **hyper)
             self._optimizer = None
         else:
-            self._optimizer = create_optimizer(optimizer, self.optimizer_params, self._weights)
+            # One tensor for the optimizer: the flat buffer (the update is elementwise,
+            # so this is the same step as over each parameter, in a few big operations).
+            self._optimizer = create_optimizer(optimizer, self.optimizer_params,
+                                               [self.flat_weights])
         self._copy_weights_to_devices()
         self.reset_step_times()
 
+    def _choose_update_on_kvstore(self, optimizer, update_on_kvstore):
+        """Update in the store if it can run this optimizer (dist_async must)."""
+        from .kv.optimizers import OPTIMIZERS as ON_SERVERS
+        can = hasattr(self.store, 'set_optimizer') and optimizer in ON_SERVERS
+        must = getattr(self.store, 'is_async', False)
+        if update_on_kvstore is None:
+            update_on_kvstore = can
+        if must and not (update_on_kvstore and can):
+            raise ValueError(f'kvstore {self.store.type} updates the weights on the servers: '
+                             f'use an optimizer they know ({", ".join(ON_SERVERS)}) and '
+                             'update_on_kvstore=True')
+        return update_on_kvstore
+
     @property
     def learning_rate(self):
-        return self.optimizer_params.get('lr', self.optimizer_params.get('learning_rate'))
+        return self.optimizer_params.get('lr')
 
     def set_learning_rate(self, lr):
-        """Change the learning rate of the optimizer, wherever it runs."""
+        """Change the learning rate of the optimizer, wherever it runs (states stay)."""
         self.optimizer_params['lr'] = lr
         if self.update_on_kvstore:
             self.store.set_learning_rate(lr)
@@ -153,8 +188,7 @@ class Trainer:
             if self.update_on_kvstore:
                 self.store.pull(self.keys, out=self._weights)
             else:                       # every worker: the same update of the same sum
-                for w, g in zip(self._weights, self._grads):
-                    w.grad = g
+                self.flat_weights.grad = self.flat_grads
                 self._optimizer.step()
         # Steps 6 and 7: to the first device, then to all the others.
         self._copy_weights_to_devices(timed=True)
@@ -200,6 +234,14 @@ class Trainer:
         """Mean seconds per batch of each step, {1: ..., 7: ...} (None if not run yet)."""
         return {s: (self._time_sums[s] / n if n else None)
                 for s, n in self._time_counts.items()}
+
+    def step_times_report(self):
+        """step_times as d2ldist.report and the dashboard's bars take them.
+
+        {'1 forward, backward': seconds, ..., '7 to all devices': seconds}: the
+        dashboard labels its bars with the keys, in this order.
+        """
+        return {STEP_LABELS[s]: t for s, t in self.step_times.items() if t is not None}
 
 
 def train_batch(X, y, net, loss, trainer, devices):

@@ -15,15 +15,21 @@ a peer it connects a DEALER socket to the peer's ROUTER. A message on the wire i
   covers every data byte (against a tamperer on the path), at the cost of hashing
   them (about 1.3 GB/s per core).
 
-Nothing received is ever unpickled or evaluated: the header is parsed as JSON, and
+Nothing received is ever turned into objects or code: the header is parsed as JSON, and
 a message that is malformed, oversized or fails the check is dropped with a log
 line while the receiver goes on serving.
+
+With a simulated network (``d2l-launch --bandwidth/--latency``, see pacing.py) the
+sender's ``Pacer`` adds ``sent`` and ``delay`` to the header, and the receiver holds
+the message until ``sent + delay``: the time it would arrive over that link.
 """
 import ctypes
 import hashlib
+import heapq
 import hmac
 import itertools
 import json
+import math
 import os
 import platform
 import secrets
@@ -33,9 +39,12 @@ import time
 
 import zmq
 
+from .pacing import pacer_from_env
+
 MAX_HEADER_BYTES = 64 * 1024   # a header is small: kinds, keys, shapes
 MAX_FRAMES = 4096              # data frames in one message
 MAC_BYTES = 32                 # HMAC-SHA256
+HEADER_ON_WIRE = 256           # bytes a message's header counts on a simulated link
 
 
 def keep_freed_memory():
@@ -74,7 +83,7 @@ class Van:
     """Authenticated messages between the nodes of one job, over ZeroMQ."""
 
     def __init__(self, node_id, secret, host='127.0.0.1', port=0, bind=True,
-                 max_message_bytes=-1, mac_payload=None):
+                 max_message_bytes=-1, mac_payload=None, shaped=True):
         self.node_id = node_id
         self._key = secret.encode() if isinstance(secret, str) else bytes(secret)
         if not self._key:
@@ -92,6 +101,10 @@ class Van:
         self._peers = {}                       # peer id -> connected DEALER socket
         self._last_seq = {}                    # (sender, session) -> last seq seen
         self._dropped, self._last_log = 0, 0.0
+        # the simulated link (None: the real network only) and the messages held
+        # until their simulated delivery time: a heap of (due, arrival, message)
+        self.pacer = pacer_from_env() if shaped else None
+        self._held, self._arrivals = [], itertools.count()
         self.host, self.port, self._router = host, None, None
         if bind:
             self._router = self._ctx.socket(zmq.ROUTER)
@@ -133,11 +146,15 @@ class Van:
         so the caller may overwrite it.
         """
         frames = [memoryview(f).cast('B') for f in frames]
-        trackers = []
+        trackers, wait = [], 0.0
         with self._lock:
             head = dict(header or {}, kind=kind, seq=next(self._seq),
                         session=self._session, sizes=[f.nbytes for f in frames])
             head['from'] = self.node_id
+            if self.pacer is not None:   # the simulated link: when it may arrive
+                sent = time.time()
+                due, wait = self.pacer.book(sum(head['sizes']) + HEADER_ON_WIRE)
+                head.update(sent=sent, delay=due - sent)
             head_bytes = json.dumps(head, separators=(',', ':')).encode()
             sock = self._peers[peer_id]
             sock.send(self._mac(head_bytes, frames), zmq.SNDMORE)
@@ -148,6 +165,8 @@ class Van:
                 tracker = sock.send(f, more, copy=small, track=track and not small)
                 if track and not small:
                     trackers.append(tracker)
+        if wait > 0:                     # the token bucket is empty: wait for tokens
+            time.sleep(wait)
         return trackers
 
     def _mac(self, head_bytes, frames):
@@ -163,12 +182,37 @@ class Van:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self._held:               # a simulated link: the first one due goes first
+                hold = self._held[0][0] - time.time()
+                if hold <= 0:
+                    return heapq.heappop(self._held)[2]
+                if hold < 0.001 and (left is None or hold <= left):
+                    time.sleep(hold)     # poll counts whole milliseconds
+                    continue
+                left = hold if left is None else min(left, hold)
             if not self._router.poll(None if left is None else int(left * 1000)):
-                return None
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                continue
             parts = self._router.recv_multipart(copy=False)
             msg = self._check(parts[1:])   # parts[0] is ZeroMQ's routing id
-            if msg is not None:
-                return msg
+            if msg is None:
+                continue
+            if 'delay' not in msg.header and not self._held:
+                return msg               # the real network only: deliver now
+            heapq.heappush(self._held, (self._due(msg), next(self._arrivals), msg))
+
+    @staticmethod
+    def _due(msg):
+        """When a message sent over a simulated link arrives (now, if it was not).
+
+        ``sent + delay`` in the sender's clock; at most ``delay`` from now, so that a
+        sender whose clock runs ahead of ours cannot make us hold a message longer."""
+        sent, delay = msg.get('sent'), msg.get('delay')
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (sent, delay)):
+            return 0.0
+        now = time.time()
+        return min(sent + delay, now + delay)
 
     def _check(self, parts):
         """Return the Message if ``parts`` are a valid message, else log and drop."""

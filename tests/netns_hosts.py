@@ -15,7 +15,12 @@ filesystem shows everywhere. The client side is an ssh config file (``ssh -F``) 
 a throw-away key and the hosts' keys in its own known_hosts.
 
 Everything is removed in ``stop()``; ``start()`` first removes what a crashed earlier
-run may have left (anything named with the ``d2lssh`` prefix).
+run may have left (anything named with the ``d2lssh`` prefix). Another ``prefix`` and
+``subnet`` give a second, independent set of hosts (tests that may run concurrently).
+
+``shape(rate, latency)`` shapes every host's outgoing link with Linux ``tc`` (a token
+bucket filter; netem when there is a latency), the real counterpart of d2l-launch's
+simulated network; ``unshape()`` removes it.
 """
 import os
 import signal
@@ -40,11 +45,11 @@ def netns_pids(ns):
     return {int(p) for p in ip('netns', 'pids', ns, check=False).split()}
 
 
-def remove_stale():
+def remove_stale(prefix=PREFIX):
     """Remove namespaces (and their processes) left by an earlier run."""
     for line in ip('netns', 'list').splitlines():
         ns = line.split()[0] if line.split() else ''
-        if ns.startswith(PREFIX + '-'):
+        if ns.startswith(prefix + '-'):
             for pid in netns_pids(ns):
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -56,11 +61,12 @@ def remove_stale():
 class NetnsHosts:
     """Hosts ``hostA``, ``hostB``, ... as namespaces with sshd; see the module docstring."""
 
-    def __init__(self, names=('hostA', 'hostB')):
-        self.names = list(names)
-        self.ns = {n: f'{PREFIX}-{n[-1].lower()}' for n in self.names}
-        self.addr = {n: f'{SUBNET}.{i}' for i, n in enumerate(self.names, 2)}
-        self.dir = Path(tempfile.mkdtemp(prefix=f'{PREFIX}-'))
+    def __init__(self, names=('hostA', 'hostB'), prefix=PREFIX, subnet=SUBNET):
+        self.names, self.prefix, self.subnet = list(names), prefix, subnet
+        self.launcher_ns = f'{prefix}-l'
+        self.ns = {n: f'{prefix}-{n[-1].lower()}' for n in self.names}
+        self.addr = {n: f'{subnet}.{i}' for i, n in enumerate(self.names, 2)}
+        self.dir = Path(tempfile.mkdtemp(prefix=f'{prefix}-'))
         self.remote_dir = self.dir / 'remote'     # a private tmpfs on every host
         self.ssh_config = self.dir / 'ssh_config'
         self.bad_ssh_config = self.dir / 'ssh_config_wrong_key'
@@ -68,7 +74,7 @@ class NetnsHosts:
 
     # -- set-up -----------------------------------------------------------------
     def start(self):
-        remove_stale()
+        remove_stale(self.prefix)
         try:
             self._network()
             self._keys()
@@ -81,24 +87,25 @@ class NetnsHosts:
         return self
 
     def _network(self):
-        ip('netns', 'add', LAUNCHER_NS)
-        ip('-n', LAUNCHER_NS, 'link', 'set', 'lo', 'up')
-        ip('-n', LAUNCHER_NS, 'link', 'add', 'br0', 'type', 'bridge')
-        ip('-n', LAUNCHER_NS, 'addr', 'add', f'{SUBNET}.1/24', 'dev', 'br0')
-        ip('-n', LAUNCHER_NS, 'link', 'set', 'br0', 'up')
+        lns = self.launcher_ns
+        ip('netns', 'add', lns)
+        ip('-n', lns, 'link', 'set', 'lo', 'up')
+        ip('-n', lns, 'link', 'add', 'br0', 'type', 'bridge')
+        ip('-n', lns, 'addr', 'add', f'{self.subnet}.1/24', 'dev', 'br0')
+        ip('-n', lns, 'link', 'set', 'br0', 'up')
         for name in self.names:
             ns, veth = self.ns[name], f'v-{name}'
             ip('netns', 'add', ns)
-            ip('-n', LAUNCHER_NS, 'link', 'add', veth, 'type', 'veth',
+            ip('-n', lns, 'link', 'add', veth, 'type', 'veth',
                'peer', 'name', 'eth0', 'netns', ns)
-            ip('-n', LAUNCHER_NS, 'link', 'set', veth, 'master', 'br0', 'up')
+            ip('-n', lns, 'link', 'set', veth, 'master', 'br0', 'up')
             ip('-n', ns, 'addr', 'add', f'{self.addr[name]}/24', 'dev', 'eth0')
             ip('-n', ns, 'link', 'set', 'eth0', 'up')
             ip('-n', ns, 'link', 'set', 'lo', 'up')
 
     def _keys(self):
         def keygen(path):
-            subprocess.run(['ssh-keygen', '-q', '-t', 'ed25519', '-N', '', '-C', PREFIX,
+            subprocess.run(['ssh-keygen', '-q', '-t', 'ed25519', '-N', '', '-C', self.prefix,
                             '-f', str(path)], check=True, timeout=30)
             return path.with_suffix('.pub').read_text().strip()
         client = keygen(self.dir / 'id_client')
@@ -144,7 +151,7 @@ LogLevel ERROR
         # ip netns exec gives sshd its own mount namespace; a tmpfs there is this host's
         self.sshd[name] = subprocess.Popen(
             ['ip', 'netns', 'exec', self.ns[name], 'sh', '-c',
-             f'mount -t tmpfs -o size=64m {PREFIX} "$1" && exec /usr/sbin/sshd -D -e -f "$2"',
+             f'mount -t tmpfs -o size=64m {self.prefix} "$1" && exec /usr/sbin/sshd -D -e -f "$2"',
              'sh', str(self.remote_dir), str(config)],
             stdin=subprocess.DEVNULL)
 
@@ -172,9 +179,9 @@ LogLevel ERROR
             pids = netns_pids(self.ns[name]) - {self.sshd[name].pid}
             if pids:
                 found[self.ns[name]] = pids
-        pids = netns_pids(LAUNCHER_NS)
+        pids = netns_pids(self.launcher_ns)
         if pids:
-            found[LAUNCHER_NS] = pids
+            found[self.launcher_ns] = pids
         return found
 
     def wait_no_leftovers(self, timeout=10):
@@ -183,11 +190,35 @@ LogLevel ERROR
             time.sleep(0.1)
         return found
 
+    # -- a real shaped network -------------------------------------------------
+    def shape(self, rate, latency=0.0):
+        """Limit every host's outgoing link (its eth0) to ``rate`` bytes/s, with tc.
+
+        A token bucket filter (tbf) with a 64 KB bucket (one GSO packet of a veth)
+        and a queue deep enough that TCP is paced rather than dropped; with a
+        ``latency`` (seconds), netem does both the delay and the rate instead."""
+        for name in self.names:
+            if latency:
+                qdisc = ['netem', 'delay', f'{latency * 1e6:.0f}us',
+                         'rate', f'{rate * 8:.0f}bit', 'limit', '100000']
+            else:
+                qdisc = ['tbf', 'rate', f'{rate * 8:.0f}bit', 'burst', '64kb',
+                         'limit', f'{max(4 << 20, int(rate)):d}']
+            subprocess.run(['ip', 'netns', 'exec', self.ns[name], 'tc', 'qdisc', 'replace',
+                            'dev', 'eth0', 'root', *qdisc],
+                           check=True, capture_output=True, text=True, timeout=30)
+
+    def unshape(self):
+        """Remove the shaping: the links are as fast as the machine again."""
+        for name in self.names:
+            subprocess.run(['ip', 'netns', 'exec', self.ns[name], 'tc', 'qdisc', 'del',
+                            'dev', 'eth0', 'root'], capture_output=True, timeout=30)
+
     # -- tear-down --------------------------------------------------------------
     def stop(self):
         for p in self.sshd.values():
             if p.poll() is None:
                 p.kill()
             p.wait(timeout=10)
-        remove_stale()
+        remove_stale(self.prefix)
         subprocess.run(['rm', '-rf', str(self.dir)], timeout=30)

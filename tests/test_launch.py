@@ -227,7 +227,9 @@ print('after the barrier', flush=True)
     assert out.count('after the barrier') == 2
     assert 'scheduler dropped a message' in out   # logged at most once a second
     dropped = int(re.search(r'the scheduler dropped (\d+) invalid messages', out).group(1))
-    assert dropped >= 4   # the wrong secret's two, the raw socket's two
+    # the wrong secret's two and the bad JSON; the oversized one never gets through
+    # ZeroMQ, and random bytes only sometimes parse as a (dropped) ZMTP 1.0 message
+    assert dropped >= 3
     assert wait_no_survivors(p.tag, 5) == []
 
 

@@ -7,7 +7,7 @@ from torch import nn
 
 from d2ldist.devices import cpu
 from d2ldist.models import resnet18
-from d2ldist.store import LocalStore
+from d2ldist.kv import LocalKVStore
 from d2ldist.trainer import Trainer, create_store, train_batch
 
 LOSS = nn.CrossEntropyLoss(reduction='none')
@@ -68,7 +68,7 @@ def test_two_replicas_equal_one_replica_on_the_whole_batch(update_on_kvstore, ba
     net = small_cnn()
     optimizer = torch.optim.SGD(reference.parameters(), **HYPER)
     devices = [cpu(), cpu()]
-    trainer = Trainer(net, 'sgd', HYPER, kvstore=LocalStore(), devices=devices,
+    trainer = Trainer(net, 'sgd', HYPER, kvstore=LocalKVStore(), devices=devices,
                       update_on_kvstore=update_on_kvstore)
     assert trainer.update_on_kvstore == update_on_kvstore
     for X, y in batches(3, batch_size):
@@ -84,12 +84,12 @@ def test_two_replicas_equal_one_replica_on_the_whole_batch(update_on_kvstore, ba
                                                         for p in net.parameters()]))
 
 
-class TwinStore(LocalStore):
+class TwinStore(LocalKVStore):
     """A store of two workers where the other worker pushes the same gradients as we do."""
     num_workers = 2
 
-    def push(self, keys, values):
-        super().push(keys, [2 * v for v in values])
+    def _push(self, keys, values):
+        super()._push(keys, [2 * v for v in values])
 
 
 @pytest.mark.parametrize('update_on_kvstore', [True, False])
@@ -157,3 +157,57 @@ def test_bad_use_gives_clear_errors():
         create_store('nosuch')
     with pytest.raises(ValueError, match='unknown optimizer'):
         Trainer(small_cnn(), 'rmsprop', {'lr': 0.1}, devices=[cpu()])
+
+
+@pytest.mark.parametrize('update_on_kvstore', [True, False])
+def test_learning_rate_change_keeps_momentum(update_on_kvstore):
+    """set_learning_rate between steps: the same weights as torch.optim with the same change."""
+    reference, net = small_cnn(), small_cnn()
+    optimizer = torch.optim.SGD(reference.parameters(), **HYPER)
+    trainer = Trainer(net, 'sgd', HYPER, devices=[cpu()], update_on_kvstore=update_on_kvstore)
+    for i, (X, y) in enumerate(batches(3, 6)):
+        if i == 2:
+            trainer.set_learning_rate(0.01)
+            optimizer.param_groups[0]['lr'] = 0.01
+        optimizer.zero_grad()
+        LOSS(reference(X), y).mean().backward()
+        optimizer.step()
+        train_batch(X, y, net, LOSS, trainer, [cpu()])
+    for p, q in zip(reference.parameters(), net.parameters()):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), (p - q).abs().max()
+
+
+def test_adam_on_the_store_with_torch_names():
+    """torch's betas reach the store's Adam as beta1, beta2: the steps of torch's Adam."""
+    hyper = {'lr': 0.01, 'betas': (0.8, 0.99), 'weight_decay': 1e-3}
+    reference, net = small_cnn(), small_cnn()
+    optimizer = torch.optim.Adam(reference.parameters(), **hyper)
+    trainer = Trainer(net, 'adam', hyper, devices=[cpu()])
+    assert trainer.update_on_kvstore
+    for X, y in batches(2, 6):
+        optimizer.zero_grad()
+        LOSS(reference(X), y).mean().backward()
+        optimizer.step()
+        train_batch(X, y, net, LOSS, trainer, [cpu()])
+    for p, q in zip(reference.parameters(), net.parameters()):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), (p - q).abs().max()
+
+
+def test_step_times_reach_the_dashboard_by_name(capsys, monkeypatch):
+    """trainer.step_times_report() goes through d2ldist.report to the dashboard's bars."""
+    from d2ldist.dashboard import JobModel, plot_steps
+    from d2ldist.launch.placement import local_specs
+    from d2ldist.report import parse_report, report
+    from d2ldist.trainer import STEP_LABELS
+    net = small_cnn()
+    trainer = Trainer(net, 'sgd', HYPER, devices=[cpu(), cpu()])
+    (X, y), = batches(1, 4)
+    train_batch(X, y, net, LOSS, trainer, [cpu(), cpu()])
+    monkeypatch.setenv('D2L_ROLE', 'worker')
+    report(step_times=trainer.step_times_report())
+    r = parse_report(capsys.readouterr().out.strip())
+    assert list(r['step_times']) == list(STEP_LABELS.values())     # all seven, in order
+    assert all(t > 0 for t in r['step_times'].values())
+    model = JobModel(local_specs(1, 0, ['true'], 'secret'))
+    model.add_report(model.workers[0].label, r)
+    assert plot_steps(model).startswith(b'\x89PNG')

@@ -14,13 +14,14 @@ INIT = 'kv_init'            # worker -> server: parts + frames: the initial valu
 PUSH = 'kv_push'            # worker -> server: parts + frames, {sync, pull}: gradients
 PULL = 'kv_pull'            # worker -> server: parts: please send these values
 OPTIMIZER = 'kv_optimizer'  # worker -> server: {name, hyper}: update on the server
+LEARNING_RATE = 'kv_lr'     # worker -> server: {lr}: a new learning rate, states kept
 INFO = 'kv_info'            # worker -> server: what do you hold?
 GET_STATE = 'kv_get_state'  # worker -> server: your optimizer states (a checkpoint)
 SET_STATE = 'kv_set_state'  # worker -> server: entries + frames: restore states
 ACK = 'kv_ack'              # server -> worker: done (and maybe a few header fields)
 VALUES = 'kv_values'        # server -> worker: parts + frames: the values asked for
 ERROR = 'kv_error'          # server -> worker: {error}: the request was refused
-REQUESTS = (INIT, PUSH, PULL, OPTIMIZER, INFO, GET_STATE, SET_STATE)
+REQUESTS = (INIT, PUSH, PULL, OPTIMIZER, LEARNING_RATE, INFO, GET_STATE, SET_STATE)
 ANSWERS = (ACK, VALUES, ERROR)
 
 MAX_PARTS = 1000            # a longer list is sent as several messages (header <= 64 KB)

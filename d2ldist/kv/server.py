@@ -72,6 +72,8 @@ class KVServer:
                 self.init(msg, M.read_parts(msg, with_frames=True))
             elif msg.kind == M.OPTIMIZER:
                 self.set_optimizer(msg)
+            elif msg.kind == M.LEARNING_RATE:
+                self.set_learning_rate(msg)
             elif msg.kind == M.INFO:
                 self.ack(msg, keys=[[k, s.dtype, s.shape, s.start, s.stop]
                                     for k, s in self.store.items()],
@@ -195,6 +197,16 @@ class KVServer:
                                    **dict(msg.get('hyper') or {}))
         except (ValueError, TypeError) as e:
             raise M.KVError(str(e)) from None
+        self.ack(msg)
+
+    def set_learning_rate(self, msg):
+        """A new learning rate for the optimizer; its states (momentum, ...) stay."""
+        lr = msg.get('lr')
+        if self.updater is None:
+            raise M.KVError('set the optimizer before its learning rate')
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)):
+            raise M.KVError(f'the learning rate must be a number, got {lr!r}'[:200])
+        self.updater.opt.hyper['lr'] = lr
         self.ack(msg)
 
     def get_state(self, msg):

@@ -25,6 +25,7 @@ class KVStore:
 
     def __init__(self, kind):
         self.type = kind
+        self.is_async = kind == 'dist_async'   # each push updates the weights on its own
         self._meta = {}          # key -> (shape, dtype) given at init
         self._pinned = {}        # ('push' or 'pull', key) -> pinned CPU buffer for CUDA
 
@@ -136,6 +137,12 @@ class LocalKVStore(KVStore):
         """Update the stored values with this optimizer on every push."""
         self._updater = Updater(name, 1, **hyper)
 
+    def set_learning_rate(self, lr):
+        """A new learning rate; the optimizer's states (momentum, ...) stay."""
+        if self._updater is None:
+            raise M.KVError('set the optimizer before its learning rate')
+        self._updater.opt.hyper['lr'] = lr
+
     def _init(self, keys, values):
         for k, v in zip(keys, values):
             self._store[k] = v.clone()
@@ -189,6 +196,18 @@ class DistKVStore(KVStore):
             self._ask([(s, M.OPTIMIZER, {'name': name, 'hyper': hyper}, [])
                        for s in self._node.peers('server')])
         self.barrier()
+
+    def set_learning_rate(self, lr):
+        """A new learning rate on the servers; the optimizer's states (momentum, ...) stay.
+
+        Rank 0 sends it. In dist_sync it takes effect from the round after rank 0's
+        last pull: that next round cannot close before rank 0 pushes, and a server
+        handles each worker's requests in order.
+        """
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)):
+            raise ValueError(f'the learning rate must be a number, got {lr!r}')
+        if self.rank == 0:
+            self._ask([(s, M.LEARNING_RATE, {'lr': lr}, []) for s in self._node.peers('server')])
 
     def barrier(self):
         """Wait until every worker has reached this point."""

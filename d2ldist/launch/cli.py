@@ -16,6 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
+from .. import pacing
 from .job import Job, Terminated
 from .placement import local_specs, port_is_free
 from .progress import Progress
@@ -61,6 +62,12 @@ def build_parser(prog='d2l-launch'):
                    help='ssh: give up on a host that does not answer within this time')
     p.add_argument('--env', action='append', default=[], metavar='NAME=VALUE',
                    help='set an environment variable in every process (repeatable)')
+    p.add_argument('--bandwidth', default=None, metavar='RATE',
+                   help="simulate a network: pace each process's outgoing messages to "
+                   'RATE, in bits (1Gbit, 100Mbit/s, 250Mbps) or bytes (100MB/s, 12MiB/s)')
+    p.add_argument('--latency', default=None, metavar='TIME',
+                   help='simulate a network: deliver every message TIME after it has '
+                   'been sent (0.5ms, 200us, 1s)')
     p.add_argument('--port', type=int, default=None,
                    help="the scheduler's port (default: a free one)")
     p.add_argument('--timeout', type=float, default=None, metavar='SECONDS',
@@ -96,6 +103,7 @@ def parse(argv, prog='d2l-launch'):
             args.launcher == 'ssh' or port_is_free(args.port))):
         raise UsageError(f'port {args.port} is not free')
     args.env = dict(_name_value(item) for item in args.env)
+    args.env.update(_network_env(args.bandwidth, args.latency))
     if args.launcher == 'ssh':   # the program need only exist on the hosts
         args.command = command_of(args.command, args.python or sys.executable, local=False)
     else:
@@ -108,6 +116,19 @@ def _name_value(item):
     if not eq or not name.isidentifier():
         raise UsageError(f'--env takes NAME=VALUE, got {item!r}')
     return name, value
+
+
+def _network_env(bandwidth, latency):
+    """The simulated network as the van reads it: bytes/s and seconds (see pacing.py)."""
+    env = {}
+    try:
+        if bandwidth is not None:
+            env['D2L_BANDWIDTH'] = repr(pacing.parse_bandwidth(bandwidth))
+        if latency is not None:
+            env['D2L_LATENCY'] = repr(pacing.parse_latency(latency))
+    except ValueError as e:
+        raise UsageError(f'--{e}') from None
+    return env
 
 
 def command_of(words, python=sys.executable, local=True):
@@ -138,6 +159,10 @@ def make_job(args, out=None, **job_options):
     With ``--launcher ssh`` the hosts are checked and the directory synced first; a
     host that fails raises UsageError. ``job_options`` go to the Job (see job.py)."""
     secret = secrets.token_hex(32)
+    if 'D2L_BANDWIDTH' in args.env or 'D2L_LATENCY' in args.env:
+        link = pacing.pacer_from_env(args.env)
+        (out or sys.stdout).write(f'd2l-launch: simulated network: every process sends at '
+                                  f'{pacing.describe(link.rate, link.latency)}\n')
     if args.launcher == 'ssh':
         from . import ssh
         try:

@@ -1,0 +1,330 @@
+"""The scaling study: parameter servers and the ring on a simulated network.
+
+    python benchmarks/scaling.py                    # ResNet-18 gradients, 1 Gbit/s, m = 2, 4, 8
+    python benchmarks/scaling.py --quick            # 1/8 of the size, 250 Mbit/s, m = 2, 4
+    python benchmarks/scaling.py --bandwidth 10Gbit --latency 50us --png out.png
+
+Every process's outgoing link is paced to ``--bandwidth`` (d2l-launch --bandwidth, see
+d2ldist/pacing.py). For m workers it times one synchronous step of communication:
+
+* ``PS n=1``, ``PS n=m/2``, ``PS n=m``: kv.pushpull of the 62 gradient tensors
+  (dist_sync; the servers only sum) with 1, m/2 and m servers;
+* ``ring``: d2ldist's ring all-reduce of the same bytes as one fused buffer;
+* ``gloo``: torch.distributed's gloo all_reduce of that buffer, in the ring's job,
+  NOT shaped (gloo has its own sockets): the reference of an unshaped machine.
+
+One job per (m, n); the ring and gloo run in the n = m job (its servers sit idle).
+
+The model, for S gradient bytes and bandwidth B per outgoing link (incoming links
+are not limited), with latency L:
+
+* PS, n servers holding L_j bytes each (S/n when even): every worker sends its S
+  bytes, server by server, in S/B; server j then answers m workers, m L_j / B:
+      T = max_j (L_0 + ... + L_j + m L_j) / B + 2 L   =  (1 + m/n) S/B + 2L  (even)
+* ring: 2(N-1) steps, each sending S/N bytes:  T = 2(N-1)/N S/B + 2(N-1) L.
+
+Scaling efficiency (as in the Horovod paper) needs a compute time: each step computes
+for ``--compute-ms`` and then communicates (no overlap), so
+efficiency = compute / (compute + comm) and throughput = m batch / (compute + comm).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from d2ldist import pacing  # noqa: E402 (light: no torch)
+
+BIGARRAY_BOUND = 1_000_000      # MXNet's: a value this big is split over all servers
+
+
+def resnet18_shapes(scale=1):
+    """The 62 parameter shapes of ResNet-18 (11.7 M values); output channels / scale."""
+    shapes = [(64, 3, 7, 7), (64,), (64,)]
+    c_in = 64
+    for c, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        for block in range(2):
+            shapes += [(c, c_in if block == 0 else c, 3, 3), (c,), (c,), (c, c, 3, 3), (c,), (c,)]
+            if block == 0 and (stride != 1 or c_in != c):
+                shapes += [(c, c_in, 1, 1), (c,), (c,)]
+        c_in = c
+    shapes += [(1000, 512), (1000,)]
+    return [(max(1, s[0] // scale),) + tuple(s[1:]) for s in shapes]
+
+
+def numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# -- the model ---------------------------------------------------------------------------
+def server_loads(shapes, n, bound):
+    """Bytes each of n servers holds (float32), by the parameter server's own placement."""
+    from d2ldist.kv.placement import place
+    loads = [0] * n
+    for key, shape in enumerate(shapes):
+        for s, start, stop in place(key, numel(shape), n, bound):
+            loads[s] += 4 * (stop - start)
+    return loads
+
+
+def model_ps(shapes, m, n, rate, latency, bound):
+    """Seconds of one pushpull step: workers push server by server, then servers answer."""
+    loads, sent, worst = server_loads(shapes, n, bound), 0, 0.0
+    for load in loads:
+        if load:
+            sent += load
+            worst = max(worst, (sent + m * load) / rate)
+    return worst + 2 * latency
+
+
+def model_ring(nbytes, N, rate, latency):
+    """Seconds of one ring all-reduce: 2(N-1) steps of S/N bytes."""
+    return 2 * (N - 1) * (nbytes / N / rate + latency)
+
+
+# -- inside the job: what each worker runs --------------------------------------------------
+def worker(args):
+    import torch
+    import torch.distributed as dist
+    import d2ldist
+    torch.set_num_threads(1)
+    shapes = resnet18_shapes(args.scale)
+    grads = [torch.ones(s) for s in shapes]
+    times = {}
+    if args.mode in ('ps', 'both'):
+        kv = d2ldist.kv.create('dist_sync')
+        weights = [torch.zeros(s) for s in shapes]
+        keys = list(range(len(shapes)))
+        kv.init(keys, weights)
+        times['ps'] = steps(args, kv.barrier, lambda: kv.pushpull(keys, grads, out=weights))
+        assert all(bool((w == kv.num_workers).all()) for w in weights), 'wrong sums'
+    if args.mode in ('ring', 'both'):
+        d2ldist.init()
+        dist.init_process_group('gloo')
+        flat = torch.ones(sum(g.numel() for g in grads))
+        times['ring'] = steps(args, d2ldist.barrier,
+                              lambda: d2ldist.allreduce_(flat.fill_(1), op=d2ldist.Sum))
+        assert bool((flat == d2ldist.size()).all()), 'wrong sums'
+        times['gloo'] = steps(args, dist.barrier, lambda: dist.all_reduce(flat))
+        dist.destroy_process_group()
+    print('RESULT ' + json.dumps(times), flush=True)
+
+
+def steps(args, barrier, step):
+    """This worker's time of each step after the warm-up ones (all start together)."""
+    out = []
+    for i in range(args.warmup + args.steps):
+        barrier()
+        t0 = time.perf_counter()
+        step()
+        if i >= args.warmup:
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+# -- outside: start the jobs ------------------------------------------------------------------
+def run_job(m, n, mode, args):
+    """Run one job; {method: median over steps of the slowest worker's time}."""
+    bound = max(1, BIGARRAY_BOUND // args.scale)
+    cmd = [sys.executable, '-m', 'd2ldist.launch', '-n', str(m), '-s', str(n),
+           '--bandwidth', args.bandwidth, '--timeout', str(args.job_timeout),
+           '--env', f'D2L_KVSTORE_BIGARRAY_BOUND={bound}']
+    if args.latency:
+        cmd += ['--latency', args.latency]
+    cmd += worker_argv(mode, args)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                       timeout=args.job_timeout + 30)
+    if r.returncode != 0:
+        raise RuntimeError(f'job {m} workers x {n} servers ({mode}) failed:\n'
+                           f'{r.stdout[-3000:]}{r.stderr[-2000:]}')
+    return summarize(r.stdout, m, args.steps)
+
+
+def worker_argv(mode, args):
+    """The command each worker of a job runs."""
+    return [sys.executable, str(Path(__file__).resolve()), '--worker', '--mode', mode,
+            '--scale', str(args.scale), '--steps', str(args.steps), '--warmup', str(args.warmup)]
+
+
+def summarize(stdout, m, num_steps):
+    """{method: median over steps of the slowest worker's time}, from a job's output."""
+    per_worker = [json.loads(line.split('RESULT ', 1)[1]) for line in stdout.splitlines()
+                  if 'RESULT ' in line]
+    if len(per_worker) != m:
+        raise RuntimeError(f'{len(per_worker)} of {m} workers reported:\n{stdout[-3000:]}')
+    return {method: statistics.median(max(w[method][i] for w in per_worker)
+                                      for i in range(num_steps))
+            for method in per_worker[0]}
+
+
+def measure(args, log=print):
+    """Every configuration of the study: a list of result rows (dicts)."""
+    rate = pacing.parse_bandwidth(args.bandwidth)
+    latency = pacing.parse_latency(args.latency) if args.latency else 0.0
+    shapes = resnet18_shapes(args.scale)
+    nbytes = 4 * sum(numel(s) for s in shapes)
+    bound = max(1, BIGARRAY_BOUND // args.scale)
+    rows, wanted = [], set(args.only or ('ps', 'ring'))
+    for m in args.workers:
+        chosen = {{'1': 1, 'm/2': max(1, m // 2), 'm': m}[c] for c in args.servers}
+        for n in sorted(chosen | {m}):           # the ring runs in the n = m job
+            ps = 'ps' in wanted and n in chosen
+            ring = 'ring' in wanted and n == m
+            if not (ps or ring):
+                continue
+            mode = 'both' if ps and ring else 'ps' if ps else 'ring'
+            got = run_job(m, n if mode != 'ring' else 0, mode, args)
+            for method, t in got.items():
+                label = {'ps': f'PS n={n}', 'ring': 'ring', 'gloo': 'gloo (unshaped)'}[method]
+                kinds = [label] if method != 'ps' else \
+                    [k for k, size in (('PS n=1', 1), ('PS n=m/2', max(1, m // 2)),
+                                       ('PS n=m', m)) if size == n]
+                model = model_ps(shapes, m, n, rate, latency, bound) if method == 'ps' else \
+                    model_ring(nbytes, m, rate, latency) if method == 'ring' else None
+                row = dict(workers=m, servers=n, method=label, kinds=kinds, comm=t, model=model,
+                           bytes=nbytes)
+                row['efficiency'] = args.compute_ms / (args.compute_ms + 1e3 * t)
+                row['throughput'] = m * args.batch_size / (args.compute_ms / 1e3 + t)
+                rows.append(row)
+                log(format_row(row))
+    return rows
+
+
+def header():
+    return (f'{"workers":>7} {"method":<16} {"comm ms":>9} {"model ms":>9} {"ratio":>6} '
+            f'{"efficiency":>10} {"img/s":>8}')
+
+
+def format_row(r):
+    model = f'{r["model"] * 1e3:9.1f}' if r['model'] else f'{"-":>9}'
+    ratio = f'{r["comm"] / r["model"]:6.2f}' if r['model'] else f'{"-":>6}'
+    return (f'{r["workers"]:>7} {r["method"]:<16} {r["comm"] * 1e3:9.1f} {model} {ratio} '
+            f'{r["efficiency"]:>9.0%} {r["throughput"]:8.0f}')
+
+
+# -- the plot ---------------------------------------------------------------------------------
+KINDS = ['PS n=1', 'PS n=m/2', 'PS n=m', 'ring', 'gloo (unshaped)']   # n=1 is m/2 for m=2
+COLORS = {'PS n=1': '#d62728', 'PS n=m/2': '#ff7f0e', 'PS n=m': '#2ca02c',
+          'ring': '#1f77b4', 'gloo (unshaped)': '#7f7f7f'}
+
+
+def plot(rows, title='', path=None):
+    """Bars: throughput; lines: scaling efficiency (as in the Horovod paper). Right:
+    communication time per step, measured (points) and the model's (dashed)."""
+    import matplotlib
+    if path is not None:
+        matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    ms = sorted({r['workers'] for r in rows})
+    kinds = [k for k in KINDS if any(k in r['kinds'] for r in rows)]
+    fig, (ax, ax_t) = plt.subplots(1, 2, figsize=(11, 4.2))
+    eff = ax.twinx()
+    width = 0.8 / len(kinds)
+    for i, k in enumerate(kinds):
+        xs, tp, ef, model_t, xs_t, comm = [], [], [], [], [], []
+        for j, m in enumerate(ms):
+            r = next((r for r in rows if r['workers'] == m and k in r['kinds']), None)
+            if r is None:
+                continue
+            xs.append(j + (i - (len(kinds) - 1) / 2) * width)
+            tp.append(r['throughput'])
+            ef.append(r['efficiency'])
+            xs_t.append(m)
+            comm.append(r['comm'] * 1e3)
+            model_t.append(r['model'] * 1e3 if r['model'] else None)
+        hatch = '//' if 'gloo' in k else None
+        ax.bar(xs, tp, width, color=COLORS[k], alpha=0.6, hatch=hatch, label=k)
+        eff.plot(xs, ef, 'o-', color=COLORS[k])
+        ax_t.plot(xs_t, comm, 'o-', color=COLORS[k], label=k)
+        if all(v is not None for v in model_t):
+            ax_t.plot(xs_t, model_t, '--', color=COLORS[k], alpha=0.7)
+    ax.set_xticks(range(len(ms)), [f'{m} workers' for m in ms])
+    ax.set_ylabel('throughput (images/s, bars)')
+    eff.set_ylabel('scaling efficiency (lines)')
+    eff.set_ylim(0, 1.05)
+    eff.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    ax.legend(loc='upper left', fontsize=8)
+    ax.set_title('throughput and efficiency')
+    ax_t.set_xlabel('workers m')
+    ax_t.set_xticks(ms)
+    ax_t.set_ylabel('communication per step (ms)')
+    ax_t.set_title('measured (points) and model (dashed)')
+    ax_t.set_ylim(bottom=0)
+    ax_t.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+    return fig
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--quick', action='store_true',
+                   help='1/8 of ResNet-18, 250 Mbit/s, 2 and 4 workers (about a minute)')
+    p.add_argument('--bandwidth', default=None, help='each link (default 1Gbit)')
+    p.add_argument('--latency', default=None, help='each link (default none)')
+    p.add_argument('-n', '--workers', default=None, help='worker counts (default 2,4,8)')
+    p.add_argument('--scale', type=int, default=None, help='divide the channels by this')
+    p.add_argument('--steps', type=int, default=None, help='timed steps per job (default 5)')
+    p.add_argument('--warmup', type=int, default=1, help='untimed steps first')
+    p.add_argument('--only', default=None, help='ps or ring: run only those jobs')
+    p.add_argument('--servers', default='1,m/2,m',
+                   help='server counts for the parameter server (default 1,m/2,m)')
+    p.add_argument('--compute-ms', type=float, default=200.0,
+                   help='compute time of a step, for efficiency and throughput (default 200: '
+                   'ResNet-18 with batch 128 on one modern GPU, roughly)')
+    p.add_argument('--batch-size', type=int, default=128, help='per worker, for throughput')
+    p.add_argument('--png', default='scaling.png', help='where to draw the plot')
+    p.add_argument('--job-timeout', type=float, default=600)
+    p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
+    p.add_argument('--mode', default='ps', help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.bandwidth = args.bandwidth or ('250Mbit' if args.quick else '1Gbit')
+    args.scale = args.scale or (8 if args.quick else 1)
+    args.steps = args.steps or (3 if args.quick else 5)
+    args.workers = [int(w) for w in (args.workers or ('2,4' if args.quick else '2,4,8'))
+                    .split(',')]
+    args.only = args.only.split(',') if args.only else None
+    args.servers = args.servers.split(',')
+    if not set(args.servers) <= {'1', 'm/2', 'm'}:
+        p.error(f'--servers takes 1, m/2 and m, got {",".join(args.servers)}')
+    return args
+
+
+def main(argv=None):
+    args = parse(argv)
+    if args.worker:
+        return worker(args)
+    try:
+        rate = pacing.parse_bandwidth(args.bandwidth)
+        if args.latency:
+            pacing.parse_latency(args.latency)
+    except ValueError as e:
+        sys.exit(f'scaling.py: error: {e}')
+    nbytes = 4 * sum(numel(s) for s in resnet18_shapes(args.scale))
+    title = (f'{len(resnet18_shapes(args.scale))} tensors, {nbytes / 1e6:.1f} MB of gradients, '
+             f'{pacing.describe(rate, pacing.parse_latency(args.latency or "0"))} per link')
+    print(f'# {title}; compute {args.compute_ms:g} ms/step, batch {args.batch_size}; '
+          f'{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}')
+    print(header())
+    rows = measure(args)
+    plot(rows, title, args.png)
+    print(f'# plot: {args.png}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""Exact sums through the parameter server or the ring, for jobs that cross hosts.
+
+    d2l-launch -n 2 -s 2 python tests/jobs/exact_sums.py kv
+    d2l-launch -n 3 -s 0 python tests/jobs/exact_sums.py ring
+
+Worker r contributes (r + 1) * [0, 1, 2, ...]; with N workers the sum is
+N(N + 1)/2 * [0, 1, 2, ...], exact in float32 at these sizes. A big key (over the
+big-array bound) is split over all servers; a small one lives on one.
+"""
+import sys
+
+import torch
+
+import d2ldist
+
+BIG = 1_000_003
+what = sys.argv[1]
+if what == 'kv':
+    kv = d2ldist.kv.create('dist_sync')
+    rank, n = kv.rank, kv.num_workers
+    kv.init(['small', 'big'], [torch.zeros(5), torch.zeros(BIG)])
+    out = [torch.empty(5), torch.empty(BIG)]
+    kv.pushpull(['small', 'big'], [torch.arange(5.) * (rank + 1),
+                                   torch.arange(float(BIG)) * (rank + 1)], out=out)
+    want = [torch.arange(5.) * n * (n + 1) / 2, torch.arange(float(BIG)) * n * (n + 1) / 2]
+else:
+    d2ldist.init()
+    rank, n = d2ldist.rank(), d2ldist.size()
+    out = [d2ldist.allreduce(torch.arange(float(BIG)) * (rank + 1), op=d2ldist.Sum)]
+    want = [torch.arange(float(BIG)) * n * (n + 1) / 2]
+ok = all(torch.equal(o, w) for o, w in zip(out, want))
+print(f'worker {rank} of {n}: {what} sum {"exact" if ok else "WRONG"}', flush=True)
+sys.exit(0 if ok else 1)

@@ -1,0 +1,87 @@
+"""Does the simulated network predict a real shaped one? Linux tc against the van's pacing.
+
+Three hosts (network namespaces with sshd, ``netns_hosts.py``, on their own subnet
+198.18.9.0/24 so that they do not meet test_ssh's), a job across them with the ssh
+launcher: one parameter server on hostB, workers on hostC and hostA, so that every
+byte of the parameter server and of the ring crosses a host's link. The same job
+runs twice in this test:
+
+1. real: every host's outgoing link (eth0) shaped by ``tc`` (tbf), no pacing;
+2. simulated: the links unshaped, ``d2l-launch --bandwidth`` pacing the van.
+
+The time of a parameter-server step and of a ring all-reduce must agree within 25 %
+(TCP/IP headers alone make the real link about 4.5 % slower: 66 bytes per 1448).
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, launch_argv, need, need_command, new_tag, wait_no_survivors
+from netns_hosts import NetnsHosts
+
+sys.path.insert(0, str(ROOT / 'benchmarks'))
+import scaling  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+
+RATE, SCALE = 20e6, 16            # bytes/s on every link; ResNet-18 / 16: 2.9 MB
+
+
+@pytest.fixture(scope='module')
+def hosts():
+    if os.geteuid() != 0:
+        pytest.skip('tc and network namespaces need root')
+    for command in ('ip', 'tc', 'ssh', 'ssh-keygen'):
+        need_command(command)
+    need(os.access('/usr/sbin/sshd', os.X_OK), "Debian's sshd (/usr/sbin/sshd)")
+    h = NetnsHosts(('hostA', 'hostB', 'hostC'), prefix='d2lnet', subnet='198.18.9')
+    try:
+        h.start()
+    except (subprocess.CalledProcessError, RuntimeError) as e:
+        need(False, f'network namespaces with sshd ({getattr(e, "stderr", None) or e})')
+    try:
+        yield h
+    finally:
+        h.stop()
+
+
+def run_job(hosts, *options):
+    """The scaling benchmark's worker on 2 workers and 1 server across the hosts."""
+    args = scaling.parse(['--scale', str(SCALE), '--steps', '3'])
+    tag = new_tag()
+    argv = ['ip', 'netns', 'exec', hosts.launcher_ns, *launch_argv(
+        '--launcher', 'ssh', '-H', 'hostA,hostB,hostC', '--ssh-config', hosts.ssh_config,
+        '--connect-timeout', '5', '--timeout', '120', '--env', f'D2L_TEST_TAG={tag}',
+        '--env', f'D2L_KVSTORE_BIGARRAY_BOUND={scaling.BIGARRAY_BOUND // SCALE}',
+        *options, '-n', '2', '-s', '1', *scaling.worker_argv('both', args))]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert 'server     0     hostB' in r.stdout          # the placement we rely on
+    assert wait_no_survivors(tag) == []
+    return scaling.summarize(r.stdout, 2, args.steps)
+
+
+def test_software_pacing_predicts_a_tc_shaped_link(hosts):
+    try:
+        hosts.shape(RATE)
+        real = run_job(hosts)
+    finally:
+        hosts.unshape()
+    simulated = run_job(hosts, '--bandwidth', f'{RATE * 8:.0f}bit')
+    shapes = scaling.resnet18_shapes(SCALE)
+    nbytes = 4 * sum(scaling.numel(s) for s in shapes)
+    model = {'ps': scaling.model_ps(shapes, 2, 1, RATE, 0, scaling.BIGARRAY_BOUND // SCALE),
+             'ring': scaling.model_ring(nbytes, 2, RATE, 0)}
+    print()
+    for method in ('ps', 'ring', 'gloo'):
+        print(f'{method:>5}: tc {real[method] * 1e3:6.0f} ms   pacing '
+              f'{simulated[method] * 1e3:6.0f} ms   tc/pacing '
+              f'{real[method] / simulated[method]:.2f}' +
+              (f'   model {model[method] * 1e3:.0f} ms' if method in model else ''))
+    for method in ('ps', 'ring'):
+        assert 0.8 < real[method] / simulated[method] < 1.25, (method, real, simulated)
+    # gloo is not paced by the van, but tc shapes its sockets too
+    assert real['gloo'] > 0.5 * model['ring'] > simulated['gloo']
