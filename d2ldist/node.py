@@ -36,7 +36,7 @@ class Node:
         self.van.connect('scheduler', scheduler)
         self.book = {}            # node id -> address
         self._stash = deque()     # messages received while waiting for others
-        self._barriers = 0
+        self._barriers = {}       # group -> barriers this node has entered
         self._stopped = threading.Event()
 
     @classmethod
@@ -108,8 +108,7 @@ class Node:
 
     def barrier(self, group='worker'):
         """Wait until every node of ``group`` ('worker', 'server' or 'all') is here."""
-        self._barriers += 1
-        n = self._barriers
+        n = self._barriers[group] = self._barriers.get(group, 0) + 1   # numbered per group
         self.van.send('scheduler', P.BARRIER, {'group': group, 'n': n})
         while True:
             msg = self.recv([P.BARRIER_DONE])

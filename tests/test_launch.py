@@ -288,3 +288,26 @@ print('together', flush=True)
     r = run_launch('--env', 'D2L_HEARTBEAT_TIMEOUT=2', '-n', 2, '-s', 1, 'python', script)
     assert r.returncode == 0, r.stdout
     assert r.stdout.count('together') == 2
+
+
+def test_barriers_of_different_groups_do_not_mix(write_script):
+    """Workers meet among themselves, then with the servers: each group counts its own."""
+    script = write_script('''
+import d2ldist
+node = d2ldist.init()
+node.barrier('worker')
+node.barrier('worker')
+node.barrier('all')
+print('met everyone', flush=True)
+''')
+    server = write_script('''
+import d2ldist
+from d2ldist.node import Node
+node = Node.from_env(role='server').start()
+node.barrier('all')
+print('server met everyone', flush=True)
+''', name='server.py')
+    r = run_launch('--timeout', 60, '--env', f'D2L_SERVER_SCRIPT={server}', '-n', 2, '-s', 1,
+                   'python', script)
+    assert r.returncode == 0, r.stdout
+    assert r.stdout.count('met everyone') == 3
