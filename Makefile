@@ -3,7 +3,9 @@ VENV   ?= .venv
 PYTHON ?= python3
 PY      = $(VENV)/bin/python
 
-.PHONY: venv demo test benchmarks clean
+NBVAL   = --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
+
+.PHONY: venv demo test notebooks benchmarks clean
 
 venv: $(VENV)/.installed
 
@@ -15,8 +17,13 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	$(VENV)/bin/d2l-launch -n 2 -s 2 python examples/multimachine_cifar10_train.py --kvstore dist_sync --data digits
 
+# the tests, and every chapter re-executed and compared with its committed outputs
 test: venv
-	$(PY) -m pytest
+	$(PY) -m pytest tests notebooks/*.ipynb $(NBVAL)
+
+# re-execute the chapters in place (after changing one), saving outputs and widget state
+notebooks: venv
+	$(PY) notebooks/run.py
 
 benchmarks: venv
 	$(PY) benchmarks/kvstore.py
