@@ -19,20 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+from shapes import resnet18_shapes   # benchmarks/shapes.py
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def resnet18_shapes():
-    """The 62 parameter shapes of ResNet-18 (convolutions, batch norms, classifier)."""
-    shapes = [(64, 3, 7, 7), (64,), (64,)]
-    c_in = 64
-    for c, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-        for block in range(2):
-            shapes += [(c, c_in if block == 0 else c, 3, 3), (c,), (c,), (c, c, 3, 3), (c,), (c,)]
-            if block == 0 and (stride != 1 or c_in != c):
-                shapes += [(c, c_in, 1, 1), (c,), (c,)]
-        c_in = c
-    return shapes + [(1000, 512), (1000,)]
 
 
 def payload(name, scale):

@@ -168,7 +168,7 @@ class LocalKVStore(KVStore):
         torch.save({'optimizer': self._updater and self._updater.name, 'states': states}, path)
 
     def load_optimizer_states(self, path):
-        """Load states saved by save_optimizer_states (no pickled code is run)."""
+        """Load states saved by save_optimizer_states (tensors and numbers only)."""
         data = torch.load(path, weights_only=True)
         if self._updater is None:
             raise M.KVError('set the optimizer before loading its states')
@@ -313,7 +313,7 @@ class DistKVStore(KVStore):
 
     def load_optimizer_states(self, path):
         """Send saved states back to the servers (call on every worker; rank 0 sends)."""
-        data = torch.load(path, weights_only=True)          # tensors only: nothing is unpickled
+        data = torch.load(path, weights_only=True)          # tensors and numbers only, no code
         if self.rank == 0:
             msgs = {}
             for key, state in data['states'].items():
