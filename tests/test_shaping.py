@@ -18,8 +18,8 @@ import sys
 
 import pytest
 
-from conftest import ROOT, launch_argv, need, need_command, new_tag, wait_no_survivors
-from netns_hosts import NetnsHosts
+from conftest import ROOT, launch_argv, new_tag, wait_no_survivors
+from netns_hosts import hosts_for_tests
 
 sys.path.insert(0, str(ROOT / 'benchmarks'))
 import scaling  # noqa: E402
@@ -31,20 +31,9 @@ RATE, SCALE = 20e6, 16            # bytes/s on every link; ResNet-18 / 16: 2.9 M
 
 @pytest.fixture(scope='module')
 def hosts():
-    if os.geteuid() != 0:
-        pytest.skip('tc and network namespaces need root')
-    for command in ('ip', 'tc', 'ssh', 'ssh-keygen'):
-        need_command(command)
-    need(os.access('/usr/sbin/sshd', os.X_OK), "Debian's sshd (/usr/sbin/sshd)")
-    h = NetnsHosts(('hostA', 'hostB', 'hostC'), prefix='d2lnet', subnet='198.18.9')
-    try:
-        h.start()
-    except (subprocess.CalledProcessError, RuntimeError) as e:
-        need(False, f'network namespaces with sshd ({getattr(e, "stderr", None) or e})')
-    try:
-        yield h
-    finally:
-        h.stop()
+    yield from hosts_for_tests(('hostA', 'hostB', 'hostC'), ('ip', 'tc', 'ssh', 'ssh-keygen'),
+                               'tc and network namespaces need root',
+                               prefix='d2lnet', subnet='198.18.9')
 
 
 def run_job(hosts, *options):

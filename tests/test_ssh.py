@@ -15,12 +15,12 @@ import time
 
 import pytest
 
-from conftest import ROOT, launch_argv, new_tag, need, need_command, tagged_pids, \
+from conftest import ROOT, launch_argv, new_tag, tagged_pids, \
     wait_no_survivors
 from d2ldist.launch.placement import ProcSpec, place
 from d2ldist.launch.ssh import SWEEP, HostError, placement_table, read_hosts, \
     remote_command
-from netns_hosts import LAUNCHER_NS, UNREACHABLE, NetnsHosts, netns_pids
+from netns_hosts import LAUNCHER_NS, UNREACHABLE, hosts_for_tests, netns_pids
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,19 +38,8 @@ JOBS = [
 
 @pytest.fixture(scope='module')
 def hosts():
-    if os.geteuid() != 0:
-        pytest.skip('the ssh tests need root to make network namespaces')
-    for command in ('ip', 'ssh', 'ssh-keygen', 'rsync'):
-        need_command(command)
-    need(os.access('/usr/sbin/sshd', os.X_OK), "Debian's sshd (/usr/sbin/sshd)")
-    try:
-        h = NetnsHosts(('hostA', 'hostB')).start()
-    except (subprocess.CalledProcessError, RuntimeError) as e:   # e.g. no CAP_SYS_ADMIN
-        need(False, f'network namespaces with sshd ({getattr(e, "stderr", None) or e})')
-    try:
-        yield h
-    finally:
-        h.stop()
+    yield from hosts_for_tests(('hostA', 'hostB'), ('ip', 'ssh', 'ssh-keygen', 'rsync'),
+                               'the ssh tests need root to make network namespaces')
 
 
 @pytest.fixture

@@ -34,6 +34,21 @@ def assert_replicas_identical(trainer):
             assert torch.equal(a, b)
 
 
+def train_beside_torch(reference, optimizer, net, trainer, data, lr_at=None):
+    """Train reference with torch.optim and net with the Trainer on the same batches
+    (changing the lr to lr_at[1] before batch lr_at[0]); the weights must agree."""
+    for i, (X, y) in enumerate(data):
+        if lr_at is not None and i == lr_at[0]:
+            trainer.set_learning_rate(lr_at[1])
+            optimizer.param_groups[0]['lr'] = lr_at[1]
+        optimizer.zero_grad()
+        LOSS(reference(X), y).mean().backward()
+        optimizer.step()
+        train_batch(X, y, net, LOSS, trainer, [cpu()])
+    for p, q in zip(reference.parameters(), net.parameters()):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), (p - q).abs().max()
+
+
 def test_seven_steps_timed_and_replicas_identical_after_every_step():
     torch.manual_seed(0)
     net = resnet18(10, width=4)
@@ -99,13 +114,7 @@ def test_gradients_are_averaged_over_all_workers(update_on_kvstore):
     optimizer = torch.optim.SGD(reference.parameters(), **HYPER)
     trainer = Trainer(net, 'sgd', HYPER, kvstore=TwinStore(), devices=[cpu()],
                       update_on_kvstore=update_on_kvstore)
-    for X, y in batches(2, 6):
-        optimizer.zero_grad()
-        LOSS(reference(X), y).mean().backward()
-        optimizer.step()
-        train_batch(X, y, net, LOSS, trainer, [cpu()])
-    for p, q in zip(reference.parameters(), net.parameters()):
-        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), (p - q).abs().max()
+    train_beside_torch(reference, optimizer, net, trainer, batches(2, 6))
 
 
 def test_batchnorm_running_statistics_are_averaged_over_replicas():
@@ -165,16 +174,7 @@ def test_learning_rate_change_keeps_momentum(update_on_kvstore):
     reference, net = small_cnn(), small_cnn()
     optimizer = torch.optim.SGD(reference.parameters(), **HYPER)
     trainer = Trainer(net, 'sgd', HYPER, devices=[cpu()], update_on_kvstore=update_on_kvstore)
-    for i, (X, y) in enumerate(batches(3, 6)):
-        if i == 2:
-            trainer.set_learning_rate(0.01)
-            optimizer.param_groups[0]['lr'] = 0.01
-        optimizer.zero_grad()
-        LOSS(reference(X), y).mean().backward()
-        optimizer.step()
-        train_batch(X, y, net, LOSS, trainer, [cpu()])
-    for p, q in zip(reference.parameters(), net.parameters()):
-        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), (p - q).abs().max()
+    train_beside_torch(reference, optimizer, net, trainer, batches(3, 6), lr_at=(2, 0.01))
 
 
 def test_adam_on_the_store_with_torch_names():
@@ -184,13 +184,7 @@ def test_adam_on_the_store_with_torch_names():
     optimizer = torch.optim.Adam(reference.parameters(), **hyper)
     trainer = Trainer(net, 'adam', hyper, devices=[cpu()])
     assert trainer.update_on_kvstore
-    for X, y in batches(2, 6):
-        optimizer.zero_grad()
-        LOSS(reference(X), y).mean().backward()
-        optimizer.step()
-        train_batch(X, y, net, LOSS, trainer, [cpu()])
-    for p, q in zip(reference.parameters(), net.parameters()):
-        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), (p - q).abs().max()
+    train_beside_torch(reference, optimizer, net, trainer, batches(2, 6))
 
 
 def test_step_times_reach_the_dashboard_by_name(capsys, monkeypatch):
