@@ -9,7 +9,8 @@ three ways, taking turns, round after round, so that all three see the same load
 
 - ``dist_sync``: d2ldist.Trainer with kvstore 'dist_sync' (the 2 servers update);
 - ``ring``:      d2ldist.Trainer with kvstore 'ring' (d2ldist's ring all-reduce);
-- ``ddp``:       torch's DistributedDataParallel on gloo, torch.optim.SGD.
+- ``ddp``:       torch's DistributedDataParallel on gloo, torch.optim.SGD (fused,
+                 like the Trainer's, so that only the distribution differs).
 
 images/s = images of all workers / the slowest worker's time. The ratio is to DDP
 in the same run. For the Trainer the table also gives the mean time of each of the
@@ -82,7 +83,8 @@ def worker(args):
     trainers = {kind: d2ldist.Trainer(net(), 'sgd', hyper, kvstore=kind, devices=cpu)
                 for kind in ('dist_sync', 'ring')}
     ddp = nn.parallel.DistributedDataParallel(net())
-    ddp_opt = torch.optim.SGD(ddp.parameters(), **hyper)
+    # the Trainer's optimizer is torch's fused SGD (d2ldist.store.create_optimizer): so is DDP's
+    ddp_opt = torch.optim.SGD(ddp.parameters(), fused=True, **hyper)
     mean_loss = nn.CrossEntropyLoss()
 
     def step(kind):

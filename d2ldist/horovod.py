@@ -7,25 +7,22 @@
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     ...  loss.backward(); optimizer.step()   # gradients averaged over all workers
 
-How DistributedOptimizer overlaps communication with computation: the gradients are
-packed into buckets of about ``bucket_cap_mb`` (tensor fusion: one all-reduce per
-bucket, not per tensor). Buckets are filled in reverse parameter order, the order in
-which backward produces the gradients. A hook on each parameter copies its gradient
-into its bucket as soon as backward has computed it; when a bucket is full, its
-all-reduce starts on the communication thread while backward goes on with the
-earlier layers. ``step()`` waits for the last buckets, copies the averages back into
-``.grad`` and then steps. Buckets start in a fixed order, so every worker runs the
-same all-reduces in the same order. (A parameter that gets no gradient -- an unused
-layer -- holds its bucket, and the later ones, back until ``step()``, which counts
-its gradient as zero.)
+How DistributedOptimizer overlaps communication with computation (``buckets.py``):
+the gradients are packed into buckets of about ``bucket_cap_mb`` (tensor fusion: one
+all-reduce per bucket, not per tensor), in reverse parameter order, the order in which
+backward produces them. A hook on each parameter copies its gradient into its bucket
+as soon as backward has computed it; when a bucket is full, its all-reduce starts on
+the communication thread while backward goes on with the earlier layers. ``step()``
+waits for the last buckets, copies the averages back into ``.grad`` and then steps.
+(A parameter that gets no gradient -- an unused layer -- holds its bucket, and the
+later ones, back until ``step()``, which counts its gradient as zero.)
 """
 import torch
 
 from . import init, local_rank, local_size, rank, size  # noqa: F401  (Horovod's names)
+from .buckets import BUCKET_CAP_MB, Buckets
 from .collectives import api, ops
 from .collectives.ops import Average, Max, Min, Sum  # noqa: F401
-
-BUCKET_CAP_MB = 25   # as DDP's default
 
 
 def _broadcast_tensors_(tensors, root_rank):
@@ -115,22 +112,6 @@ def metric_average(value, name=None):
     return api.allreduce(torch.tensor(float(value), dtype=torch.float64), Average).item()
 
 
-class _Bucket:
-    """Gradients fused into one flat buffer, all-reduced with one call."""
-
-    def __init__(self, params):
-        self.params, self.ready, self.handle = params, set(), None
-        self.offsets, n = {}, 0
-        for p in params:
-            self.offsets[p] = (n, n + p.numel())
-            n += p.numel()
-        self.buffer = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
-
-    def slot(self, p):
-        a, b = self.offsets[p]
-        return self.buffer[a:b].view_as(p)
-
-
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wraps an optimizer: gradients are averaged over all workers before each step."""
 
@@ -147,71 +128,57 @@ class DistributedOptimizer(torch.optim.Optimizer):
             missing = [name for name, p in named if id(p) not in known]
             if missing:
                 raise ValueError(f'parameters not in the optimizer: {", ".join(missing)}')
-        self._buckets, self._bucket_of, self._hooks, self._next = [], {}, [], 0
+        self._params = [p for p in params if p.requires_grad]
+        self._buckets, self._hooks = None, []
         if size() > 1:
-            self._make_buckets([p for p in params if p.requires_grad], bucket_cap_mb)
+            self._make_buckets(bucket_cap_mb)
 
     # the wrapped optimizer's state is this optimizer's state
     param_groups = property(lambda self: self.optimizer.param_groups)
     state = property(lambda self: self.optimizer.state)
     defaults = property(lambda self: self.optimizer.defaults)
 
-    def _make_buckets(self, params, cap_mb):
-        """Reverse parameter order (backward's order), at most cap_mb per bucket."""
-        cap, current, nbytes = cap_mb * 1024 * 1024, [], 0
-        for p in reversed(params):
-            same_kind = not current or (p.dtype, p.device) == (current[0].dtype,
-                                                               current[0].device)
-            if current and (nbytes + p.numel() * p.element_size() > cap or not same_kind):
-                self._buckets.append(_Bucket(current))
-                current, nbytes = [], 0
-            current.append(p)
-            nbytes += p.numel() * p.element_size()
-        if current:
-            self._buckets.append(_Bucket(current))
-        for bucket in self._buckets:
-            for p in bucket.params:
-                self._bucket_of[p] = bucket
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+    def _make_buckets(self, cap_mb):
+        """Buckets in backward's order (buckets.py), each with one flat buffer of its gradients."""
+        P = self._params
+        self._buckets = Buckets([p.numel() for p in P], [p.element_size() for p in P],
+                                [(p.dtype, p.device) for p in P], self._start, cap_mb)
+        self._slots = [None] * len(P)           # parameter i's place in its bucket's buffer
+        self._buffers = []
+        for group in self._buckets.groups:
+            buffer = torch.zeros(sum(P[i].numel() for i in group), dtype=P[group[0]].dtype,
+                                 device=P[group[0]].device)
+            offset = 0
+            for i in group:
+                self._slots[i] = buffer[offset:offset + P[i].numel()].view_as(P[i])
+                offset += P[i].numel()
+            self._buffers.append(buffer)
+        for i, p in enumerate(P):
+            self._hooks.append(p.register_post_accumulate_grad_hook(
+                lambda p, i=i: self._grad_ready(i)))
 
     @torch.no_grad()
-    def _grad_ready(self, p):
-        """Backward has computed p.grad: copy it into its bucket; start full buckets."""
-        bucket = self._bucket_of[p]
-        if bucket.handle is not None or p in bucket.ready:
-            raise RuntimeError('a gradient was computed twice before step(): call '
-                               'optimizer.step() (or synchronize()) after each backward()')
-        bucket.slot(p).copy_(p.grad)
-        bucket.ready.add(p)
-        self._start_full_buckets()
+    def _grad_ready(self, i):
+        """Backward has computed parameter i's gradient: into its bucket, which may start."""
+        self._slots[i].copy_(self._params[i].grad)
+        self._buckets.ready(i)
 
-    def _start_full_buckets(self):
-        """Start the all-reduce of every full bucket, in bucket order."""
-        while self._next < len(self._buckets):
-            bucket = self._buckets[self._next]
-            if len(bucket.ready) < len(bucket.params):
-                return
-            bucket.handle = api.allreduce_async_(bucket.buffer, self.op)
-            self._next += 1
+    def _start(self, b, indices):
+        return api.allreduce_async_(self._buffers[b], self.op)
 
     @torch.no_grad()
     def synchronize(self):
         """Wait for every bucket's all-reduce and put the averages into ``.grad``."""
-        for bucket in self._buckets[self._next:]:   # gradients that never came count 0
-            for p in bucket.params:
-                if p not in bucket.ready:
-                    bucket.slot(p).zero_()
-                    bucket.ready.add(p)
-        self._start_full_buckets()
-        for bucket in self._buckets:
-            bucket.handle.wait()
-            for p in bucket.params:
-                if p.grad is None:
-                    p.grad = bucket.slot(p).clone()
-                else:
-                    p.grad.copy_(bucket.slot(p))
-            bucket.ready, bucket.handle = set(), None
-        self._next = 0
+        if self._buckets is None:
+            return
+        for i in self._buckets.missing():       # gradients that never came count 0
+            self._slots[i].zero_()
+        self._buckets.wait()
+        for p, slot in zip(self._params, self._slots):
+            if p.grad is None:
+                p.grad = slot.clone()
+            else:
+                p.grad.copy_(slot)
 
     def step(self, closure=None):
         """Average the gradients over all workers, then take the wrapped optimizer's step."""
@@ -228,4 +195,4 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self.optimizer.load_state_dict(state_dict)
 
     def __repr__(self):
-        return f'DistributedOptimizer({self.optimizer!r}, buckets={len(self._buckets)})'
+        return f'DistributedOptimizer({self.optimizer!r}, buckets={len(self._buckets or ())})'

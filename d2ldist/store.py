@@ -9,7 +9,10 @@ network, keys 0, 1, 2, ...) and is shared by all workers. What the Trainer needs
 - ``pushpull(keys, values, out)``: push this worker's values and pull back the
   sum over all workers into ``out`` (an all-reduce; ``out`` may be ``values``).
   The Trainer's values are views of one flat CPU buffer, in key order
-  (``trainer.flat_grads``), so a ring all-reduces that buffer at once.
+  (``trainer.flat_grads``), so a ring all-reduces that buffer at once;
+- optionally ``allreduce_async_(tensor)``: start summing one slice of that buffer
+  and return a handle to ``wait()`` on; the Trainer then starts the slices
+  (buckets) during backward instead of calling ``pushpull``.
 
 A store that can also run the optimizer itself (a parameter server does: the
 servers update the weights they hold) has more; the Trainer then pushes
@@ -44,10 +47,20 @@ def torch_hyper(params):
 
 
 def create_optimizer(name, params, tensors):
-    """A torch.optim optimizer by name, e.g. ('sgd', {'lr': 0.1, 'momentum': 0.9}) over tensors."""
+    """A torch.optim optimizer by name, e.g. ('sgd', {'lr': 0.1, 'momentum': 0.9}) over tensors.
+
+    The fused implementation when torch has one for these tensors: one pass over the
+    memory instead of one per operation (on a ResNet-18's 45 MB: 9 ms instead of 35).
+    """
     if name.lower() not in OPTIMIZERS:
         raise ValueError(f'unknown optimizer {name!r}: use one of {sorted(OPTIMIZERS)}')
-    return getattr(torch.optim, OPTIMIZERS[name.lower()])(tensors, **torch_hyper(params))
+    cls, hyper = getattr(torch.optim, OPTIMIZERS[name.lower()]), torch_hyper(params)
+    if 'fused' not in hyper and all(t.is_floating_point() for t in tensors):
+        try:
+            return cls(tensors, fused=True, **hyper)
+        except (RuntimeError, ValueError, TypeError):   # no fused kernel for these
+            pass
+    return cls(tensors, **hyper)
 
 
 class AllreduceStore:
@@ -58,10 +71,10 @@ class AllreduceStore:
     Both sum the Trainer's flat gradient buffer in step 4; then every worker
     applies the same optimizer step to the same sum (step 5), so the weights
     stay identical without being sent. This is what DistributedDataParallel
-    does too, except that DDP starts all-reducing buckets of gradients while
-    backward is still running, and it wraps one replica per process -- it
-    cannot drive the several replicas of a worker the Trainer keeps. So
-    'torch' is torch.distributed's all-reduce in step 4, and
+    does too, and like DDP the Trainer starts all-reducing buckets of gradients
+    while backward is still running (``allreduce_async_``). But DDP wraps one
+    replica per process -- it cannot drive the several replicas of a worker the
+    Trainer keeps. So 'torch' is torch.distributed's all-reduce in step 4, and
     ``benchmarks/train_throughput.py`` measures both against real DDP.
     """
 
@@ -106,6 +119,15 @@ class AllreduceStore:
         for v, o in zip(values, out):
             if o is not v:
                 o.copy_(v)
+
+    def allreduce_async_(self, tensor):
+        """Start summing a contiguous tensor over all workers, in place; ``.wait()`` for it.
+
+        The Trainer starts one per bucket of gradients during backward. 'ring' runs it on
+        the communication thread, so backward goes on meanwhile; 'torch' finishes it here.
+        """
+        from .collectives import ops
+        return self._collective('allreduce_', tensor, ops.Sum)
 
     def barrier(self):
         self._collective('barrier').wait()

@@ -25,6 +25,18 @@ Every batch, on every worker (one machine with several devices):
   (d2ldist's ring, or torch.distributed on gloo/NCCL) and in step 5 every worker
   applies the same optimizer step to the same sum.
 
+Overlap: with 'ring' and 'torch' the Trainer does not wait for backward to end.
+The gradients go into buckets (``buckets.py``, as DistributedDataParallel's and
+Horovod's), last layers first; a hook runs steps 2 and 3 for each gradient the
+moment backward has produced it on every device, and a full bucket's all-reduce
+(step 4) starts while backward computes the earlier layers. ``step`` then only
+waits for the buckets still running. Each step's time counts its own work, wherever
+it ran (step 1 does not count the hooks' steps 2 to 4). ``overlap=False`` runs the
+steps one after the other, as with the parameter server.
+
+On the CPU the host buffers are the device's memory: the weights of the network
+on ``devices[0]`` are views of ``flat_weights``, so step 6 has nothing to copy.
+
 BatchNorm: each replica normalizes its own slice with that slice's statistics
 (as MXNet and DistributedDataParallel do without synchronized BatchNorm), and
 in step 7 the replicas' running statistics are averaged and given to all, so
@@ -38,6 +50,7 @@ from contextlib import contextmanager
 
 import torch
 
+from .buckets import BUCKET_CAP_MB, Buckets
 from .devices import split_and_load
 from .store import AllreduceStore, create_optimizer, torch_hyper
 
@@ -78,11 +91,14 @@ class Trainer:
     ``net`` itself becomes the replica on ``devices[0]``; the other replicas are
     deep copies. With a store that runs the optimizer (``set_optimizer``) the
     update happens in the store; otherwise the store only sums the gradients
-    and every worker applies the same update to the same sum.
+    and every worker applies the same update to the same sum. ``overlap``: start
+    the all-reduce of finished buckets of about ``bucket_cap_mb`` during backward
+    (stores with ``allreduce_async_``: 'ring', 'torch').
     """
 
     def __init__(self, net, optimizer='sgd', optimizer_params=None, kvstore='local',
-                 devices=None, update_on_kvstore=None):
+                 devices=None, update_on_kvstore=None, overlap=True,
+                 bucket_cap_mb=BUCKET_CAP_MB):
         self.devices = list(devices) if devices else [next(net.parameters()).device]
         optimizer = optimizer.lower()
         self.replicas = [net.to(self.devices[0])] + [
@@ -111,6 +127,9 @@ class Trainer:
         # Every worker starts from rank 0's weights.
         self.store.init(self.keys, self._weights)
         self.store.pull(self.keys, out=self._weights)
+        if self.devices[0].type == 'cpu':   # the device is the host: share the memory
+            for p, w in zip(self.params[0], self._weights):
+                p.data = w
         self.update_on_kvstore = self._choose_update_on_kvstore(optimizer, update_on_kvstore)
         if self.update_on_kvstore:
             # The Trainer scales the gradients (step 2): the servers must not rescale.
@@ -124,8 +143,24 @@ class Trainer:
             # so this is the same step as over each parameter, in a few big operations).
             self._optimizer = create_optimizer(optimizer, self.optimizer_params,
                                                [self.flat_weights])
+        self._buckets = None
+        if overlap and hasattr(self.store, 'allreduce_async_') and not self.update_on_kvstore:
+            self._start_buckets_in_backward(bucket_cap_mb)
+        self._timers = []   # the timed blocks running now, innermost last
         self._copy_weights_to_devices()
         self.reset_step_times()
+
+    def _start_buckets_in_backward(self, cap_mb):
+        """A hook on each parameter of the last replica runs steps 2 to 4 for its gradient."""
+        P = self.params[0]
+        self._offsets = [0]
+        for p in P:
+            self._offsets.append(self._offsets[-1] + p.numel())
+        # One kind for all: consecutive parameters, so a bucket is a slice of flat_grads.
+        self._buckets = Buckets([p.numel() for p in P], [p.element_size() for p in P],
+                                [None] * len(P), self._start_bucket, cap_mb)
+        for i, p in enumerate(self.params[-1]):   # the last replica's backward ends last
+            p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))
 
     def _choose_update_on_kvstore(self, optimizer, update_on_kvstore):
         """Update in the store if it can run this optimizer (dist_async must)."""
@@ -159,39 +194,70 @@ class Trainer:
         batch_size: the number of examples this worker used (the same on every
         worker); the update uses the mean gradient over all workers' examples.
         """
-        dev0, params = self.devices[0], self.params
         # Synchronous stores sum all workers' gradients: divide by all examples.
         # An asynchronous store applies each push alone: divide by ours.
         workers = 1 if getattr(self.store, 'is_async', False) else self.store.num_workers
         scale = 1.0 / (batch_size * workers)
-        # Step 2: sum the replicas' gradients on the first device.
-        with self.timed(2):
-            grads = []
-            for i, p in enumerate(params[0]):
-                g = p.grad if p.grad is not None else torch.zeros_like(p)
-                for r in range(1, len(self.replicas)):
-                    if params[r][i].grad is not None:
-                        g += params[r][i].grad.to(dev0, non_blocking=True)
-                grads.append(g.mul_(scale))
-        # Step 3: copy the sum to the CPU (pinned memory: the copy does not block).
-        with self.timed(3):
-            for host_g, g in zip(self._grads, grads):
-                host_g.copy_(g, non_blocking=True)
-        # Step 4: push the gradients to the store; its servers sum them over all workers.
-        with self.timed(4):
-            if self.update_on_kvstore:
-                self.store.push(self.keys, self._grads)
-            else:
-                self.store.pushpull(self.keys, self._grads, out=self._grads)
+        if self._buckets is None:
+            # Step 2: sum the replicas' gradients on the first device.
+            with self.timed(2):
+                grads = [self._sum_replicas(i).mul_(scale) for i in self.keys]
+            # Step 3: copy the sum to the CPU (pinned memory: the copy does not block).
+            with self.timed(3):
+                for host_g, g in zip(self._grads, grads):
+                    host_g.copy_(g, non_blocking=True)
+            # Step 4: push the gradients to the store; its servers sum them over all workers.
+            with self.timed(4):
+                if self.update_on_kvstore:
+                    self.store.push(self.keys, self._grads)
+                else:
+                    self.store.pushpull(self.keys, self._grads, out=self._grads)
+        else:
+            # Steps 2 to 4 ran during backward, bucket by bucket (_grad_ready); the
+            # gradients that never came count as zero; wait for the buckets still running.
+            with self.timed(4):
+                for i in self._buckets.missing():
+                    self._grads[i].zero_()
+                self._buckets.wait()
+            self._time_counts[2] += 1
+            self._time_counts[3] += 1
         # Step 5: the summed gradients update the weights; the new weights come back.
         with self.timed(5):
             if self.update_on_kvstore:
                 self.store.pull(self.keys, out=self._weights)
             else:                       # every worker: the same update of the same sum
+                if self._buckets is not None:
+                    self.flat_grads.mul_(scale)   # the hooks summed them unscaled
                 self.flat_weights.grad = self.flat_grads
                 self._optimizer.step()
         # Steps 6 and 7: to the first device, then to all the others.
         self._copy_weights_to_devices(timed=True)
+
+    def _sum_replicas(self, i):
+        """Step 2 for parameter i: the sum of the replicas' gradients, on the first device."""
+        params, dev0 = self.params, self.devices[0]
+        g = params[0][i].grad if params[0][i].grad is not None else torch.zeros_like(params[0][i])
+        for r in range(1, len(self.replicas)):
+            if params[r][i].grad is not None:
+                g += params[r][i].grad.to(dev0, non_blocking=True)
+        return g
+
+    @torch.no_grad()
+    def _grad_ready(self, i):
+        """Backward has produced gradient i on every device: steps 2 and 3 for it, now."""
+        with self.timed(2, count=False):
+            g = self._sum_replicas(i)
+        with self.timed(3, count=False):
+            self._grads[i].copy_(g, non_blocking=True)
+        with self.timed(4, count=False):
+            self._buckets.ready(i)    # step 4: its bucket starts if it is complete
+
+    def _start_bucket(self, b, indices):
+        """Step 4 for one bucket: start all-reducing its slice of flat_grads."""
+        if self.devices[0].type == 'cuda':   # the non-blocking copies must have landed
+            torch.cuda.synchronize(self.devices[0])
+        start, stop = self._offsets[min(indices)], self._offsets[max(indices) + 1]
+        return self.store.allreduce_async_(self.flat_grads[start:stop])
 
     def _copy_weights_to_devices(self, timed=False):
         """Steps 6 and 7: CPU -> first device -> every device (with BatchNorm statistics)."""
@@ -200,7 +266,8 @@ class Trainer:
             # Step 6: copy the new weights to the first device.
             with self.timed(6, timed):
                 for p, w in zip(params[0], self._weights):
-                    p.copy_(w, non_blocking=True)
+                    if p.data_ptr() != w.data_ptr():   # on the CPU: the same memory
+                        p.copy_(w, non_blocking=True)
             # Step 7: broadcast them to all devices, with the replicas' averaged
             # BatchNorm running statistics.
             with self.timed(7, timed):
@@ -214,16 +281,23 @@ class Trainer:
                         buffers[r][i].copy_(b0, non_blocking=True)
 
     @contextmanager
-    def timed(self, step, enabled=True):
-        """Add the time of the block (waiting for the devices) to the step's total."""
+    def timed(self, step, enabled=True, count=True):
+        """Add the block's time (waiting for the devices) to the step's total, less the
+        time of the steps timed inside it (the hooks of overlapping buckets)."""
         start = time.perf_counter()
-        yield
-        if enabled:
+        self._timers.append(0.0)          # the time of the blocks nested in this one
+        try:
+            yield
+        finally:
             for d in set(self.devices):
-                if d.type == 'cuda':
+                if enabled and d.type == 'cuda':
                     torch.cuda.synchronize(d)
-            self._time_sums[step] += time.perf_counter() - start
-            self._time_counts[step] += 1
+            elapsed, inner = time.perf_counter() - start, self._timers.pop()
+            if self._timers:
+                self._timers[-1] += elapsed
+        if enabled:
+            self._time_sums[step] += elapsed - inner
+            self._time_counts[step] += count
 
     def reset_step_times(self):
         self._time_sums = dict.fromkeys(STEP_NAMES, 0.0)

@@ -205,3 +205,58 @@ def test_step_times_reach_the_dashboard_by_name(capsys, monkeypatch):
     model = JobModel(local_specs(1, 0, ['true'], 'secret'))
     model.add_report(model.workers[0].label, r)
     assert plot_steps(model).startswith(b'\x89PNG')
+
+
+class RecordingAllreduceStore:
+    """One worker's all-reduce store that records the size of each bucket it is given."""
+    type, rank, num_workers = 'ring', 0, 1
+
+    def __init__(self):
+        self.started = []
+
+    def init(self, keys, values):
+        pass
+
+    def pull(self, keys, out):
+        pass
+
+    def pushpull(self, keys, values, out):
+        raise AssertionError('with overlap the Trainer all-reduces buckets, not pushpull')
+
+    def allreduce_async_(self, tensor):
+        self.started.append(tensor.numel())
+        done = torch.futures.Future()   # the sum over one worker: the tensor as it is
+        done.set_result(tensor)
+        return done
+
+
+def test_buckets_start_during_backward_last_layers_first():
+    """Every bucket's all-reduce has started when backward returns, before step()."""
+    store, net, devices = RecordingAllreduceStore(), small_cnn(), [cpu(), cpu()]
+    trainer = Trainer(net, 'sgd', HYPER, kvstore=store, devices=devices, bucket_cap_mb=1e-6)
+    X, y = batches(1, 6)[0]
+    for replica, X_shard, y_shard in zip(trainer.replicas, X.chunk(2), y.chunk(2)):
+        LOSS(replica(X_shard), y_shard).sum().backward()
+    sizes = [p.numel() for p in net.parameters()]
+    assert store.started == sizes[::-1]              # one bucket each, last layer first
+    trainer.step(6)
+    assert [trainer._time_counts[s] for s in range(2, 8)] == [1] * 6
+    assert store.started == sizes[::-1]              # step() started nothing more
+
+
+def test_overlap_takes_the_same_steps_as_one_step_after_the_other():
+    """A ring of one worker, with and without overlap: the same weights, to float rounding."""
+    from d2ldist.store import AllreduceStore
+    nets = [small_cnn(batch_norm=True), small_cnn(batch_norm=True)]
+    devices = [cpu(), cpu()]
+    trainers = [Trainer(net, 'sgd', HYPER, kvstore=AllreduceStore('ring'), devices=devices,
+                        overlap=overlap, bucket_cap_mb=0.001)
+                for net, overlap in zip(nets, (True, False))]
+    assert trainers[0]._buckets is not None and len(trainers[0]._buckets) > 1
+    assert trainers[1]._buckets is None
+    for X, y in batches(3, 8):
+        for net, trainer in zip(nets, trainers):
+            train_batch(X, y, net, LOSS, trainer, devices)
+    for p, q in zip(nets[0].parameters(), nets[1].parameters()):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-7), (p - q).abs().max()
+    assert_replicas_identical(trainers[0])

@@ -45,7 +45,7 @@ class TorchBackend:
             if dist.get_backend() == 'nccl' else torch.device('cpu')
 
     def allreduce_(self, tensor, op):
-        with _contiguous(tensor, self._wider(tensor.dtype)) as X:
+        with _contiguous(tensor, self._wider(tensor.dtype), self.device) as X:
             if tensor.dtype == torch.bool:   # no bool sums in gloo and NCCL: any / all
                 dist.all_reduce(X, dist.ReduceOp.MIN if op is ops.Min else dist.ReduceOp.MAX)
             else:
@@ -54,7 +54,7 @@ class TorchBackend:
         return tensor
 
     def broadcast_(self, tensor, root):
-        with _contiguous(tensor, self._wider(tensor.dtype)) as X:
+        with _contiguous(tensor, self._wider(tensor.dtype), self.device) as X:
             dist.broadcast(X, root)
         return tensor
 
@@ -84,16 +84,17 @@ class TorchBackend:
 
 
 class _contiguous:
-    """``with _contiguous(X, dtype) as Y``: X itself if contiguous and of that dtype,
-    else a contiguous copy in that dtype, written back afterwards."""
+    """``with _contiguous(X, dtype, device) as Y``: X itself if contiguous, of that dtype
+    and on that device (NCCL reduces GPU memory only), else such a copy, written back
+    afterwards."""
 
-    def __init__(self, tensor, dtype):
-        self.tensor, self.dtype = tensor, dtype
+    def __init__(self, tensor, dtype, device):
+        self.tensor, self.dtype, self.device = tensor, dtype, device
 
     def __enter__(self):
         X = self.tensor
-        same = X.is_contiguous() and X.dtype == self.dtype
-        self.Y = X if same else X.to(self.dtype).contiguous()
+        same = X.is_contiguous() and X.dtype == self.dtype and X.device == self.device
+        self.Y = X if same else X.to(self.device, self.dtype).contiguous()
         return self.Y
 
     def __exit__(self, *exc):

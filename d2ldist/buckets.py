@@ -1,0 +1,73 @@
+"""Gradient buckets: sum the gradients of the last layers while backward computes the first.
+
+Backward produces the gradients from the last layer to the first. Group the
+parameters, in that reverse order, into buckets of about ``BUCKET_CAP_MB``; as
+soon as the last gradient of a bucket is ready, start its all-reduce on the
+communication thread, and let backward go on with the earlier layers. Only
+the last bucket's all-reduce (the first layers) is left to wait for after
+backward. One all-reduce per bucket, not per tensor, is Horovod's *tensor
+fusion*; starting them during backward is what DistributedDataParallel does.
+
+Every worker must start the same all-reduces in the same order, so a bucket
+starts only after all buckets before it, whatever order the hooks fire in.
+
+Used by ``horovod.DistributedOptimizer`` and by the ``Trainer`` with the
+stores that are all-reduces ('ring', 'torch').
+"""
+BUCKET_CAP_MB = 25   # as DDP's default
+
+
+class Buckets:
+    """Parameters 0..n-1 (forward order) in buckets, last layers first; ``ready(i)`` starts them.
+
+    numels: elements of each parameter; kinds: what may not share a bucket (dtype,
+    device), one per parameter; start(b, indices): start bucket b's all-reduce and
+    return something with ``wait()``.
+    """
+
+    def __init__(self, numels, element_sizes, kinds, start, cap_mb=BUCKET_CAP_MB):
+        self.start, cap = start, cap_mb * 1024 * 1024
+        self.groups, current, nbytes = [], [], 0   # groups: lists of parameter indices
+        for i in reversed(range(len(numels))):
+            size = numels[i] * element_sizes[i]
+            if current and (nbytes + size > cap or kinds[i] != kinds[current[0]]):
+                self.groups.append(current)
+                current, nbytes = [], 0
+            current.append(i)
+            nbytes += size
+        if current:
+            self.groups.append(current)
+        self.bucket_of = {i: b for b, group in enumerate(self.groups) for i in group}
+        self._reset()
+
+    def __len__(self):
+        return len(self.groups)
+
+    def _reset(self):
+        self.ready_ones = [set() for _ in self.groups]
+        self.handles, self.next = [None] * len(self.groups), 0
+
+    def ready(self, i):
+        """Parameter i's gradient is in place: start every complete bucket, in order."""
+        b = self.bucket_of[i]
+        if i in self.ready_ones[b] or self.handles[b] is not None:
+            raise RuntimeError('a gradient was computed twice before the step: one backward '
+                               'per step (or call synchronize() in between)')
+        self.ready_ones[b].add(i)
+        while self.next < len(self.groups) and \
+                len(self.ready_ones[self.next]) == len(self.groups[self.next]):
+            self.handles[self.next] = self.start(self.next, self.groups[self.next])
+            self.next += 1
+
+    def missing(self):
+        """The parameters whose gradient never came this step (unused layers)."""
+        return [i for b, group in enumerate(self.groups) for i in group
+                if i not in self.ready_ones[b]]
+
+    def wait(self):
+        """Start what is left (call after filling ``missing()``), wait for every bucket."""
+        for i in self.missing():
+            self.ready(i)
+        for handle in self.handles:
+            handle.wait()
+        self._reset()
