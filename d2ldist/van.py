@@ -26,8 +26,10 @@ the message until ``sent + delay``: the time it would arrive over that link.
 Between processes on the same host, frames of ``shm.SHM_MIN_BYTES`` or more travel through
 shared memory instead (shm.py): the header carries, for each, where it lies (``shm``:
 ``[[frame index, pid, fd, offset, nbytes], ...]``) and the frame on the wire is empty. The
-descriptor is covered by the MAC like the rest of the header; the application receives a
-memoryview as from the socket. ``D2L_SHM=0`` sends everything through the socket.
+descriptor is covered by the MAC like the rest of the header (``D2L_MAC_PAYLOAD`` covers
+the bytes that cross the network; those in shared memory never do, and only processes of
+our own user can write them); the application receives a memoryview as from the socket.
+``D2L_SHM=0`` sends everything through the socket.
 """
 import ctypes
 import hashlib
