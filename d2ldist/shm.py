@@ -49,6 +49,7 @@ import ctypes
 import mmap
 import os
 import platform
+import stat
 import sys
 import weakref
 from collections import OrderedDict
@@ -167,21 +168,27 @@ class Mapper:
         path = f'/proc/{pid}/fd/{fd}'
         try:
             st = os.stat(path)
-            entry = self.maps.get((pid, fd))
-            if entry is not None and entry[0] == (st.st_dev, st.st_ino):
+            identity, entry = (st.st_dev, st.st_ino), self.maps.get((pid, fd))
+            if entry is not None and entry[0] == identity:
                 self.maps.move_to_end((pid, fd))
                 return entry[1]
             if not os.readlink(path).startswith('/memfd:' + NAME):
                 raise ValueError(f'{path} is not a d2ldist block')
-            with open(path, 'r+b') as f:
-                mm = mmap.mmap(f.fileno(), 0)
+            f = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)   # never blocks
+            try:
+                st = os.fstat(f)                        # what we opened is what we checked
+                if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != identity:
+                    raise ValueError(f'{path} changed while we opened it')
+                mm = mmap.mmap(f, 0)
+            finally:
+                os.close(f)
         except OSError as e:
             raise ValueError(f'cannot map {path}: {e.strerror}') from None
         if len(mm) <= HEADER_BYTES or mm[:len(MAGIC)] != MAGIC:
             raise ValueError(f'{path} is not a d2ldist block')
         if entry is not None:
             self.bytes -= len(entry[1])
-        self.maps[(pid, fd)] = ((st.st_dev, st.st_ino), mm)
+        self.maps[(pid, fd)] = (identity, mm)
         self.bytes += len(mm)
         while self.bytes > self.limit and len(self.maps) > 1:   # views keep theirs alive
             _, (_, old) = self.maps.popitem(last=False)

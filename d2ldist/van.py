@@ -282,13 +282,15 @@ class Van:
         if not isinstance(where, list) or len(where) > len(data):
             raise ValueError('malformed list')
         data, seen = list(data), set()
-        for entry in where:
-            if not (isinstance(entry, list) and len(entry) == 5 and type(entry[0]) is int
-                    and 0 <= entry[0] < len(data) and data[entry[0]].nbytes == 0
-                    and entry[0] not in seen and tuple(entry[1:3]) not in seen):
+        for entry in where:       # [frame index, pid, fd, offset, nbytes]
+            if not (isinstance(entry, list) and len(entry) == 5
+                    and all(type(x) is int for x in entry)):
                 raise ValueError(f'malformed entry {entry!r}'[:120])
-            seen.update([entry[0], tuple(entry[1:3])])
-            data[entry[0]] = self._shm_maps.view(entry[1:])
+            i, pid, fd = entry[:3]
+            if not (0 <= i < len(data) and data[i].nbytes == 0) or {i, (pid, fd)} & seen:
+                raise ValueError(f'entry {entry!r} does not fit the frames'[:120])
+            seen.update([i, (pid, fd)])
+            data[i] = self._shm_maps.view(entry[1:])
         return data
 
     def shm_stats(self):

@@ -99,6 +99,7 @@ def test_forged_descriptors_are_dropped_and_the_receiver_keeps_serving(pair, tmp
         [[0, 2**22 + 1, 3, 64, 100]],                    # no such process
         [[0, pid, fd, 64, 100]],                         # a FREE block (not sent)
         [[0, pid, fd, '64', 100]], [[0, pid, fd, 64, True]], [[0, pid, fd, 64]],
+        [[0, [pid], fd, 64, 100]], [[0, pid, fd, 64, 100.0]], [[0, pid, fd, -64, 100]],
         [[1, pid, fd, 64, 100]], [[0, pid, fd, 64, 100], [0, pid, fd, 64, 100]], 'x',
     ]
     for seq, where in enumerate(forgeries, 1):
