@@ -183,7 +183,8 @@ class Mapper:
             finally:
                 os.close(f)
         except OSError as e:
-            raise ValueError(f'cannot map {path}: {e.strerror}') from None
+            raise ValueError(f'cannot map {path}: {e.strerror} (processes in other pid '
+                             f'namespaces? D2L_SHM=0 sends through the socket)') from None
         if len(mm) <= HEADER_BYTES or mm[:len(MAGIC)] != MAGIC:
             raise ValueError(f'{path} is not a d2ldist block')
         if entry is not None:
