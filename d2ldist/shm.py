@@ -32,9 +32,11 @@ a van waits (a little) for its SENT blocks to be mapped, as ZeroMQ lingers for q
 messages: a block must not vanish with its process before the receiver has it.
 
 Memory ordering: each transition has one writer (FREE->SENT the sender, SENT->MAPPED and
-MAPPED->FREE the receiver) and the state word is an aligned 8-byte store. The frame's
+MAPPED->FREE the receiver) and the state word is an aligned 8-byte store (its values differ
+only in the lowest byte, so even a store split into bytes reads as old or new). The frame's
 bytes are published by the socket message (a system call on both sides orders them). When
-the receiver frees a block, its loads and stores of the data came earlier in its program;
+the receiver frees a block, its loads and stores of the data came earlier in its program
+(or in threads it joined, as torch's);
 on x86-64 (TSO) stores are not reordered with earlier loads or stores, so a sender that
 reads FREE sees the receiver done with the block. We rely on that, so shared memory is on
 only on x86-64 Linux (elsewhere the van keeps using the socket).
