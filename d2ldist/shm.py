@@ -37,8 +37,9 @@ only in the lowest byte, so even a store split into bytes reads as old or new). 
 bytes are published by the socket message (a system call on both sides orders them). When
 the receiver frees a block, its loads and stores of the data came earlier in its program
 (or in threads it joined, as torch's); on x86-64 (TSO) stores are not reordered with
-earlier loads or stores, so a sender that reads FREE sees the receiver done with the block. We rely on that, so shared memory is on
-only on x86-64 Linux (elsewhere the van keeps using the socket).
+earlier loads or stores, so a sender that reads FREE sees the receiver done with the
+block. We rely on that, so shared memory is on only on x86-64 Linux (elsewhere the van
+keeps using the socket).
 
 ``D2L_SHM=0`` turns it off (every frame then goes through the socket, as between hosts).
 The van turns it off itself under a simulated network (the simulated link must carry the
