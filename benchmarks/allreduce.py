@@ -3,6 +3,7 @@
     python benchmarks/allreduce.py                 # 4 KB .. 256 MB, 2 and 4 workers
     python benchmarks/allreduce.py --quick         # 4 KB .. 4 MB, 2 workers
     python benchmarks/allreduce.py --chunk-sweep   # the ring's chunk size, measured
+    python benchmarks/allreduce.py --no-shm        # chunks over TCP, not shared memory
 
 The table follows nccl-tests: for a tensor of S bytes taking t seconds,
 algbw = S / t and busbw = algbw * 2(N-1)/N -- the bytes each worker actually
@@ -10,6 +11,10 @@ sends per second in a ring, comparable across N. Every size is timed for the rin
 and for gloo in the same job, interleaved, on float32 with op Sum; the time is the
 slowest worker's mean over the iterations; cpu is the CPU time (all threads) per
 call, averaged over the workers. The last column is busbw(ring) / busbw(gloo).
+
+On one machine the van moves chunks of 256 KB and more through shared memory
+(d2ldist/shm.py); ``--no-shm`` (D2L_SHM=0) sends them over TCP loopback, as between
+machines. The title line says which path the table measured.
 """
 import argparse
 import os
@@ -33,6 +38,8 @@ def parse(argv=None):
                    help='time budget per size and backend (more iterations for small sizes)')
     p.add_argument('--chunk-sweep', action='store_true',
                    help='time the ring with several chunk sizes instead of gloo')
+    p.add_argument('--no-shm', action='store_true',
+                   help='chunks over TCP loopback instead of shared memory (D2L_SHM=0)')
     p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
@@ -136,8 +143,13 @@ def main(argv=None):
     args = parse(argv)
     if args.worker:
         return worker(args)
+    if args.no_shm:
+        os.environ['D2L_SHM'] = '0'
+    sys.path.insert(0, str(ROOT))
+    from d2ldist.shm import enabled
     print(f'# all-reduce busbw, d2ldist ring vs torch.distributed gloo, same job; '
-          f'{os.cpu_count()} CPUs; loopback')
+          f'{os.cpu_count()} CPUs; loopback; ring chunks through '
+          f'{"shared memory" if enabled() else "TCP (D2L_SHM=0)"}')
     own = [a for a in (argv if argv is not None else sys.argv[1:]) if a != '--worker']
     for n in args.workers:
         print(f'\n# {n} workers')

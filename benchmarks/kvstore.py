@@ -2,6 +2,7 @@
 
     python benchmarks/kvstore.py            # the full table (a few minutes)
     python benchmarks/kvstore.py --quick    # small sizes, two configurations
+    python benchmarks/kvstore.py --no-shm   # big frames through TCP loopback, not shared memory
 
 For each payload (ResNet-18's 62 parameter tensors, 11.2 M float32 values; one 64 MB
 tensor) and each shape of job (workers x servers), it starts a job with d2l-launch. In
@@ -9,6 +10,10 @@ that job every worker times ``kv.pushpull`` of the whole payload (dist_sync, ser
 sum) and, alternating with it, torch.distributed's gloo ``all_reduce`` of a flat tensor
 of the same bytes among the same workers (the launcher sets torchrun's variables).
 Worker 0 reports medians; "GB/s" is payload bytes / step time for each worker.
+
+On one machine the van moves big frames through shared memory (d2ldist/shm.py), as gloo
+does not; ``--no-shm`` (D2L_SHM=0) sends them over TCP loopback like two machines would,
+the comparison that carries across machines. The title line says which path was used.
 """
 import argparse
 import json
@@ -22,6 +27,13 @@ from pathlib import Path
 from shapes import resnet18_shapes   # benchmarks/shapes.py
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def shm_enabled():
+    """Whether the jobs' vans will use shared memory (the environment they inherit)."""
+    sys.path.insert(0, str(ROOT))
+    from d2ldist.shm import enabled
+    return enabled()
 
 
 def payload(name, scale):
@@ -93,9 +105,15 @@ def main():
     p.add_argument('--jobs', default=None, metavar='NxS,...',
                    help='job shapes to run, e.g. 2x2,4x4 (default: all five)')
     p.add_argument('--payloads', default='resnet18,64MB', help='resnet18, 64MB or both')
+    p.add_argument('--no-shm', action='store_true',
+                   help='big frames over TCP loopback instead of shared memory (D2L_SHM=0)')
     args = p.parse_args()
     if args.worker:
         return worker(args)
+    if args.no_shm:
+        os.environ['D2L_SHM'] = '0'
+    print(f'# kv pushpull vs gloo all_reduce, loopback; big frames through '
+          f'{"shared memory" if shm_enabled() else "TCP (D2L_SHM=0)"}')
     shapes = [(2, 1), (2, 2), (4, 1), (4, 2), (4, 4)]
     if args.quick:
         shapes, args.scale, args.steps = [(2, 1), (2, 2)], 8, 5

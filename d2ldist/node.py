@@ -16,6 +16,7 @@ import time
 from collections import deque
 
 from . import protocol as P
+from .shm import same_host
 from .van import Van
 
 
@@ -70,7 +71,7 @@ class Node:
         self.book = dict(msg['nodes'])
         for peer, address in self.book.items():
             if peer != self.id:
-                self.van.connect(peer, address)
+                self.van.connect(peer, address, same_host=same_host(self.van.address, address))
         threading.Thread(target=self._heartbeat, daemon=True,
                          name='d2ldist-heartbeat').start()
         atexit.register(self.stop)

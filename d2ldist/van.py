@@ -22,6 +22,14 @@ line while the receiver goes on serving.
 With a simulated network (``d2l-launch --bandwidth/--latency``, see pacing.py) the
 sender's ``Pacer`` adds ``sent`` and ``delay`` to the header, and the receiver holds
 the message until ``sent + delay``: the time it would arrive over that link.
+
+Between processes on the same host, frames of ``shm.SHM_MIN_BYTES`` or more travel through
+shared memory instead (shm.py): the header carries, for each, where it lies (``shm``:
+``[[frame index, pid, fd, offset, nbytes], ...]``) and the frame on the wire is empty. The
+descriptor is covered by the MAC like the rest of the header (``D2L_MAC_PAYLOAD`` covers
+the bytes that cross the network; those in shared memory never do, and only processes of
+our own user can write them); the application receives a memoryview as from the socket.
+``D2L_SHM=0`` sends everything through the socket.
 """
 import ctypes
 import hashlib
@@ -39,12 +47,14 @@ import time
 
 import zmq
 
+from . import shm
 from .pacing import pacer_from_env
 
 MAX_HEADER_BYTES = 64 * 1024   # a header is small: kinds, keys, shapes
 MAX_FRAMES = 4096              # data frames in one message
 MAC_BYTES = 32                 # HMAC-SHA256
 HEADER_ON_WIRE = 256           # bytes a message's header counts on a simulated link
+LINGER_SECONDS = 2.0           # how long close() lets queued messages leave
 
 
 def keep_freed_memory():
@@ -105,6 +115,10 @@ class Van:
         # until their simulated delivery time: a heap of (due, arrival, message)
         self.pacer = pacer_from_env() if shaped else None
         self._held, self._arrivals = [], itertools.count()
+        # shared memory with peers on this host (not under a simulated link: it must
+        # carry the bytes): our blocks, the peers that may use them, others' blocks
+        self.shm = shm.Pool() if shm.enabled() and self.pacer is None else None
+        self._shm_peers, self._shm_maps = set(), shm.Mapper()
         self.host, self.port, self._router = host, None, None
         if bind:
             self._router = self._ctx.socket(zmq.ROUTER)
@@ -123,14 +137,18 @@ class Van:
         return f'tcp://{self.host}:{self.port}'
 
     # -- sending ---------------------------------------------------------------
-    def connect(self, peer_id, address):
-        """Open (or replace) the link to a peer's ROUTER."""
+    def connect(self, peer_id, address, same_host=False):
+        """Open (or replace) the link to a peer's ROUTER; ``same_host``: big frames to
+        it may go through shared memory."""
         with self._lock:
+            self._shm_peers.discard(peer_id)
+            if same_host and self.shm is not None:
+                self._shm_peers.add(peer_id)
             old = self._peers.pop(peer_id, None)
             if old is not None:
                 old.close(linger=0)
             sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 2000)   # let goodbyes leave on close
+            sock.setsockopt(zmq.LINGER, int(LINGER_SECONDS * 1000))   # let goodbyes leave
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.connect(address)
             self._peers[peer_id] = sock
@@ -151,6 +169,11 @@ class Van:
             head = dict(header or {}, kind=kind, seq=next(self._seq),
                         session=self._session, sizes=[f.nbytes for f in frames])
             head['from'] = self.node_id
+            head.pop('shm', None)
+            if peer_id in self._shm_peers:   # big frames: copied to shared memory
+                frames, where = self._share(frames)
+                if where:
+                    head['shm'] = where
             if self.pacer is not None:   # the simulated link: when it may arrive
                 sent = time.time()
                 due, wait = self.pacer.book(sum(head['sizes']) + HEADER_ON_WIRE)
@@ -168,6 +191,16 @@ class Van:
         if wait > 0:                     # the token bucket is empty: wait for tokens
             time.sleep(wait)
         return trackers
+
+    def _share(self, frames):
+        """Put the big frames in shared memory: (the frames to send, their descriptors)."""
+        out, where = [], []
+        for i, f in enumerate(frames):
+            desc = self.shm.put(f) if f.nbytes >= shm.SHM_MIN_BYTES else None
+            if desc is not None:
+                where.append([i] + desc)
+            out.append(f if desc is None else memoryview(b''))
+        return out, where
 
     def _mac(self, head_bytes, frames):
         mac = hmac.new(self._key, head_bytes, hashlib.sha256)
@@ -227,16 +260,44 @@ class Van:
         try:
             head = json.loads(head_bytes)
             kind, sender, seq, session = head['kind'], head['from'], head['seq'], head['session']
-            sizes_ok = head['sizes'] == [f.nbytes for f in data]
+            last = self._last_seq.get((sender, session), 0)
         except (ValueError, KeyError, TypeError):
             return self._drop('malformed header')
-        if not (sizes_ok and isinstance(seq, int) and isinstance(kind, str)):
-            return self._drop('header does not match its frames')
-        last = self._last_seq.get((sender, session), 0)
+        if not (isinstance(seq, int) and isinstance(kind, str)):
+            return self._drop('malformed header')
         if seq <= last:
             return self._drop(f'replayed message from {sender}')
+        if 'shm' in head:                  # frames in shared memory (checked after replay:
+            try:                           # a replayed descriptor must not map anything)
+                data = self._shared_frames(head['shm'], data)
+            except ValueError as e:
+                return self._drop(f'bad shared-memory descriptor: {e}')
+        if head.get('sizes') != [f.nbytes for f in data]:
+            return self._drop('header does not match its frames')
         self._last_seq[(sender, session)] = seq
         return Message(kind, sender, head, data)
+
+    def _shared_frames(self, where, data):
+        """The frames with those in shared memory mapped in (ValueError if a check fails)."""
+        if not isinstance(where, list) or len(where) > len(data):
+            raise ValueError('malformed list')
+        data, seen = list(data), set()
+        for entry in where:       # [frame index, pid, fd, offset, nbytes]
+            if not (isinstance(entry, list) and len(entry) == 5
+                    and all(type(x) is int for x in entry)):
+                raise ValueError(f'malformed entry {entry!r}'[:120])
+            i, pid, fd = entry[:3]
+            if not (0 <= i < len(data) and data[i].nbytes == 0) or {i, (pid, fd)} & seen:
+                raise ValueError(f'entry {entry!r} does not fit the frames'[:120])
+            seen.update([i, (pid, fd)])
+            data[i] = self._shm_maps.view(entry[1:])
+        return data
+
+    def shm_stats(self):
+        """Shared-memory counters: blocks and bytes of our pool, frames sent and received."""
+        stats = self.shm.stats() if self.shm is not None else \
+            {'blocks': 0, 'bytes': 0, 'sent': 0, 'created': 0, 'fallbacks': 0}
+        return dict(stats, received=self._shm_maps.received)
 
     def _drop(self, why):
         """Log a dropped message (at most one line a second) and go on."""
@@ -254,7 +315,12 @@ class Van:
         return self._dropped
 
     def close(self):
-        """Close every socket (queued messages get two seconds to leave)."""
+        """Close every socket (queued messages get two seconds to leave, and their
+        receivers as long to map the shared blocks they name)."""
+        if self.shm is not None:
+            deadline = time.monotonic() + LINGER_SECONDS
+            while self.shm.unmapped() and time.monotonic() < deadline:
+                time.sleep(0.005)
         with self._lock:
             for sock in self._peers.values():
                 sock.close()
@@ -262,5 +328,7 @@ class Van:
             if self._router is not None:
                 self._router.close(linger=0)
                 self._router = None
+            if self.shm is not None:   # receivers' mappings keep what they still use
+                self.shm.close()
 
 
