@@ -17,17 +17,19 @@ in the same run. For the Trainer the table also gives the mean time of each of t
 seven steps (ms per batch): where the time goes. Each worker uses cores / workers
 threads for computing.
 
-Measured (2 shared cores, load average 4 to 6 from other jobs, so noisy):
+Measured on this 2-core machine, quiet (nothing else running), --rounds 5:
 
      kvstore    images/s   vs DDP   ms per batch in steps 1..7
-   dist_sync        29.8    1.16x    1886.8    12.3    24.9    87.9   113.3    23.0     0.1
-        ring        32.4    1.26x    1668.8    10.5    20.6   171.5    84.2    17.4     0.0
-         ddp        25.8    1.00x
+   dist_sync        56.6    0.99x    1025.2     4.9     9.2    33.5    56.4     0.1     0.0
+        ring        58.2    1.02x    1046.1     2.2    10.0    25.1    15.7     0.1     0.0
+         ddp        57.1    1.00x
 
-Step 1 (forward and backward) is 85-90% of a batch; the all-reduce (ring, step 4)
-or push + pull (dist_sync, steps 4 and 5) about 10%. DDP overlaps its all-reduce
-with backward, but here its gloo threads compete with backward for the same two
-cores, so the overlap does not pay.
+Step 1 (forward and backward) is 93-95 % of a batch. The ring's step 4 is only the
+wait for the buckets backward did not hide (the Trainer starts them during backward,
+as DDP does); steps 2 and 3 run in backward's hooks and count their own time. The
+d2ldist stores move big frames through shared memory on one machine (d2ldist/shm.py;
+gloo, under DDP, does not): with D2L_SHM=0 their messages take TCP loopback instead,
+and the same run gave dist_sync 0.97x, ring 1.01x.
 """
 import argparse
 import json
