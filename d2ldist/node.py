@@ -16,7 +16,7 @@ import time
 from collections import deque
 
 from . import protocol as P
-from .shm import same_host
+from . import shm
 from .van import Van
 
 
@@ -58,8 +58,9 @@ class Node:
 
     def start(self, timeout=60.0):
         """Register with the scheduler and wait for the address book."""
-        self.van.send('scheduler', P.REGISTER,
-                      {'role': self.role, 'rank': self.rank, 'address': self.van.address})
+        me = shm.identity()
+        self.van.send('scheduler', P.REGISTER, {'role': self.role, 'rank': self.rank,
+                                                'address': self.van.address, 'host_id': me})
         msg = self.recv([P.ADDRESS_BOOK, P.ERROR], timeout=timeout)
         if msg is None:
             raise TimeoutError(f'{self.id}: no answer from the scheduler at '
@@ -68,10 +69,12 @@ class Node:
             raise RuntimeError(f'{self.id}: {msg["error"]}')
         self.van.node_id = msg['you']
         self.rank = int(msg['you'].split(':')[1])
-        self.book = dict(msg['nodes'])
+        self.book, identities = dict(msg['nodes']), dict(msg.get('host_ids') or {})
         for peer, address in self.book.items():
             if peer != self.id:
-                self.van.connect(peer, address, same_host=same_host(self.van.address, address))
+                shares = me is not None and identities.get(peer) == me   # same processes
+                self.van.connect(peer, address, same_host=shares and shm.same_host(
+                    self.van.address, address))
         threading.Thread(target=self._heartbeat, daemon=True,
                          name='d2ldist-heartbeat').start()
         atexit.register(self.stop)

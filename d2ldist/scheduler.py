@@ -29,6 +29,7 @@ class Scheduler:
         self.van, self.num_workers, self.num_servers = van, num_workers, num_servers
         self.heartbeat_timeout = heartbeat_timeout
         self.nodes = {}          # node id -> address, in registration order
+        self.host_ids = {}       # node id -> who can share its memory (shm.identity())
         self.book_sent = False
         self.last_seen = {}      # node id -> time of its last message
         self.finished = set()    # nodes that said goodbye
@@ -86,9 +87,11 @@ class Scheduler:
         if msg.sender != node:
             self.van.connect(node, address)
         self.nodes[node] = address
+        self.host_ids[node] = msg.get('host_id') if isinstance(msg.get('host_id'), str) else None
         if len(self.nodes) == self.num_workers + self.num_servers:
             for n in self.nodes:
-                self.van.send(n, P.ADDRESS_BOOK, {'nodes': self.nodes, 'you': n})
+                self.van.send(n, P.ADDRESS_BOOK,
+                              {'nodes': self.nodes, 'host_ids': self.host_ids, 'you': n})
                 self.last_seen[n] = time.monotonic()   # heartbeats start with the book
             self.book_sent = True
 

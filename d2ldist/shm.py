@@ -45,7 +45,8 @@ keeps using the socket).
 The van turns it off itself under a simulated network (the simulated link must carry the
 bytes), and for peers on other hosts: "same host" means the peer advertises our address,
 or both are loopback addresses -- so network namespaces with their own addresses on one
-machine keep using the network.
+machine keep using the network -- and the peer registered the same ``identity()`` (boot,
+pid namespace, user): containers sharing the host's network but not its processes don't.
 """
 import ctypes
 import mmap
@@ -207,6 +208,21 @@ def same_host(address, peer_address):
     """Whether two tcp://host:port addresses are on one host: same host, or both loopback."""
     a, b = (x.split('://')[-1].rsplit(':', 1)[0].strip('[]') for x in (address, peer_address))
     return a == b or (_loopback(a) and _loopback(b))
+
+
+def identity():
+    """Who can open whose blocks: this boot of the kernel, our pid namespace, our user.
+
+    Two containers with the host's network share an address but not their processes
+    (``/proc/<pid>`` of one is not the other's): their identities differ, so they keep
+    to the socket. None where it cannot be told (then shared memory is not used).
+    """
+    try:
+        with open('/proc/sys/kernel/random/boot_id') as f:
+            boot = f.read().strip()
+        return f'{boot}/{os.stat("/proc/self/ns/pid").st_ino}/{os.getuid()}'
+    except OSError:
+        return None
 
 
 def _loopback(host):

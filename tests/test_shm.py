@@ -206,3 +206,27 @@ def test_a_killed_worker_leaves_no_process_and_no_file(write_script):
     assert 'worker 1' in r.stdout + r.stderr
     assert wait_no_survivors(r.tag) == []
     assert set(os.listdir('/dev/shm')) <= before
+
+
+OTHER_CONTAINER = '''
+import json, os, torch, d2ldist
+from d2ldist import shm
+from d2ldist.collectives import api
+if os.environ['D2L_RANK'] == '1':      # same address, but another pid namespace
+    shm.identity = lambda: 'a container that shares only the network'
+d2ldist.init()
+x = torch.ones(1_000_000)
+d2ldist.allreduce_(x, op=d2ldist.Sum)
+assert bool((x == 2).all())
+print('STATS', json.dumps(api.backend().ring.node.van.shm_stats()), flush=True)
+'''
+
+
+@pytest.mark.timeout(60)
+def test_nodes_that_cannot_see_each_others_processes_use_the_socket(write_script):
+    """Same host address, different identity (boot, pid namespace, user): no shared memory."""
+    r = run_launch('-n', '2', '-s', '0', '--timeout', '50', 'python',
+                   write_script(OTHER_CONTAINER), timeout=55)
+    stats = _stats(r)
+    assert len(stats) == 2 and all(s['sent'] == s['received'] == 0 for s in stats)
+    assert wait_no_survivors(r.tag) == []
