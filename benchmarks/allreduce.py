@@ -18,12 +18,11 @@ machines. The title line says which path the table measured.
 """
 import argparse
 import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, launch, worker0_lines, worker_command   # benchmarks/common.py
+
 KB, MB = 1024, 1024 * 1024
 
 
@@ -153,14 +152,8 @@ def main(argv=None):
     own = [a for a in (argv if argv is not None else sys.argv[1:]) if a != '--worker']
     for n in args.workers:
         print(f'\n# {n} workers')
-        cmd = [sys.executable, '-m', 'd2ldist.launch', '-n', str(n), '-s', '0',
-               sys.executable, str(Path(__file__).resolve()), '--worker', *own]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(ROOT)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        for line in proc.stdout.splitlines():
-            if line.startswith('[worker 0] '):
-                print(line[len('[worker 0] '):])
+        proc = launch(['-n', n, '-s', 0], worker_command(__file__, own))
+        print('\n'.join(worker0_lines(proc.stdout)))
         if proc.returncode != 0:
             sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-2000:])
             return proc.returncode

@@ -19,14 +19,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-from shapes import resnet18_shapes   # benchmarks/shapes.py
+from common import ROOT, launch, resnet18_shapes, worker_command   # benchmarks/common.py
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def shm_enabled():
@@ -82,12 +79,9 @@ def worker(args):
 
 # -- outside: start the jobs and print the table ---------------------------------------------
 def run_job(n, s, name, args):
-    cmd = [sys.executable, '-m', 'd2ldist.launch', '-n', str(n), '-s', str(s), '--timeout', '600',
-           sys.executable, str(Path(__file__).resolve()), '--worker', '--payload', name,
-           '--scale', str(args.scale), '--steps', str(args.steps), '--warmup', str(args.warmup)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    r = launch(['-n', n, '-s', s, '--timeout', 600], worker_command(__file__, [
+        '--payload', name, '--scale', args.scale, '--steps', args.steps,
+        '--warmup', args.warmup]), timeout=900)
     for line in r.stdout.splitlines():
         if 'RESULT ' in line:
             return json.loads(line.split('RESULT ', 1)[1])

@@ -31,14 +31,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-from shapes import resnet18_shapes   # benchmarks/shapes.py
+from common import ROOT, launch, resnet18_shapes, worker_command   # benchmarks/common.py
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from d2ldist import pacing  # noqa: E402 (light: no torch)
 
@@ -122,16 +119,11 @@ def steps(args, barrier, step):
 def run_job(m, n, mode, args):
     """Run one job; {method: median over steps of the slowest worker's time}."""
     bound = max(1, BIGARRAY_BOUND // args.scale)
-    cmd = [sys.executable, '-m', 'd2ldist.launch', '-n', str(m), '-s', str(n),
-           '--bandwidth', args.bandwidth, '--timeout', str(args.job_timeout),
-           '--env', f'D2L_KVSTORE_BIGARRAY_BOUND={bound}']
+    options = ['-n', m, '-s', n, '--bandwidth', args.bandwidth, '--timeout', args.job_timeout,
+               '--env', f'D2L_KVSTORE_BIGARRAY_BOUND={bound}']
     if args.latency:
-        cmd += ['--latency', args.latency]
-    cmd += worker_argv(mode, args)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                       timeout=args.job_timeout + 30)
+        options += ['--latency', args.latency]
+    r = launch(options, worker_argv(mode, args), timeout=args.job_timeout + 30)
     if r.returncode != 0:
         raise RuntimeError(f'job {m} workers x {n} servers ({mode}) failed:\n'
                            f'{r.stdout[-3000:]}{r.stderr[-2000:]}')
@@ -140,8 +132,8 @@ def run_job(m, n, mode, args):
 
 def worker_argv(mode, args):
     """The command each worker of a job runs."""
-    return [sys.executable, str(Path(__file__).resolve()), '--worker', '--mode', mode,
-            '--scale', str(args.scale), '--steps', str(args.steps), '--warmup', str(args.warmup)]
+    return worker_command(__file__, ['--mode', mode, '--scale', args.scale,
+                                     '--steps', args.steps, '--warmup', args.warmup])
 
 
 def summarize(stdout, m, num_steps):

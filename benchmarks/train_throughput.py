@@ -34,12 +34,11 @@ and the same run gave dist_sync 0.97x, ring 1.01x.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import launch, worker_command   # benchmarks/common.py
+
 KINDS = ('dist_sync', 'ring', 'ddp')
 
 
@@ -128,11 +127,7 @@ def main(argv=None):
     if args.worker:
         return worker(args)
     own = [a for a in (argv if argv is not None else sys.argv[1:]) if a != '--worker']
-    cmd = [sys.executable, '-m', 'd2ldist.launch', '-n', str(args.workers), '-s',
-           str(args.servers), sys.executable, str(Path(__file__).resolve()), '--worker', *own]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = launch(['-n', args.workers, '-s', args.servers], worker_command(__file__, own))
     result = None
     for line in proc.stdout.splitlines():
         if line.startswith('[worker 0] RESULT '):

@@ -14,12 +14,11 @@ receiver reads in place. This is how shm.SHM_MIN_BYTES was chosen.
 """
 import argparse
 import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import launch, worker0_lines, worker_command   # benchmarks/common.py
+
 KB, MB = 1024, 1024 * 1024
 
 
@@ -107,16 +106,9 @@ def main():
         return worker(args)
     print(f'# one frame, worker 0 -> worker 1 and an empty answer back; {os.cpu_count()} CPUs; '
           f'load {os.getloadavg()[0]:.1f}')
-    cmd = [sys.executable, '-m', 'd2ldist.launch', '-n', '2', '-s', '0', '--timeout', '600',
-           sys.executable, str(Path(__file__).resolve()), '--worker',
-           '--min-bytes', str(args.min_bytes), '--max-bytes', str(args.max_bytes),
-           '--seconds', str(args.seconds)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith('[worker 0] '):
-            print(line[len('[worker 0] '):])
+    proc = launch(['-n', 2, '-s', 0, '--timeout', 600], worker_command(__file__, [
+        '--min-bytes', args.min_bytes, '--max-bytes', args.max_bytes, '--seconds', args.seconds]))
+    print('\n'.join(worker0_lines(proc.stdout)))
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-2000:])
     return proc.returncode
