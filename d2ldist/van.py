@@ -7,7 +7,8 @@ a peer it connects a DEALER socket to the peer's ROUTER. A message on the wire i
 
 * ``header`` is UTF-8 JSON: the message's ``kind``, its sender (``from``), a
   per-sender sequence number (``seq``), the byte size of each data frame
-  (``sizes``) and whatever the application adds (keys, dtypes, shapes).
+  (``sizes``) and whatever the application adds (keys, dtypes, shapes) under
+  names of its own (``send`` refuses the van's, ``VAN_FIELDS``).
 * the frames are raw tensor bytes, sent and received without copies.
 * ``mac`` is HMAC-SHA256 of the header under the job's secret. Because the header
   lists the frame sizes and a sequence number, a stranger without the secret can
@@ -54,6 +55,8 @@ MAX_HEADER_BYTES = 64 * 1024   # a header is small: kinds, keys, shapes
 MAX_FRAMES = 4096              # data frames in one message
 MAC_BYTES = 32                 # HMAC-SHA256
 HEADER_ON_WIRE = 256           # bytes a message's header counts on a simulated link
+# The header fields the van writes itself; an application's header may not use them
+VAN_FIELDS = frozenset({'kind', 'from', 'seq', 'session', 'sizes', 'shm', 'sent', 'delay'})
 LINGER_SECONDS = 2.0           # how long close() lets queued messages leave
 
 
@@ -164,12 +167,14 @@ class Van:
         so the caller may overwrite it.
         """
         frames = [memoryview(f).cast('B') for f in frames]
+        taken = VAN_FIELDS.intersection(header or ())
+        if taken:
+            raise ValueError(f'header fields {sorted(taken)} are the van\'s own: rename them')
         trackers, wait = [], 0.0
         with self._lock:
             head = dict(header or {}, kind=kind, seq=next(self._seq),
                         session=self._session, sizes=[f.nbytes for f in frames])
             head['from'] = self.node_id
-            head.pop('shm', None)
             if peer_id in self._shm_peers:   # big frames: copied to shared memory
                 frames, where = self._share(frames)
                 if where:

@@ -37,6 +37,15 @@ def test_a_message_with_tensors_arrives_intact(pair):
     assert torch.equal(unpack(msg['metas'][3], msg.frames[3]), tensors[3] + 1)
 
 
+def test_an_application_may_not_write_the_vans_own_header_fields(pair):
+    a, b = pair
+    for field in ('shm', 'sizes', 'delay', 'from'):
+        with pytest.raises(ValueError, match=f"'{field}'.* the van's own"):
+            a.send('worker:1', 'x', {field: 1})
+    a.send('worker:1', 'x', {'key': 1})              # and it goes on sending
+    assert b.recv(timeout=5)['key'] == 1
+
+
 def test_payload_mac_mode_also_works():
     a = Van('worker:0', SECRET, mac_payload=True)
     b = Van('worker:1', SECRET, mac_payload=True)
