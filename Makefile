@@ -9,9 +9,10 @@ NBVAL   = --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.c
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# constraints.txt pins the torch this project is tested with; pyproject.toml only ranges
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[notebooks,test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[notebooks,test]'
 	touch $@
 
 demo: venv
