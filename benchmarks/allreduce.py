@@ -13,7 +13,7 @@ slowest worker's mean over the iterations; cpu is the CPU time (all threads) per
 call, averaged over the workers. The last column is busbw(ring) / busbw(gloo).
 
 On one machine the van moves chunks of 256 KB and more through shared memory
-(d2ldist/shm.py); ``--no-shm`` (D2L_SHM=0) sends them over TCP loopback, as between
+(d2ldist/runtime/shm.py); ``--no-shm`` (D2L_SHM=0) sends them over TCP loopback, as between
 machines. The title line says which path the table measured.
 """
 import argparse
@@ -91,11 +91,11 @@ def worker(args):
     import torch.distributed as dist
 
     import d2ldist
-    from d2ldist.collectives import api
+    from d2ldist.collectives import world
     d2ldist.init()
     dist.init_process_group('gloo', init_method='env://')
     r, N = d2ldist.rank(), d2ldist.size()
-    ring = api.backend().ring
+    ring = world.backend().ring
     bus = 2 * (N - 1) / N
 
     def d2l_ring(X):
@@ -145,7 +145,7 @@ def main(argv=None):
     if args.no_shm:
         os.environ['D2L_SHM'] = '0'
     sys.path.insert(0, str(ROOT))
-    from d2ldist.shm import enabled
+    from d2ldist.runtime.shm import enabled
     print(f'# all-reduce busbw, d2ldist ring vs torch.distributed gloo, same job; '
           f'{os.cpu_count()} CPUs; loopback; ring chunks through '
           f'{"shared memory" if enabled() else "TCP (D2L_SHM=0)"}')

@@ -11,7 +11,7 @@ sum) and, alternating with it, torch.distributed's gloo ``all_reduce`` of a flat
 of the same bytes among the same workers (the launcher sets torchrun's variables).
 Worker 0 reports medians; "GB/s" is payload bytes / step time for each worker.
 
-On one machine the van moves big frames through shared memory (d2ldist/shm.py), as gloo
+On one machine the van moves big frames through shared memory (d2ldist/runtime/shm.py), as gloo
 does not; ``--no-shm`` (D2L_SHM=0) sends them over TCP loopback like two machines would,
 the comparison that carries across machines. The title line says which path was used.
 """
@@ -29,7 +29,7 @@ from common import ROOT, launch, resnet18_shapes, worker_command   # benchmarks/
 def shm_enabled():
     """Whether the jobs' vans will use shared memory (the environment they inherit)."""
     sys.path.insert(0, str(ROOT))
-    from d2ldist.shm import enabled
+    from d2ldist.runtime.shm import enabled
     return enabled()
 
 

@@ -5,7 +5,7 @@
     python benchmarks/scaling.py --bandwidth 10Gbit --latency 50us --png out.png
 
 Every process's outgoing link is paced to ``--bandwidth`` (d2l-launch --bandwidth, see
-d2ldist/pacing.py). For m workers it times one synchronous step of communication:
+d2ldist/runtime/pacing.py). For m workers it times one synchronous step of communication:
 
 * ``PS n=1``, ``PS n=m/2``, ``PS n=m``: kv.pushpull of the 62 gradient tensors
   (dist_sync; the servers only sum) with 1, m/2 and m servers;
@@ -37,7 +37,7 @@ import time
 from common import ROOT, launch, resnet18_shapes, worker_command   # benchmarks/common.py
 
 sys.path.insert(0, str(ROOT))
-from d2ldist import pacing  # noqa: E402 (light: no torch)
+from d2ldist.runtime import pacing  # noqa: E402 (light: no torch)
 
 BIGARRAY_BOUND = 1_000_000      # MXNet's: a value this big is split over all servers
 

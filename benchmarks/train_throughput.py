@@ -9,8 +9,8 @@ three ways, taking turns, round after round, so that all three see the same load
 
 - ``dist_sync``: d2ldist.Trainer with kvstore 'dist_sync' (the 2 servers update);
 - ``ring``:      d2ldist.Trainer with kvstore 'ring' (d2ldist's ring all-reduce);
-- ``ddp``:       torch's DistributedDataParallel on gloo, torch.optim.SGD (fused,
-                 like the Trainer's, so that only the distribution differs).
+- ``ddp``:       torch's DistributedDataParallel on gloo, torch.optim.SGD (the plain
+                 kernel, like the Trainer's, so that only the distribution differs).
 
 images/s = images of all workers / the slowest worker's time. The ratio is to DDP
 in the same run. For the Trainer the table also gives the mean time of each of the
@@ -27,7 +27,7 @@ Measured on this 2-core machine, quiet (nothing else running), --rounds 5:
 Step 1 (forward and backward) is 93-95 % of a batch. The ring's step 4 is only the
 wait for the buckets backward did not hide (the Trainer starts them during backward,
 as DDP does); steps 2 and 3 run in backward's hooks and count their own time. The
-d2ldist stores move big frames through shared memory on one machine (d2ldist/shm.py;
+d2ldist stores move big frames through shared memory on one machine (d2ldist/runtime/shm.py;
 gloo, under DDP, does not): with D2L_SHM=0 their messages take TCP loopback instead,
 and the same run gave dist_sync 0.97x, ring 1.01x.
 """
@@ -84,8 +84,8 @@ def worker(args):
     trainers = {kind: d2ldist.Trainer(net(), 'sgd', hyper, kvstore=kind, devices=cpu)
                 for kind in ('dist_sync', 'ring')}
     ddp = nn.parallel.DistributedDataParallel(net())
-    # the Trainer's optimizer is torch's fused SGD (d2ldist.store.create_optimizer): so is DDP's
-    ddp_opt = torch.optim.SGD(ddp.parameters(), fused=True, **hyper)
+    # the Trainer's optimizer is torch's plain SGD (d2ldist.training.stores.create_optimizer): so is DDP's
+    ddp_opt = torch.optim.SGD(ddp.parameters(), **hyper)
     mean_loss = nn.CrossEntropyLoss()
 
     def step(kind):

@@ -9,7 +9,7 @@ the bytes in hand, as a tensor over the frame) and answers with an empty message
 time is the mean round trip; "cpu/GB" is the CPU time of both processes (all threads)
 per GB moved, the figure that matters when the processes share the cores with the
 computation. Through the socket a frame is copied by the kernel into and out of TCP
-loopback; through shared memory (d2ldist/shm.py) it is copied once, into a block the
+loopback; through shared memory (d2ldist/runtime/shm.py) it is copied once, into a block the
 receiver reads in place. This is how shm.SHM_MIN_BYTES was chosen.
 """
 import argparse

@@ -43,3 +43,13 @@ def notebook(*sources):
 def stream_text(cell):
     """Everything a cell printed on stdout and stderr."""
     return ''.join(o.get('text', '') for o in cell.get('outputs', []) if o.output_type == 'stream')
+
+
+def load_book():
+    """book/build.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+    from conftest import ROOT
+    spec = importlib.util.spec_from_file_location('book_build', ROOT / 'book' / 'build.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,3 +1,12 @@
-"""Collectives among the workers: the ring all-reduce (``ring``), the reduction ops
-(``ops``), the API with Horovod's names (``api``) and torch.distributed as the
-production backend (``torch_backend``)."""
+"""Collectives among the workers, without servers.
+
+* ``world.py``   -- the backend in use, rank and size (the job's state; light);
+* ``ring.py``    -- the ring all-reduce (reduce-scatter, then all-gather), broadcast, all-gather;
+* ``ops.py``     -- the reductions: Sum, Average, Min, Max;
+* ``api.py``     -- allreduce, broadcast, allgather, barrier with Horovod's names, on
+  one communication thread; ``torch_backend.py``: the same on torch.distributed;
+* ``staging.py`` -- what a collective is given, as the flat tensor it runs on (and back);
+* ``staging.py`` -- what a collective is given, as the one flat tensor it runs on;
+* ``buckets.py`` -- gradient buckets whose all-reduce starts during backward;
+* ``distributed_optimizer.py`` -- Horovod's DistributedOptimizer and broadcasts.
+"""

@@ -6,8 +6,8 @@
 
 Two backends run them: ``RingBackend`` (d2ldist's own ring over the van, the one
 to read) and ``TorchBackend`` (torch.distributed: gloo on CPU, NCCL on GPUs, for
-production). ``d2ldist.init(backend=...)`` picks one. Outside a job both are alone:
-size 1, and every collective leaves its tensor as it is.
+production). ``d2ldist.init(backend=...)`` picks one (``world.py``). Outside a job
+both are alone: size 1, and every collective leaves its tensor as it is.
 
 Every collective runs on one communication thread, in the order it was asked for,
 so that the ``_async_`` variants (which return a ``Handle``) overlap communication
@@ -20,12 +20,10 @@ import threading
 
 import torch
 
-from . import ops
+from ..runtime.wire import DTYPES
+from . import ops, world
+from .staging import staged
 from .ops import Average, Max, Min, Sum  # noqa: F401  (re-exported)
-
-_backend = None   # the backend in use, made by d2ldist.init()
-_engine = None    # the communication thread
-
 
 class Handle:
     """The result of an asynchronous collective: ``wait()`` returns it (or raises)."""
@@ -73,27 +71,6 @@ class _Engine:
                 handle._finish(error=e)
 
 
-def use(backend):
-    """Run the collectives on ``backend`` from now on (d2ldist.init calls this)."""
-    global _backend, _engine
-    _backend = backend
-    _engine = _Engine() if backend.size > 1 else None
-
-
-def backend():
-    """The backend in use (joining the job first if d2ldist.init() was not called)."""
-    if _backend is None:
-        import d2ldist
-        d2ldist.init()
-        if _backend is None:
-            use(make_backend(d2ldist._backend_name, d2ldist._node))
-    return _backend
-
-
-def active():
-    return _backend is not None
-
-
 def make_backend(name, node):
     """The backend called ``name``: 'ring' (over ``node``, or alone) or 'torch'."""
     if name == 'torch':
@@ -103,13 +80,13 @@ def make_backend(name, node):
 
 
 def _submit(method, *args):
-    """Run backend().method(*args) on the communication thread; a Handle."""
-    b = backend()
-    if _engine is None:           # alone: nothing to overlap
+    """Run the backend's method(*args) on the communication thread; a Handle."""
+    b, engine = world.backend(), world.engine()
+    if engine is None:            # alone: nothing to overlap
         handle = Handle()
         handle._finish(getattr(b, method)(*args))
         return handle
-    return _engine.submit(getattr(b, method), *args)
+    return engine.submit(getattr(b, method), *args)
 
 
 # -- the API ------------------------------------------------------------------------
@@ -156,7 +133,7 @@ def barrier():
 
 
 def _check_root(root_rank):
-    size = backend().size
+    size = world.backend().size
     if not isinstance(root_rank, int) or not 0 <= root_rank < size:
         raise ValueError(f'root_rank must be a rank 0 .. {size - 1}, got {root_rank!r}')
     return root_rank
@@ -170,8 +147,7 @@ class RingBackend:
 
     def __init__(self, node):
         from .ring import Ring
-        from ..wire import DTYPES
-        self.dtypes = set(DTYPES.values())
+        self.dtypes = list(DTYPES.values())    # the wire's; allgather sends a dtype's index
         self.node = node
         self.ring = Ring(node) if node is not None and node.num_workers > 1 else None
         self.rank, self.size = (node.rank, node.num_workers) if node else (0, 1)
@@ -179,7 +155,7 @@ class RingBackend:
     def allreduce_(self, tensor, op):
         self._check(tensor)
         if self.ring is not None:
-            with _staged(tensor) as flat:
+            with staged(tensor, 'cpu') as flat:
                 self.ring.allreduce_(flat, op)
                 ops.finish_(flat, op, self.size)
         return tensor
@@ -187,7 +163,7 @@ class RingBackend:
     def broadcast_(self, tensor, root):
         self._check(tensor)
         if self.ring is not None:
-            with _staged(tensor) as flat:
+            with staged(tensor, 'cpu') as flat:
                 self.ring.broadcast_(flat, root)
         return tensor
 
@@ -199,7 +175,7 @@ class RingBackend:
         # first every worker learns every worker's number of rows (and checks the rest)
         N, r = self.size, self.rank
         info = torch.zeros(3 * N, dtype=torch.int64)
-        info[3 * r:3 * r + 3] = torch.tensor([rows, row, _DTYPE_IDS[tensor.dtype]])
+        info[3 * r:3 * r + 3] = torch.tensor([rows, row, self.dtypes.index(tensor.dtype)])
         self.ring.allgather_(info, [(3 * i, 3 * i + 3) for i in range(N)])
         info = info.view(N, 3)
         if (info[:, 1:] != info[r, 1:]).any():
@@ -221,40 +197,4 @@ class RingBackend:
     def _check(self, tensor):
         if tensor.dtype not in self.dtypes:
             raise TypeError(f'd2ldist collectives do not support {tensor.dtype}; use one '
-                            f'of {", ".join(sorted(str(d)[6:] for d in self.dtypes))}')
-
-
-_DTYPE_IDS = {dt: i for i, dt in enumerate((
-    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
-    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64))}
-
-
-class _staged:
-    """``with _staged(X) as flat``: X as a 1-D contiguous CPU tensor, copied back after.
-
-    A contiguous CPU tensor is used as it is (no copy). Anything else (non-contiguous,
-    or on a GPU) goes through a CPU buffer -- pinned for a GPU, so that both copies
-    can run asynchronously on the GPU's stream.
-    """
-
-    def __init__(self, tensor):
-        self.tensor = tensor
-
-    def __enter__(self):
-        X = self.tensor
-        self.copied = not (X.device.type == 'cpu' and X.is_contiguous())
-        if not self.copied:   # (as_strided: a 1-element view may carry any stride)
-            self.flat = X.view(-1).as_strided((X.numel(),), (1,))
-            return self.flat
-        cuda = X.device.type == 'cuda'
-        self.flat = torch.empty(X.numel(), dtype=X.dtype, pin_memory=cuda)
-        self.flat.view(X.shape).copy_(X, non_blocking=cuda)
-        if cuda:
-            torch.cuda.current_stream(X.device).synchronize()   # the ring reads it next
-        return self.flat
-
-    def __exit__(self, *exc):
-        if self.copied and exc[0] is None:
-            self.tensor.copy_(self.flat.view(self.tensor.shape),
-                              non_blocking=self.tensor.device.type == 'cuda')
-        return False
+                            f'of {", ".join(sorted(DTYPES))}')

@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from ..van import keep_freed_memory
+from ..runtime.split import even_slices
 
 RING = 'ring'   # the message kind of the ring's chunks
 # Measured with benchmarks/allreduce.py --chunk-sweep (loopback, 2 busy cores): CPU
@@ -26,7 +26,7 @@ RING = 'ring'   # the message kind of the ring's chunks
 # 212 / 139 / 124 / 106 / 91 ms; with 2 workers 93 / 73 / 66 / 58 / 63 ms. Each
 # chunk costs a message (JSON header, HMAC, thread wake-ups), so small chunks are
 # dear; above 4 MB the gain stops and the pipeline gets short. Through shared memory
-# (one host, d2ldist/shm.py) the same sweep gave 148 / 74 / 56 / 44 / 41 ms with 4
+# (one host, d2ldist/runtime/shm.py) the same sweep gave 148 / 74 / 56 / 44 / 41 ms with 4
 # workers and 71 / 42 / 32 / 26 / 22 ms with 2: 8 MB would save little more.
 CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -45,12 +45,11 @@ class Ring:
         self.chunk_bytes = int(chunk_bytes or os.environ.get('D2L_RING_CHUNK', CHUNK_BYTES))
         self.calls = 0        # collectives so far: every chunk says which call it is from
         self._sent = []       # trackers of chunks ZeroMQ may still be reading
-        keep_freed_memory()   # received chunks reuse the same pages
 
     def allreduce_(self, flat, op):
         """Reduce the 1-D contiguous CPU tensor ``flat`` across all workers, in place."""
         N, r = self.size, self.rank
-        seg = self._begin(flat, self.segments(flat.numel()))
+        seg = self._begin(flat, even_slices(flat.numel(), N))   # the first n % N one longer
         # Reduce-scatter, shown for N = 3 workers and segments a, b, c. At step s,
         # worker r sends segment r-s to the right and adds segment r-s-1 from the left:
         #
@@ -101,14 +100,7 @@ class Ring:
         self._end()
         return flat
 
-    # -- segments and chunks -------------------------------------------------------
-    def segments(self, n):
-        """Cut n elements into N segments (start, end); the first n % N get one more."""
-        N = self.size
-        sizes = [n // N + (1 if i < n % N else 0) for i in range(N)]
-        starts = [sum(sizes[:i]) for i in range(N)]
-        return [(a, a + size) for a, size in zip(starts, sizes)]
-
+    # -- chunks -----------------------------------------------------------------------
     def chunks(self, segment):
         """Cut a segment (start, end) into chunks of at most chunk_bytes; none if empty."""
         a, b = segment

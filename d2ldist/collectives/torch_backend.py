@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from . import ops
+from .staging import staged
 
 _SLURM = {'RANK': 'SLURM_PROCID', 'WORLD_SIZE': 'SLURM_NTASKS',
           'LOCAL_RANK': 'SLURM_LOCALID', 'LOCAL_WORLD_SIZE': 'SLURM_NTASKS_PER_NODE'}
@@ -45,7 +46,7 @@ class TorchBackend:
             if dist.get_backend() == 'nccl' else torch.device('cpu')
 
     def allreduce_(self, tensor, op):
-        with _contiguous(tensor, self._wider(tensor.dtype), self.device) as X:
+        with staged(tensor, self.device, self._wider(tensor.dtype)) as X:
             if tensor.dtype == torch.bool:   # no bool sums in gloo and NCCL: any / all
                 dist.all_reduce(X, dist.ReduceOp.MIN if op is ops.Min else dist.ReduceOp.MAX)
             else:
@@ -54,7 +55,7 @@ class TorchBackend:
         return tensor
 
     def broadcast_(self, tensor, root):
-        with _contiguous(tensor, self._wider(tensor.dtype), self.device) as X:
+        with staged(tensor, self.device, self._wider(tensor.dtype)) as X:
             dist.broadcast(X, root)
         return tensor
 
@@ -81,23 +82,3 @@ class TorchBackend:
 
     def barrier(self):
         dist.barrier()
-
-
-class _contiguous:
-    """``with _contiguous(X, dtype, device) as Y``: X itself if contiguous, of that dtype
-    and on that device (NCCL reduces GPU memory only), else such a copy, written back
-    afterwards."""
-
-    def __init__(self, tensor, dtype, device):
-        self.tensor, self.dtype, self.device = tensor, dtype, device
-
-    def __enter__(self):
-        X = self.tensor
-        same = X.is_contiguous() and X.dtype == self.dtype and X.device == self.device
-        self.Y = X if same else X.to(self.device, self.dtype).contiguous()
-        return self.Y
-
-    def __exit__(self, *exc):
-        if self.Y is not self.tensor and exc[0] is None:
-            self.tensor.copy_(self.Y)
-        return False

@@ -3,24 +3,44 @@
     kv = d2ldist.kv.create('dist_sync')   # or 'local', 'dist_async', 'dist_sync_device'
 
 * ``placement.py`` -- which server holds which key (the one rule);
-* ``store.py``     -- the worker's side: init, push, pull, pushpull, set_optimizer;
+* ``worker.py``    -- the worker's side: init, push, pull, pushpull, set_optimizer;
 * ``server.py``    -- the server's loop: receive, aggregate, update, answer;
-* ``optimizers.py``-- the optimizers servers run, chosen by name;
-* ``messages.py``  -- what workers and servers say to each other.
+* ``optimizers.py``-- the optimizers by name (the one table), those servers run, and
+  the one vocabulary of hyperparameters (torch.optim's);
+* ``messages.py``  -- what workers and servers say to each other;
+* ``__main__.py``  -- a server process (``python -m d2ldist.kv``, started by d2l-launch).
 """
-from .messages import KVError
-from .placement import place
-from .store import KINDS, DistKVStore, KVStore, LocalKVStore
+import importlib
+
+from ..runtime.node import join
+from .placement import place  # noqa: F401  (light: no torch)
+
+# The rest needs torch: loaded on first use, so that a server process
+# (``python -m d2ldist.kv``) starts fast and can refuse a bad D2L_SERVER_SCRIPT at once.
+_LAZY = {'KVError': 'messages', 'KINDS': 'worker', 'KVStore': 'worker',
+         'DistKVStore': 'worker', 'LocalKVStore': 'worker'}
+_MODULES = ('placement', 'worker', 'server', 'optimizers', 'messages')
+
+
+def __getattr__(name):
+    """KVError, KVStore, ... and the modules (kv.optimizers): imported on first use."""
+    if name in _MODULES:
+        return importlib.import_module(f'.{name}', __name__)
+    if name not in _LAZY:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    value = getattr(importlib.import_module(f'.{_LAZY[name]}', __name__), name)
+    globals()[name] = value
+    return value
 
 
 def create(kind='local'):
     """A key-value store of the given kind (MXNet's ``mx.kv.create``)."""
+    from .worker import KINDS, DistKVStore, LocalKVStore
     if kind not in KINDS:
         raise ValueError(f'unknown kvstore kind {kind!r}; choose one of {", ".join(KINDS)}')
     if kind == 'local':
         return LocalKVStore()
-    import d2ldist
-    node = d2ldist.init()
+    node = join('worker')
     if node is None:
         raise RuntimeError(f"kvstore '{kind}' runs in a job: start it with "
                            f'd2l-launch -n N -s S python your_script.py')

@@ -8,9 +8,9 @@ with, for INIT and PUSH, one data frame per part (the raw bytes of those element
 A list of keys travels as ONE message per server, not one per key.
 """
 
-from .. import wire
+from ..runtime import wire
 
-INIT = 'kv_init'            # worker -> server: parts + frames: the initial values
+INIT = 'kv_init'            # worker -> server: parts + frames, {optimizer}: initial values
 PUSH = 'kv_push'            # worker -> server: parts + frames, {sync, pull}: gradients
 PULL = 'kv_pull'            # worker -> server: parts: please send these values
 OPTIMIZER = 'kv_optimizer'  # worker -> server: {name, hyper}: update on the server

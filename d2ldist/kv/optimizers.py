@@ -1,12 +1,34 @@
-"""Optimizers that run on the servers, chosen by name: no code travels, only a name and numbers.
+"""Optimizers by name: the one table of those d2ldist knows, and the ones the servers run.
 
-Each one updates a weight in place from a gradient, with the very formulas (and the
-order of floating-point operations) of ``torch.optim``, so that a parameter server
-and a single process running torch.optim reach the same weights.
-The servers receive the *sum* of the workers' gradients and divide it by the number
-of workers (the average), or multiply it by ``rescale_grad`` (MXNet's name) if given.
+``OPTIMIZERS`` says which optimizers exist: for each name, the torch.optim class a
+worker runs, and the class here that the servers run (None: on the workers only).
+No code travels to a server, only a name and numbers. The servers' classes update a
+weight in place from a gradient with the very formulas (and the order of
+floating-point operations) of ``torch.optim``, so that a parameter server and a
+single process running torch.optim reach the same weights. The servers receive the
+*sum* of the workers' gradients and divide it by the number of workers (the average),
+or multiply it by ``rescale_grad`` (MXNet's name) if given.
+
+Hyperparameters have one vocabulary, torch.optim's keyword arguments (``lr``,
+``momentum``, ``dampening``, ``weight_decay``, ``nesterov``, ``betas``, ``eps``), and
+``rescale_grad`` for the servers. torch's because the Trainer documents them, a worker
+hands them to torch.optim as they are and the servers copy torch.optim's formulas: below
+the door they come in by, nothing is renamed (JSON carries ``betas`` as a pair).
+``torch_names`` converts gluon's and MXNet's spellings (``learning_rate``, ``wd``,
+``beta1``, ``beta2``) at those doors: ``kv.set_optimizer`` and the Trainer.
 """
 import torch
+
+# gluon's and MXNet's names for torch's (beta1 and beta2 become betas)
+GLUON_NAMES = {'learning_rate': 'lr', 'wd': 'weight_decay'}
+
+
+def torch_names(hyper):
+    """Hyperparameters in torch.optim's names: gluon's learning_rate, wd, beta1, beta2 renamed."""
+    hyper = {GLUON_NAMES.get(k, k): v for k, v in (hyper or {}).items()}
+    if 'beta1' in hyper or 'beta2' in hyper:
+        hyper['betas'] = (hyper.pop('beta1', 0.9), hyper.pop('beta2', 0.999))
+    return hyper
 
 
 class SGD:
@@ -37,7 +59,7 @@ class SGD:
 
 class Adam:
     """torch.optim.Adam (with L2 weight decay, as torch's Adam does it)."""
-    defaults = dict(lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
+    defaults = dict(lr=0.001, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     state_names = required = ('step', 'exp_avg', 'exp_avg_sq')
 
     def __init__(self, **hyper):
@@ -47,8 +69,8 @@ class Adam:
         return {'step': 0, 'exp_avg': torch.zeros_like(w), 'exp_avg_sq': torch.zeros_like(w)}
 
     def update(self, w, grad, state):
-        lr, beta1, beta2, eps, wd = (self.hyper[k] for k in (
-            'lr', 'beta1', 'beta2', 'eps', 'weight_decay'))
+        lr, (beta1, beta2), eps, wd = (self.hyper[k] for k in (
+            'lr', 'betas', 'eps', 'weight_decay'))
         state['step'] += 1
         if wd != 0:
             grad = grad.add(w, alpha=wd)
@@ -60,22 +82,27 @@ class Adam:
         w.addcdiv_(state['exp_avg'], denom, value=-step_size)
 
 
-OPTIMIZERS = {'sgd': SGD, 'adam': Adam}
+# Every optimizer d2ldist knows: name -> (torch.optim's class, the servers' class or None)
+OPTIMIZERS = {'sgd': (torch.optim.SGD, SGD),
+              'adam': (torch.optim.Adam, Adam),
+              'adamw': (torch.optim.AdamW, None)}
+ON_SERVERS = [name for name, (_, on_servers) in OPTIMIZERS.items() if on_servers]
 
 
 def create(name, **hyper):
-    """The optimizer called ``name`` with checked hyperparameters (numbers only)."""
-    if name not in OPTIMIZERS:
-        raise ValueError(f'unknown optimizer {name!r}; known: {", ".join(OPTIMIZERS)}')
-    cls = OPTIMIZERS[name]
+    """The servers' optimizer called ``name`` with checked hyperparameters (numbers only)."""
+    if name not in ON_SERVERS:
+        raise ValueError(f'unknown optimizer {name!r}; the servers run {", ".join(ON_SERVERS)}')
+    cls = OPTIMIZERS[name][1]
     allowed = dict(cls.defaults, rescale_grad=None)
     unknown = set(hyper) - set(allowed)
     if unknown:
         raise ValueError(f'optimizer {name!r} has no hyperparameter {", ".join(sorted(unknown))}; '
                          f'it takes {", ".join(allowed)}')
     for k, v in hyper.items():
-        if not isinstance(v, (int, float)):
-            raise ValueError(f'hyperparameter {k} must be a number, got {v!r}')
+        numbers = v if k == 'betas' and isinstance(v, (list, tuple)) and len(v) == 2 else [v]
+        if not all(isinstance(x, (int, float)) for x in numbers):
+            raise ValueError(f'hyperparameter {k} must be a number (betas: two), got {v!r}')
     return cls(**dict(allowed, **hyper))
 
 

@@ -3,13 +3,16 @@
 A value with fewer elements than the big-array bound lives whole on one server, picked
 by a stable hash of its key, so many small keys spread evenly over the servers. A larger
 value is cut into contiguous slices of its flattened elements, one slice per server, so
-every server carries 1/n of its traffic: that is the O(m/n) of the chapter.
+every server carries 1/n of its traffic: that is the O(m/n) of the chapter. The slices
+are as even as can be (``runtime/split.py``: the first numel % n get one element more).
 
     key 'fc.weight', 2,000,000 elements, 2 servers  ->  [(0, 0, 1000000), (1, 1000000, 2000000)]
     key 'fc.bias',          10 elements, 2 servers  ->  [(1, 0, 10)]
 """
 import os
 import zlib
+
+from ..runtime.split import even_slices
 
 DEFAULT_BIGARRAY_BOUND = 1_000_000
 
@@ -26,5 +29,5 @@ def place(key, numel, num_servers, bound=None):
         # crc32 of the key's type and text: the same number in every process and run
         server = zlib.crc32(f'{type(key).__name__}:{key}'.encode()) % num_servers
         return [(server, 0, numel)]
-    cuts = [numel * s // num_servers for s in range(num_servers + 1)]   # uneven: +-1 element
-    return [(s, cuts[s], cuts[s + 1]) for s in range(num_servers) if cuts[s] < cuts[s + 1]]
+    slices = even_slices(numel, num_servers)
+    return [(s, start, stop) for s, (start, stop) in enumerate(slices) if start < stop]

@@ -4,7 +4,8 @@ Each server holds a slice of the model (``placement.place`` says which). Workers
 gradients and pull weights. In **sync** mode (dist_sync) a server adds up the pushes of
 a key and, only when all N workers have pushed it this round, updates the key once --
 with the optimizer if a worker set one, else the value becomes the sum -- and answers
-every pull that waited for that round. In **async** mode (dist_async) each push is
+every pull that waited for that round. Keys initialised with ``optimizer=False`` (the
+Trainer's BatchNorm statistics) are never given to the optimizer. In **async** mode (dist_async) each push is
 applied the moment it arrives: nobody waits for anybody.
 
 One thread does everything, so each key changes atomically; the van receives the next
@@ -13,8 +14,7 @@ messages in its own I/O thread while we add tensors up.
 import os
 from collections import deque
 
-from .. import protocol as P
-from ..van import keep_freed_memory
+from ..runtime import protocol
 from . import messages as M
 from .optimizers import Updater
 
@@ -22,8 +22,9 @@ from .optimizers import Updater
 class Slot:
     """This server's slice of one key: elements start..stop of the flattened value."""
 
-    def __init__(self, dtype, shape, start, stop, value):
+    def __init__(self, dtype, shape, start, stop, value, optimizer=True):
         self.dtype, self.shape, self.start, self.stop, self.value = dtype, shape, start, stop, value
+        self.optimizer = optimizer     # False: the optimizer never updates this key
 
 
 class Round:
@@ -44,13 +45,12 @@ class KVServer:
         self.deferred = {}     # worker -> deque of its requests that must wait for a round
         self.updater = None    # the optimizer, once a worker sets one
         self.lent = set()      # keys whose value the van may still be sending
-        keep_freed_memory()
 
     def serve(self):
         """Answer requests until the scheduler says the job is over."""
         while True:
             msg = self.node.recv()                     # raises PeerFailed if a node died
-            if msg.kind == P.SHUTDOWN:
+            if msg.kind == protocol.SHUTDOWN:
                 return
             if msg.kind not in M.REQUESTS:
                 continue
@@ -117,9 +117,10 @@ class KVServer:
         return True
 
     def update(self, key, grad, accumulate):
-        """Apply the optimizer; without one, the value becomes (or, async, adds) the sum."""
+        """Apply the optimizer; without one (or for a key init'ed with optimizer=False),
+        the value becomes (or, async, adds) the sum."""
         slot = self.store[key]
-        if self.updater is not None:
+        if self.updater is not None and slot.optimizer:
             self.updater(key, self.writable(key), grad)
         elif accumulate:
             self.writable(key).add_(grad)
@@ -187,8 +188,9 @@ class KVServer:
         for key, *_ in parts:
             if key in self.store:
                 raise M.KVError(f'key {key!r} is already initialised')
+        optimizer = msg.get('optimizer') is not False
         for key, dtype, shape, start, stop, value in parts:
-            self.store[key] = Slot(dtype, shape, start, stop, value)
+            self.store[key] = Slot(dtype, shape, start, stop, value, optimizer)
         self.ack(msg)
 
     def set_optimizer(self, msg):
@@ -215,7 +217,7 @@ class KVServer:
         for key, state in (self.updater.states.items() if self.updater else ()):
             for name, v in state.items():
                 is_tensor = not isinstance(v, (int, float))
-                entries.append([key, name, str(v.dtype).removeprefix('torch.') if is_tensor else None,
+                entries.append([key, name, M.wire.dtype_name(v.dtype) if is_tensor else None,
                                 None if is_tensor else v])
                 if is_tensor:
                     frames.append(v.numpy().data)

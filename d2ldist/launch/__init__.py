@@ -1,7 +1,12 @@
-"""The launcher: placement, the guard, the job supervisor and the ``d2l-launch`` CLI."""
-from .cli import build_parser, main, parse, UsageError
-from .job import Job, JobFailed, describe_exit
-from .placement import ProcSpec, local_specs, place
+"""Starting and watching whole jobs from your machine: ``d2l-launch``.
 
-__all__ = ['build_parser', 'main', 'parse', 'UsageError', 'Job', 'JobFailed',
-           'describe_exit', 'ProcSpec', 'local_specs', 'place']
+* ``cli.py``       -- d2l-launch's options (MXNet's tools/launch.py), and ``main``;
+* ``processes.py`` -- which processes a job has, on which host, with what command and env;
+* ``job.py``       -- start them, merge their output, stop them together;
+* ``ssh.py``       -- the same over ssh: hosts, preflight, rsync, remote clean-up;
+* ``guard.py``     -- wraps every process and ends its group when the job ends;
+* ``progress.py``  -- what we know of a running job (``JobModel``, fed by the job's hooks)
+                     and d2l-launch's terminal view of it.
+
+Kept light: every process of a job imports this package (the guard lives here).
+"""

@@ -16,9 +16,9 @@ import signal
 import sys
 from pathlib import Path
 
-from .. import pacing
+from ..runtime import pacing
 from .job import Job, Terminated
-from .placement import local_specs, port_is_free
+from .processes import local_specs, port_is_free
 from .progress import Progress
 
 
@@ -183,9 +183,10 @@ def _terminate(signum, frame):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGTERM, _terminate)
-    progress = Progress()          # report lines become progress lines
+    progress = Progress()          # the job's model, and report lines as progress lines
     try:
-        job = make_job(parse(argv), out=progress, on_line=progress.on_line)
+        job = make_job(parse(argv), out=progress, on_line=progress.on_line,
+                       on_state=progress.model.on_state)
         return job.run()
     except UsageError as e:
         print(f'd2l-launch: error: {e}', file=sys.stderr)

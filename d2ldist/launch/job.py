@@ -23,8 +23,12 @@ import sys
 import time
 from collections import deque
 
-from ..guard import GRACE
-from .placement import child_env, guarded
+from .guard import GRACE
+
+# After the last worker, how long the servers and the scheduler get to leave by themselves
+# (the scheduler's shutdown, then each van's linger of up to 2 s) before they are stopped
+SETTLE = 5.0
+from .processes import child_env, guarded
 
 READY = re.compile(r'd2ldist: scheduler ready at tcp://(\S+):(\d+)')
 STATES = ('starting', 'running', 'finished', 'failed', 'stopped')
@@ -126,7 +130,7 @@ class Job:
         if all(p.state == 'finished' for p in workers):
             done = max(p.exited_at for p in workers)
             others = [p for p in self.procs if p.alive]
-            if not others or time.monotonic() - done > GRACE:
+            if not others or time.monotonic() - done > SETTLE:
                 return 0   # stop_all() ends servers and scheduler that still run
         return None
 

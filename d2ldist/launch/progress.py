@@ -1,74 +1,245 @@
-"""Progress in a terminal: the workers' report lines (see ``d2ldist/report.py``) shown compactly.
+"""What we know of a running job (``JobModel``), and d2l-launch's terminal view of it.
 
-``d2l-launch`` hands every line to ``Progress.on_line``. A report line is kept out
-of the log; instead
+One model, fed by the launcher's hooks (see ``job.py``): ``on_state`` tells it each
+process's state and exit code; ``on_line`` turns a worker's report line (see
+``d2ldist/report.py``) into its merged latest metrics, a point of its history and its
+samples per second, and keeps the line out of the log; what the launcher prints goes
+to ``add_log``. Views only read the model:
 
-* when stdout is a terminal, one line per worker at the bottom, redrawn in place::
+* ``Progress`` here, ``d2l-launch``'s view: when stdout is a terminal, one line per
+  worker at the bottom, redrawn in place::
 
       [worker 0] [######----------]  40% epoch 2/5 batch 40/98 loss 0.812 1530 samples/s
 
-  (other lines are printed above it, so the log still scrolls normally);
-* otherwise (a file, a pipe, CI) plain lines: a worker's report is printed when its
-  epoch changes or ends, and at most every few seconds in between.
+  (other lines are printed above it, so the log still scrolls normally); otherwise (a
+  file, a pipe, CI) plain lines: a worker's report is printed when its epoch changes
+  or ends, and at most every few seconds in between;
+* ``JobModel.text()``, the same model as a table of every process;
+* ``%launch``'s ipywidgets dashboard (``d2ldist/notebook/dashboard.py``).
+
+Every text bar is drawn by ``bar()``.
 """
 import shutil
 import sys
 import time
+from dataclasses import dataclass, field
 
 from ..report import Rate, format_progress, fraction_done, parse_report
 
+FINAL = ('finished', 'failed', 'stopped')
+MAX_POINTS = 1000    # history points kept per worker (halved when full)
 PLAIN_EVERY = 2.0    # seconds between two plain progress lines of one worker
 
 
-def bar(fraction, width=16):
-    """'[######----------]  40%'."""
+def bar(fraction, width=16, ends='[]', full='#', empty='-'):
+    """'[######----------]  40%' (the table's: '|████      |  40%')."""
     filled = round(fraction * width)
-    return f"[{'#' * filled}{'-' * (width - filled)}] {fraction:4.0%}"
+    return f'{ends[0]}{full * filled}{empty * (width - filled)}{ends[1]} {fraction:4.0%}'
 
 
-class Progress:
-    """Wraps the launcher's output: hides report lines and shows them as progress."""
+class Throttle:
+    """Let an action through at most once every ``interval`` seconds."""
 
-    def __init__(self, out=None, tty=None, clock=time.monotonic):
-        self.out = out or sys.stdout
-        self.tty = self.out.isatty() if tty is None else tty
-        self.clock = clock
-        self.lines = {}          # label -> its progress line, in order of first report
-        self.metrics, self.rates, self.last = {}, {}, {}
-        self.drawn = 0           # how many progress lines are on the screen now
+    def __init__(self, interval, clock=time.monotonic):
+        self.interval, self.clock, self.last = interval, clock, None
+
+    def ready(self, force=False):
+        """True (and the clock restarts) if the action may run now."""
+        now = self.clock()
+        if force or self.last is None or now - self.last >= self.interval:
+            self.last = now
+            return True
+        return False
+
+
+@dataclass
+class Row:
+    """One process of the job: what we know of it."""
+    label: str
+    role: str
+    rank: int
+    host: str
+    state: str = 'starting'
+    code: int = None
+    metrics: dict = field(default_factory=dict)   # the latest value of every field
+    history: list = field(default_factory=list)   # (epochs done, loss, acc, test_acc)
+    rate: float = None                            # samples per second
+    reports: int = 0
+
+    @property
+    def done(self):
+        """How far the worker is, 0 .. 1 (None before its first report)."""
+        return fraction_done(self.metrics)
+
+    def progress(self, **bar_style):
+        """Its bar (once known) and latest report: '[##--]  40% epoch 2/5 ... 1530 samples/s'."""
+        done = self.done
+        prefix = bar(done, **bar_style) + ' ' if done is not None else ''
+        return prefix + format_progress(self.metrics, self.rate)
+
+
+class JobModel:
+    """What we know of every process of a job, kept up to date by the launcher's hooks.
+
+    Made from the job's specs it has a row for each process from the start; made empty
+    (as d2l-launch's is) it adds a process's row when a hook first names it."""
+
+    def __init__(self, specs=(), title='job', clock=time.monotonic):
+        self.title, self.clock = title, clock
+        self.rows = {}
+        for spec in specs:
+            self.add(spec)
+        self.log = []             # the merged log, as printed
+        self.outcome = 'starting'
+        self.message = ''
+        self.started, self.ended = clock(), None
+        self.version = 0          # bumped by every change: views redraw when it moves
+        self.plot_version = 0     # bumped when a curve or step time changes
+        self._rates = {}
+
+    def add(self, spec):
+        """A process of the job (a ``ProcSpec``): its row, in the state 'starting'."""
+        self.rows[spec.label] = Row(spec.label, spec.role, spec.rank, spec.host)
+        return self.rows[spec.label]
+
+    @property
+    def workers(self):
+        return [r for r in self.rows.values() if r.role == 'worker']
+
+    # -- the launcher's hooks (Job(on_state=..., on_line=...)) ------------------------
+    def on_state(self, proc):
+        """Job's on_state hook: a process started or ended, or its exit code came."""
+        self._meet(proc)
+        self.set_state(proc.label, proc.state, proc.code)
 
     def on_line(self, proc, line):
-        """Job's on_line hook: a report becomes progress (None hides it), other lines pass."""
+        """Job's on_line hook: a report feeds the model and is hidden (None); other lines pass."""
         r = parse_report(line)
         if r is None:
             return line
-        now, label = self.clock(), proc.label
-        r = self.metrics.setdefault(label, {}) | r      # a report may carry a few fields only
-        self.metrics[label] = r
-        rate = self.rates.setdefault(label, Rate()).add(r.get('time', now), r['samples']) \
-            if 'samples' in r else None
-        done = fraction_done(r)
-        text = (bar(done) + ' ' if done is not None else '') + format_progress(r, rate)
-        self.lines[label] = f'[{label}] {text}'
-        if self.tty:
-            self._redraw()
-        elif self._plain_due(label, r, now):
-            self.out.write(self.lines[label] + '\n')
-            self.out.flush()
+        self._meet(proc)
+        self.add_report(proc.label, r)
         return None
 
-    def _plain_due(self, label, r, now):
-        last_time, last_epoch = self.last.get(label, (None, None))
-        due = (last_time is None or now - last_time >= PLAIN_EVERY
-               or r.get('epoch') != last_epoch
-               or ('num_batches' in r and r.get('batch') == r['num_batches']))
-        if due:
-            self.last[label] = (now, r.get('epoch'))
-        return due
+    def _meet(self, proc):
+        """Add the row of a process the model has not heard of yet."""
+        if proc.label not in self.rows:
+            self.add(proc.spec)
+
+    # -- what the hooks say -----------------------------------------------------------
+    def set_state(self, label, state, code=None):
+        """A process changed state (or its exit code became known)."""
+        row = self.rows[label]
+        if row.state in FINAL and state != row.state:
+            return False          # final states stay: a stopped process that exits is stopped
+        row.state = state
+        row.code = code if code is not None else row.code
+        if self.outcome == 'starting' and state == 'running':
+            self.outcome = 'running'
+        self.version += 1
+        return True
+
+    def add_report(self, label, r):
+        """A worker reported progress (a parsed report line)."""
+        row = self.rows[label]
+        row.metrics.update(r)
+        row.reports += 1
+        if 'samples' in r:
+            row.rate = self._rates.setdefault(label, Rate()).add(r.get('time', self.clock()),
+                                                                 r['samples'])
+        if any(k in r for k in ('loss', 'acc', 'test_acc')):
+            m = row.metrics
+            x = (m.get('epoch', 1) - 1 + m.get('batch', 0) / m['num_batches']
+                 if m.get('num_batches') else float(row.reports))
+            row.history.append((x, r.get('loss'), r.get('acc'), r.get('test_acc')))
+            if len(row.history) > MAX_POINTS:
+                del row.history[::2]
+            self.plot_version += 1
+        if 'step_times' in r:
+            self.plot_version += 1
+        self.version += 1
+
+    def add_log(self, text):
+        """Lines the launcher printed (the workers' output and its own messages)."""
+        self.log.extend(text.splitlines())
+        self.version += 1
+
+    def finish(self, outcome, message=''):
+        """The job ended: 'finished', 'failed', 'stopped' or 'timeout'."""
+        self.outcome, self.message, self.ended = outcome, message, self.clock()
+        self.version += 1
+
+    # -- reading it ---------------------------------------------------------------------
+    @property
+    def elapsed(self):
+        return (self.ended or self.clock()) - self.started
+
+    def status(self):
+        """'running, 3.2 s' or 'failed after 4.0 s: worker 1 failed (exit code 3)'."""
+        if self.ended is None:
+            return f'{self.outcome}, {self.elapsed:.1f} s'
+        text = f'{self.outcome} after {self.elapsed:.1f} s'
+        return f'{text}: {self.message}' if self.message else text
+
+    def text(self):
+        """The job as a table of text, one process a line (the dashboard without widgets)."""
+        lines = [f'{self.title}: {self.status()}']
+        width = max(map(len, self.rows), default=0)
+        for row in self.rows.values():
+            code = '' if row.code is None else f'exit {row.code}'
+            line = f'  {row.label:<{width}}  {row.host:<10} {row.state:<9} {code:<8}'
+            if row.role == 'worker' and row.reports:
+                line += ' ' + row.progress(width=10, ends='||', full='█', empty=' ')
+            lines.append(line.rstrip())
+        return '\n'.join(lines)
+
+    __repr__ = text
+
+
+class Progress:
+    """d2l-launch's view of a JobModel: hides report lines and shows them as progress.
+
+    It is the Job's ``out`` (log text is printed above the progress lines) and its
+    ``on_line`` hook; ``model.on_state`` is the Job's ``on_state``."""
+
+    def __init__(self, out=None, tty=None, clock=time.monotonic, model=None):
+        self.out = out or sys.stdout
+        self.tty = self.out.isatty() if tty is None else tty
+        self.clock = clock
+        self.model = JobModel(clock=clock) if model is None else model
+        self.lines = {}          # label -> its progress line, in order of first report
+        self.throttles, self.epochs = {}, {}   # per label: plain lines, the epoch printed
+        self.drawn = 0           # how many progress lines are on the screen now
+
+    def on_line(self, proc, line):
+        """Job's on_line hook: the model takes a report (None hides it), other lines pass."""
+        shown = self.model.on_line(proc, line)
+        if shown is None:
+            self._show(self.model.rows[proc.label])
+        return shown
+
+    def _show(self, row):
+        """Redraw the progress lines (a terminal) or print the row's line when due."""
+        self.lines[row.label] = f'[{row.label}] {row.progress()}'
+        if self.tty:
+            self._redraw()
+        elif self._plain_due(row.label, row.metrics):
+            self.out.write(self.lines[row.label] + '\n')
+            self.out.flush()
+
+    def _plain_due(self, label, r):
+        """Due when the worker's epoch changes or ends, else every PLAIN_EVERY seconds."""
+        throttle = self.throttles.setdefault(label, Throttle(PLAIN_EVERY, self.clock))
+        ends = 'num_batches' in r and r.get('batch') == r['num_batches']
+        if throttle.ready(force=ends or r.get('epoch') != self.epochs.get(label)):
+            self.epochs[label] = r.get('epoch')
+            return True
+        return False
 
     # -- a file-like object for Job(out=...) ---------------------------------------------
     def write(self, text):
-        """Print log text above the progress lines."""
+        """Print log text above the progress lines (and keep it in the model's log)."""
+        self.model.add_log(text)
         if self.tty and self.drawn:
             self.out.write(f'\x1b[{self.drawn}F\x1b[J')   # up to the block's start, erase
             self.drawn = 0

@@ -9,7 +9,7 @@ module adds only *which host* and *how to get there*:
    host answers with the address it was reached at (``SSH_CONNECTION``), which is what
    the others use to reach the scheduler, and a free port for torch.distributed;
 3. ``--sync-dst-dir DIR``: rsync the current directory to DIR on every host, in parallel;
-4. every process is ``ssh -T host 'cd DIR && exec python -m d2ldist.guard --remote -- cmd'``;
+4. every process is ``ssh -T host 'cd DIR && exec python -m d2ldist.launch.guard --remote -- cmd'``;
    its environment, with the job secret, goes as one JSON line down ssh's stdin, so no
    secret (nor any ``--env`` value) is ever on a command line where ``ps`` shows it;
 5. clean-up, two ways:
@@ -36,9 +36,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..guard import GRACE
+from .guard import GRACE
 from .job import Job
-from .placement import child_env, guarded, job_specs
+from .processes import child_env, guarded, job_specs
 
 HOST_LINE = re.compile(r'(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.-]*)@)?'
                        r'(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)(?::(?P<port>\d+))?'
@@ -177,7 +177,7 @@ PROBE = '''\
 import fcntl, os, socket, struct, sys
 iface, check = sys.argv[1], sys.argv[2] == "1"
 if check:
-    import d2ldist.guard
+    import d2ldist.launch.guard
 def address_of(name):
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         req = struct.pack("256s", name.encode()[:15])

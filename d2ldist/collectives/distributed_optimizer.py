@@ -1,0 +1,196 @@
+"""Data-parallel training with Horovod's API, on d2ldist's collectives.
+
+    import d2ldist as hvd                 # or: import d2ldist.horovod as hvd
+    hvd.init()
+    hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=net.named_parameters())
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    ...  loss.backward(); optimizer.step()   # gradients averaged over all workers
+
+How DistributedOptimizer overlaps communication with computation (``buckets.py``):
+the gradients are packed into buckets of about ``bucket_cap_mb`` (tensor fusion: one
+all-reduce per bucket, not per tensor), in reverse parameter order, the order in which
+backward produces them. A hook on each parameter copies its gradient into its bucket
+as soon as backward has computed it; when a bucket is full, its all-reduce starts on
+the communication thread while backward goes on with the earlier layers. ``step()``
+waits for the last buckets, copies the averages back into ``.grad`` and then steps.
+(A parameter that gets no gradient -- an unused layer -- holds its bucket, and the
+later ones, back until ``step()``, which counts its gradient as zero.)
+"""
+import torch
+
+from . import api, ops
+from .buckets import BUCKET_CAP_MB, Buckets
+from .ops import Average
+from .staging import staged
+from .world import size
+
+
+def _broadcast_tensors_(tensors, root_rank):
+    """Broadcast a list of tensors in place: one fused broadcast per dtype and device."""
+    groups = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    for (_, device), group in groups.items():
+        with staged(group, device) as flat:
+            api.broadcast_(flat, root_rank)
+
+
+def broadcast_parameters(params, root_rank=0):
+    """Give every worker worker ``root_rank``'s values of ``params``, in place.
+
+    ``params``: ``net.state_dict()`` or ``net.named_parameters()``."""
+    items = sorted(params.items()) if isinstance(params, dict) else list(params)
+    _broadcast_tensors_([t for _, t in items if torch.is_tensor(t)], root_rank)
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0):
+    """Give every worker worker ``root_rank``'s optimizer state and hyperparameters."""
+    if size() == 1:
+        return
+    if not optimizer.state:   # make the state (momenta, ...) exist on every worker
+        _initialize_state(optimizer)
+    tensors, numbers = [], []   # numbers: (dict, key, type) of each scalar entry
+    for group in optimizer.param_groups:
+        numbers += _numbers(group, exclude='params')
+        for p in group['params']:
+            state = optimizer.state.get(p, {})
+            tensors += [state[k] for k in sorted(state) if torch.is_tensor(state[k])]
+            numbers += _numbers(state)
+    _broadcast_tensors_(tensors, root_rank)
+    values = api.broadcast(torch.tensor([float(_get(d, k)) for d, k, _ in numbers],
+                                        dtype=torch.float64), root_rank)
+    for (d, k, kind), v in zip(numbers, values.tolist()):
+        _set(d, k, kind(v))
+
+
+def _numbers(d, exclude=None):
+    """(dict, key, type) of the int/float entries of d, and of numbers in tuples."""
+    out = []
+    for key in sorted(d, key=str):
+        v = d[key]
+        if key == exclude or isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)):
+            out.append((d, key, type(v)))
+        elif isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v):
+            out += [(d, (key, i), type(x)) for i, x in enumerate(v)]   # Adam's betas
+    return out
+
+
+def _get(d, key):
+    return d[key[0]][key[1]] if isinstance(key, tuple) else d[key]
+
+
+def _set(d, key, value):
+    if isinstance(key, tuple):
+        name, i = key
+        d[name] = d[name][:i] + (value,) + d[name][i + 1:]
+    else:
+        d[key] = value
+
+
+@torch.no_grad()
+def _initialize_state(optimizer):
+    """One step with zero gradients creates the state; the parameters are restored."""
+    params = [p for g in optimizer.param_groups for p in g['params']]
+    saved = [(p.clone(), p.grad) for p in params]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    getattr(optimizer, 'optimizer', optimizer).step()
+    for p, (value, grad) in zip(params, saved):
+        p.copy_(value)
+        p.grad = grad
+
+
+def metric_average(value, name=None):
+    """The average of a number (a loss, an accuracy) over all workers, for logging."""
+    return api.allreduce(torch.tensor(float(value), dtype=torch.float64), Average).item()
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Wraps an optimizer: gradients are averaged over all workers before each step."""
+
+    def __init__(self, optimizer, named_parameters=None, bucket_cap_mb=BUCKET_CAP_MB,
+                 op=Average):
+        self.optimizer, self.op = optimizer, ops.get(op)
+        params = [p for g in optimizer.param_groups for p in g['params']]
+        if named_parameters is not None:
+            named = list(named_parameters)
+            names = [name for name, _ in named]
+            if len(set(names)) != len(names):
+                raise ValueError('named_parameters has duplicate names')
+            known = {id(p) for p in params}
+            missing = [name for name, p in named if id(p) not in known]
+            if missing:
+                raise ValueError(f'parameters not in the optimizer: {", ".join(missing)}')
+        self._params = [p for p in params if p.requires_grad]
+        self._buckets, self._hooks = None, []
+        if size() > 1:
+            self._make_buckets(bucket_cap_mb)
+
+    # the wrapped optimizer's state is this optimizer's state
+    param_groups = property(lambda self: self.optimizer.param_groups)
+    state = property(lambda self: self.optimizer.state)
+    defaults = property(lambda self: self.optimizer.defaults)
+
+    def _make_buckets(self, cap_mb):
+        """Buckets in backward's order (buckets.py), each with one flat buffer of its gradients."""
+        params = self._params
+        self._buckets = Buckets([p.numel() for p in params],
+                                [p.element_size() for p in params],
+                                [(p.dtype, p.device) for p in params], self._start, cap_mb)
+        self._slots = [None] * len(params)      # parameter i's place in its bucket's buffer
+        self._buffers = []
+        for group in self._buckets.groups:
+            first = params[group[0]]
+            buffer = torch.zeros(sum(params[i].numel() for i in group), dtype=first.dtype,
+                                 device=first.device)
+            offset = 0
+            for i in group:
+                self._slots[i] = buffer[offset:offset + params[i].numel()].view_as(params[i])
+                offset += params[i].numel()
+            self._buffers.append(buffer)
+        for i, p in enumerate(params):
+            self._hooks.append(p.register_post_accumulate_grad_hook(
+                lambda p, i=i: self._grad_ready(i)))
+
+    @torch.no_grad()
+    def _grad_ready(self, i):
+        """Backward has computed parameter i's gradient: into its bucket, which may start."""
+        self._slots[i].copy_(self._params[i].grad)
+        self._buckets.ready(i)
+
+    def _start(self, b, indices):
+        return api.allreduce_async_(self._buffers[b], self.op)
+
+    @torch.no_grad()
+    def synchronize(self):
+        """Wait for every bucket's all-reduce and put the averages into ``.grad``."""
+        if self._buckets is None:
+            return
+        for i in self._buckets.missing():       # gradients that never came count 0
+            self._slots[i].zero_()
+        self._buckets.wait()
+        for p, slot in zip(self._params, self._slots):
+            if p.grad is None:
+                p.grad = slot.clone()
+            else:
+                p.grad.copy_(slot)
+
+    def step(self, closure=None):
+        """Average the gradients over all workers, then take the wrapped optimizer's step."""
+        self.synchronize()
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        return self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        return self.optimizer.load_state_dict(state_dict)
+
+    def __repr__(self):
+        return f'DistributedOptimizer({self.optimizer!r}, buckets={len(self._buckets or ())})'

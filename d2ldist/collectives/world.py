@@ -1,0 +1,117 @@
+"""Which backend the collectives run on, and this worker's place among the workers.
+
+The job's state lives here and in ``runtime/node.py`` (the node), nowhere else:
+
+* ``init(backend)`` joins the job and chooses the backend: 'ring', d2ldist's own ring
+  over the van (the default under d2l-launch), or 'torch', torch.distributed (the
+  default under torchrun; under Slurm's srun set D2L_BACKEND=torch);
+* ``rank()``, ``size()``, ``local_rank()``, ``local_size()``, ``barrier()``;
+* ``backend()``: the backend object the collectives call, made on first use.
+
+Light on purpose: ``init`` alone does not load torch (a script that only passes
+messages starts fast); torch loads with the first collective.
+"""
+import os
+
+from ..runtime import node
+
+BACKENDS = ('ring', 'torch')
+_name = None      # the backend init() chose
+_backend = None   # the backend object (RingBackend or TorchBackend), made on first use
+_engine = None    # the communication thread (api._Engine); None when alone
+
+
+def init(backend=None):
+    """Join the job and choose the backend; returns the node (None when run alone)."""
+    global _name
+    name = _choose(backend)
+    if _name is not None:
+        if backend is not None and name != _name:
+            raise RuntimeError(f'd2ldist.init: already running with backend {_name!r}')
+        return node.current()
+    joined = node.join('worker')       # also with 'torch': the scheduler watches liveness
+    if name == 'torch':
+        from . import api
+        use(api.make_backend(name, joined))
+    _name = name   # the ring is made on first use (torch loads then)
+    return joined
+
+
+def _choose(backend):
+    launched = 'D2L_SCHEDULER_URI' in os.environ
+    torchrun = not launched and int(os.environ.get('WORLD_SIZE', '1')) > 1
+    name = backend or os.environ.get('D2L_BACKEND') or ('torch' if torchrun else 'ring')
+    if name not in BACKENDS:
+        raise ValueError(f'unknown backend {name!r}: use one of {", ".join(BACKENDS)}')
+    if name == 'ring' and torchrun:
+        raise RuntimeError("backend 'ring' needs a job started by d2l-launch; under "
+                           "torchrun use backend 'torch'")
+    return name
+
+
+def name():
+    """The backend's name, 'ring' or 'torch' (after init)."""
+    return _name
+
+
+def use(backend_object):
+    """Run the collectives on ``backend_object`` from now on, on a communication thread."""
+    global _backend, _engine
+    from .api import _Engine
+    _backend = backend_object
+    _engine = _Engine() if backend_object.size > 1 else None
+
+
+def backend():
+    """The backend in use (joining the job first if init() was not called)."""
+    if _backend is None:
+        init()
+        if _backend is None:
+            from . import api
+            use(api.make_backend(_name, node.current()))
+    return _backend
+
+
+def engine():
+    """The communication thread, or None (alone, or no collective has run yet)."""
+    return _engine
+
+
+def active():
+    """Whether a backend has been made (a collective ran, or the backend is torch)."""
+    return _backend is not None
+
+
+def rank():
+    """This worker's rank, 0 .. size() - 1."""
+    if _name == 'torch':
+        return backend().rank
+    n = node.current()
+    return n.rank if n else 0
+
+
+def size():
+    """The number of workers in the job."""
+    if _name == 'torch':
+        return backend().size
+    n = node.current()
+    return n.num_workers if n else 1
+
+
+def local_rank():
+    """This worker's rank among the workers on its machine."""
+    return int(os.environ.get('LOCAL_RANK', os.environ.get('SLURM_LOCALID', 0)))
+
+
+def local_size():
+    """The number of workers on this machine."""
+    return int(os.environ.get('LOCAL_WORLD_SIZE', '1'))
+
+
+def barrier():
+    """Wait until every worker has reached this point."""
+    if active():                      # collectives run on their own thread: queue behind them
+        from . import api
+        api.barrier()
+    elif node.current():
+        node.current().barrier('worker')

@@ -1,0 +1,394 @@
+"""The worker's side of the key-value store (MXNet's kvstore API, PyTorch tensors).
+
+    kv = d2ldist.kv.create('dist_sync')
+    kv.init(3, w)                    # every worker, same value; rank 0's is stored
+    kv.pushpull(3, grad, out=w)      # push gradients, pull the new weights
+
+``local`` keeps everything in this process (several devices of one machine);
+``dist_sync`` / ``dist_async`` talk to the servers of the job; ``dist_sync_device``
+is dist_sync that sums a worker's own device copies on the device, not on the CPU.
+"""
+import itertools
+
+import torch
+
+from . import messages as M
+from .optimizers import Updater, torch_names
+from .placement import place
+
+KINDS = ('local', 'dist_sync', 'dist_async', 'dist_sync_device')
+CPU = torch.device('cpu')
+
+
+def sum_copies(copies, device=None, into_first=False):
+    """Step 2: a value's copies (one per device) added up in order, on ``device``.
+
+    ``device`` defaults to the first copy's; ``into_first``: add into the first copy
+    itself (it must be on ``device``) instead of a new tensor. The Trainer sums its
+    replicas' gradients with this too.
+    """
+    first = copies[0]
+    device = first.device if device is None else device
+    total = first if into_first else first.to(device, copy=True)
+    for t in copies[1:]:
+        total.add_(t.to(device, non_blocking=device.type != 'cpu'))   # to the CPU: wait
+    return total
+
+
+class KVStore:
+    """What every kind shares: the API, argument checks and summing device copies."""
+
+    def __init__(self, kind):
+        self.type = kind
+        self.is_async = kind == 'dist_async'   # each push updates the weights on its own
+        self._meta = {}          # key -> (shape, dtype) given at init
+        self._pinned = {}        # ('push' or 'pull', key) -> pinned CPU buffer for CUDA
+
+    rank, num_workers = 0, 1
+
+    # -- the API -------------------------------------------------------------------------
+    def init(self, key, value, optimizer=True):
+        """Give keys their initial values (call it on every worker with the same values).
+
+        ``optimizer=False``: the optimizer never updates these keys (the Trainer's
+        BatchNorm statistics): their pushes are summed (sync) or added (async) as
+        if no optimizer were set.
+        """
+        keys, values = _lists(key, value)
+        for k, v in zip(keys, values):
+            v = v[0] if isinstance(v, (list, tuple)) else v
+            if k in self._meta:
+                raise M.KVError(f'key {k!r} is already initialised')
+            self._meta[k] = (tuple(v.shape), v.dtype)
+        self._init(keys, [self._to_cpu(k, _first(v)) for k, v in zip(keys, values)],
+                   optimizer)
+
+    def push(self, key, value):
+        """Push values (a list of device copies is summed first)."""
+        keys, values = _lists(key, value)
+        self._push(keys, [self._reduce(k, v) for k, v in zip(keys, values)])
+
+    def pull(self, key, out):
+        """Pull the current values into ``out`` (a tensor, or a list of device copies)."""
+        self._pull(*self._outputs(key, out))
+
+    def pushpull(self, key, value, out):
+        """Push, then pull the updated values: one round trip."""
+        keys, values = _lists(key, value)
+        _, outs = self._outputs(key, out)
+        self._pushpull(keys, [self._reduce(k, v) for k, v in zip(keys, values)], outs)
+
+    def set_optimizer(self, name, **hyper):
+        """Update the values with this optimizer on every push: a name and numbers, in
+        torch.optim's names or gluon's (learning_rate, wd, beta1, beta2)."""
+        self._set_optimizer(name, torch_names(hyper))
+
+    def _outputs(self, key, out):
+        """Keys and outputs as two lists, each output checked to fit its key."""
+        keys, outs = _lists(key, out)
+        for k, o in zip(keys, outs):
+            for t in _as_list(o):
+                self._check(k, t, 'pull into')
+        return keys, outs
+
+    # -- steps 2 and 3 of the pipeline: sum the copies of the devices, copy to the CPU -----
+    def _reduce(self, key, value):
+        """One CPU tensor: the sum of a value's copies (on the device for dist_sync_device)."""
+        copies = _as_list(value)
+        for t in copies:
+            self._check(key, t, 'pushed')
+        if len(copies) > 1:   # step 2: on the CPU (dist_sync_device: on the first copy's device)
+            device = None if self.type == 'dist_sync_device' else CPU
+            return self._to_cpu(key, sum_copies(copies, device))
+        return self._to_cpu(key, copies[0])
+
+    def _to_cpu(self, key, t):
+        """A contiguous CPU tensor; from CUDA through a pinned buffer, non-blocking."""
+        if t.device.type == 'cpu':
+            return t.detach().contiguous()
+        buf = self._pinned.get(('push', key))
+        if buf is None:
+            buf = self._pinned[('push', key)] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        buf.copy_(t.detach(), non_blocking=True)
+        torch.cuda.current_stream(t.device).synchronize()  # the copy must land before use
+        return buf
+
+    def _fill(self, key, outs, value):
+        """Copy a pulled CPU value into each output (CUDA outputs from pinned memory)."""
+        for o in _as_list(outs):
+            if o is value:
+                continue
+            if o.device.type == 'cpu':
+                o.copy_(value)
+            else:
+                buf = self._pinned.get(('pull', key))
+                if buf is None:
+                    buf = self._pinned[('pull', key)] = torch.empty(o.shape, dtype=o.dtype,
+                                                                    pin_memory=True)
+                buf.copy_(value)
+                o.copy_(buf, non_blocking=True)
+                torch.cuda.current_stream(o.device).synchronize()  # buf is reused next time
+
+    def _check(self, key, t, what):
+        """A clear error naming the key and both shapes when a tensor does not fit."""
+        M.check_key(key)
+        if key not in self._meta:
+            raise M.KVError(f'key {key!r} was never initialised (call kv.init first)')
+        shape, dtype = self._meta[key]
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise M.KVError(f'key {key!r}: {what} {_describe(t.dtype, t.shape)} but the key '
+                            f'holds {_describe(dtype, shape)}')
+
+    def barrier(self):
+        """Wait for every worker (nothing to wait for in one process)."""
+
+    def __repr__(self):
+        return f'<KVStore {self.type}: worker {self.rank} of {self.num_workers}>'
+
+
+class LocalKVStore(KVStore):
+    """'local': the values and the optimizer live in this process."""
+
+    def __init__(self, kind='local'):
+        super().__init__(kind)
+        self._store, self._updater = {}, None
+        self._plain = set()      # keys the optimizer does not update
+
+    def _set_optimizer(self, name, hyper):
+        self._updater = Updater(name, 1, **hyper)
+
+    def set_learning_rate(self, lr):
+        """A new learning rate; the optimizer's states (momentum, ...) stay."""
+        if self._updater is None:
+            raise M.KVError('set the optimizer before its learning rate')
+        self._updater.opt.hyper['lr'] = lr
+
+    def _init(self, keys, values, optimizer):
+        for k, v in zip(keys, values):
+            self._store[k] = v.clone()
+            if not optimizer:
+                self._plain.add(k)
+
+    def _push(self, keys, values):
+        for k, v in zip(keys, values):
+            if self._updater is not None and k not in self._plain:
+                self._updater(k, self._store[k], v)
+            else:
+                self._store[k] = v.clone()
+
+    def _pull(self, keys, outs):
+        for k, o in zip(keys, outs):
+            self._fill(k, o, self._store[k])
+
+    def _pushpull(self, keys, values, outs):
+        self._push(keys, values)
+        self._pull(keys, outs)
+
+    def save_optimizer_states(self, path):
+        """Save the optimizer's state (tensors and numbers only)."""
+        states = self._updater.states if self._updater else {}
+        torch.save({'optimizer': self._updater and self._updater.name, 'states': states}, path)
+
+    def load_optimizer_states(self, path):
+        """Load states saved by save_optimizer_states (tensors and numbers only)."""
+        data = torch.load(path, weights_only=True)
+        if self._updater is None:
+            raise M.KVError('set the optimizer before loading its states')
+        for key, state in data['states'].items():
+            self._updater.load_state(key, state, self._store[key].numel())
+
+
+class DistKVStore(KVStore):
+    """'dist_sync', 'dist_async', 'dist_sync_device': the values live on the servers."""
+
+    def __init__(self, kind, node):
+        super().__init__(kind)
+        self._node, self._ids = node, itertools.count(1)
+        if node.num_servers < 1:
+            raise RuntimeError(f"kvstore '{kind}' needs servers: start the job with "
+                               f'd2l-launch -s 1 (or more)')
+        self.rank, self.num_workers = node.rank, node.num_workers
+        self._sync = kind != 'dist_async'
+
+    def _set_optimizer(self, name, hyper):
+        """Let the servers update the weights with this optimizer (chosen by name)."""
+        Updater(name, self.num_workers, **hyper)            # bad names fail here, on every worker
+        if self.rank == 0:
+            self._ask([(s, M.OPTIMIZER, {'name': name, 'hyper': hyper}, [])
+                       for s in self._node.peers('server')])
+        self.barrier()
+
+    def set_learning_rate(self, lr):
+        """A new learning rate on the servers; the optimizer's states (momentum, ...) stay.
+
+        Rank 0 sends it. In dist_sync it takes effect from the round after rank 0's
+        last pull: that next round cannot close before rank 0 pushes, and a server
+        handles each worker's requests in order.
+        """
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)):
+            raise ValueError(f'the learning rate must be a number, got {lr!r}')
+        if self.rank == 0:
+            self._ask([(s, M.LEARNING_RATE, {'lr': lr}, []) for s in self._node.peers('server')])
+
+    def barrier(self):
+        """Wait until every worker has reached this point."""
+        self._node.barrier('worker')
+
+    # -- requests, one message per server ----------------------------------------------------
+    def _init(self, keys, values, optimizer):
+        if self.rank == 0:
+            self._ask(self._messages(M.INIT, keys, values, optimizer=optimizer))
+        self.barrier()
+
+    def _push(self, keys, values):
+        self._ask(self._messages(M.PUSH, keys, values, sync=self._sync, pull=False))
+
+    def _pull(self, keys, outs):
+        self._ask(self._messages(M.PULL, keys), self._receiver(keys, outs))
+
+    def _pushpull(self, keys, values, outs):
+        self._ask(self._messages(M.PUSH, keys, values, sync=self._sync, pull=True),
+                  self._receiver(keys, outs))
+
+    def _messages(self, kind, keys, values=None, **header):
+        """Cut the keys into their parts and group the parts by server: [(server, kind, header, frames)]."""
+        by_server = {}
+        for i, k in enumerate(keys):
+            shape, dtype = self._meta[k]
+            flat = values[i].view(-1) if values is not None else None
+            for s, start, stop in place(k, _numel(shape), self._node.num_servers):
+                parts, frames = by_server.setdefault(s, ([], []))
+                parts.append([k, M.wire.dtype_name(dtype), list(shape), start, stop])
+                if flat is not None:
+                    frames.append(_bytes(flat[start:stop]))
+        msgs = []
+        for s, (parts, frames) in sorted(by_server.items()):
+            for c in range(0, len(parts), M.MAX_PARTS):      # a huge list: a few messages
+                msgs.append((f'server:{s}', kind, dict(header, parts=parts[c:c + M.MAX_PARTS]),
+                             frames[c:c + M.MAX_PARTS]))
+        return msgs
+
+    def _receiver(self, keys, outs):
+        """What to do with a VALUES answer: copy each part into its place in ``out``."""
+        targets = {}
+        for k, o in zip(keys, outs):
+            first = _as_list(o)[0]
+            staging = first if first.device.type == 'cpu' and first.is_contiguous() \
+                else torch.empty(first.shape, dtype=first.dtype)
+            targets[k] = [staging, o, len(place(k, staging.numel(), self._node.num_servers))]
+
+        def receive(msg):
+            for key, _, _, start, stop, t in M.read_parts(msg, with_frames=True):
+                staging, o, left = targets[key]
+                staging.view(-1)[start:stop].copy_(t)
+                targets[key][2] = left - 1
+                if left == 1 and (len(_as_list(o)) > 1 or staging is not _as_list(o)[0]):
+                    self._fill(key, o, staging)
+        return receive
+
+    def _ask(self, msgs, on_values=None):
+        """Send the requests and wait for every answer; raise the first error a server sends."""
+        waiting = {}
+        for server, kind, header, frames in msgs:
+            rid = next(self._ids)
+            self._node.send(server, kind, dict(header, id=rid), frames)
+            waiting[rid] = server
+        answers = []
+        while waiting:
+            msg = self._node.recv([M.ACK, M.VALUES, M.ERROR])
+            if waiting.pop(msg.get('id'), None) is None:
+                continue                                    # the answer to a request that failed
+            if msg.kind == M.ERROR:
+                raise M.KVError(f'{msg.sender.replace(":", " ")}: {msg.get("error")}')
+            if msg.kind == M.VALUES and on_values is not None:
+                on_values(msg)
+            answers.append(msg)
+        return answers
+
+    # -- looking inside the servers -----------------------------------------------------------
+    def server_info(self):
+        """What each server holds: {server: {'keys': [[key, dtype, shape, start, stop]], 'pid'}}."""
+        answers = self._ask([(s, M.INFO, {}, []) for s in self._node.peers('server')])
+        return {m.sender: {'keys': m['keys'], 'pid': m['pid'], 'optimizer': m['optimizer']}
+                for m in answers}
+
+    def save_optimizer_states(self, path):
+        """Gather the servers' optimizer states into one file (tensors and numbers only)."""
+        answers = self._ask([(s, M.GET_STATE, {}, []) for s in self._node.peers('server')])
+        states = {}
+        for msg in answers:
+            frames = iter(msg.frames)
+            held = {}
+            for key, name, dtype, number in msg['entries']:
+                entry = states.setdefault(key, {})
+                if dtype is None:
+                    entry[name] = number
+                    continue
+                shape, kdtype = self._meta[key]
+                full = entry.setdefault(name, torch.empty(shape, dtype=kdtype))
+                start, stop = held.setdefault(key, self._slice_on(key, msg.sender))
+                full.view(-1)[start:stop].copy_(M.wire.unpack(
+                    {'dtype': dtype, 'shape': [stop - start]}, next(frames)))
+        optimizer = next((m['optimizer'] for m in answers if m['optimizer']), None)
+        torch.save({'optimizer': optimizer, 'states': states}, path)
+
+    def load_optimizer_states(self, path):
+        """Send saved states back to the servers (call on every worker; rank 0 sends)."""
+        data = torch.load(path, weights_only=True)          # tensors and numbers only, no code
+        if self.rank == 0:
+            msgs = {}
+            for key, state in data['states'].items():
+                shape, _ = self._meta[key]
+                for s, start, stop in place(key, _numel(shape), self._node.num_servers):
+                    entries, frames = msgs.setdefault(f'server:{s}', ([], []))
+                    for name, v in state.items():
+                        if isinstance(v, torch.Tensor):
+                            entries.append([key, name, M.wire.dtype_name(v.dtype), None])
+                            frames.append(_bytes(v.contiguous().view(-1)[start:stop]))
+                        else:
+                            entries.append([key, name, None, v])
+            self._ask([(s, M.SET_STATE, {'entries': e}, f) for s, (e, f) in msgs.items()])
+        self.barrier()
+
+    def _slice_on(self, key, server):
+        shape, _ = self._meta[key]
+        for s, start, stop in place(key, _numel(shape), self._node.num_servers):
+            if f'server:{s}' == server:
+                return start, stop
+        raise M.KVError(f'{server} sent state for key {key!r} it should not hold')
+
+
+# -- small helpers ---------------------------------------------------------------------------
+def _lists(key, value):
+    """Keys and values as two lists of the same length (one key and value, or lists)."""
+    if isinstance(key, (list, tuple)):
+        if not isinstance(value, (list, tuple)) or len(value) != len(key):
+            raise ValueError(f'{len(key)} keys need a list of {len(key)} values')
+        if len(set(key)) != len(key):
+            raise ValueError(f'a key appears twice in {list(key)!r}'[:200])
+        return [M.check_key(k) for k in key], list(value)
+    return [M.check_key(key)], [value]
+
+
+def _as_list(value):
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _first(value):
+    return _as_list(value)[0]
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _describe(dtype, shape):
+    return M.describe(M.wire.dtype_name(dtype), shape)
+
+
+def _bytes(t):
+    """The raw bytes of a contiguous CPU tensor, without a copy."""
+    return t.view(torch.uint8).numpy().data if t.numel() else b''

@@ -1,0 +1,99 @@
+"""The guard: runs one process of a job and makes sure it cannot outlive the job.
+
+``python -m d2ldist.launch.guard -- command ...`` starts the command in its own
+process group and waits for it. The guard's stdin is a pipe from the launcher (or,
+on a remote host, the ssh connection): when it closes - the launcher exited, was
+killed, or the ssh link dropped - the guard ends the command's whole process group.
+SIGTERM, SIGINT and SIGHUP to the guard do the same. The guard exits with the
+command's exit code (128 + signal number if a signal ended it).
+
+On a remote host the ssh launcher runs ``python -m d2ldist.launch.guard --remote -- command``:
+the guard then reads the job's environment as one JSON line from stdin (so that the
+job secret never appears on a command line, where ``ps`` would show it) and prints
+``d2ldist.guard: pgid N`` so that the launcher can also end the group by its number.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+GRACE = float(os.environ.get('D2L_KILL_GRACE', '2'))
+
+
+def stop_group(pgid, grace=GRACE):
+    """SIGTERM a process group, then SIGKILL whatever is left after ``grace`` seconds."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)          # anyone left in the group?
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def read_env_line():
+    """The job's environment, sent by the ssh launcher as the first line of stdin."""
+    line = b''
+    while not line.endswith(b'\n'):
+        byte = os.read(0, 1)              # one byte at a time: leave the rest unread
+        if not byte:
+            sys.exit('d2ldist.guard: the launcher went away before sending the environment')
+        line += byte
+    env = json.loads(line)
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        sys.exit('d2ldist.guard: the environment line is not a JSON object of strings')
+    return env
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    remote = argv[:1] == ['--remote']
+    if remote:
+        argv = argv[1:]
+    if argv[:1] == ['--']:
+        argv = argv[1:]
+    if not argv:
+        sys.exit('d2ldist.guard: no command given')
+    env = dict(os.environ, **read_env_line()) if remote else None
+    try:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,
+                                 env=env)
+    except OSError as e:
+        print(f'd2l-launch: cannot start {argv[0]!r}: {e.strerror}', file=sys.stderr, flush=True)
+        sys.exit(127)
+    if remote:
+        print(f'd2ldist.guard: pgid {child.pid}', flush=True)
+    stopping = threading.Event()
+
+    def stop(*_):
+        if not stopping.is_set():
+            stopping.set()
+            stop_group(child.pid)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+    def watch_stdin():
+        while os.read(0, 4096):         # nothing is ever written; EOF means "go"
+            pass
+        stop()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    code = child.wait()
+    stop_group(child.pid, grace=0.5)    # leftovers the command started in its group
+    sys.exit(128 - code if code < 0 else code)
+
+
+if __name__ == '__main__':
+    main()

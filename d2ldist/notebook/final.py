@@ -1,0 +1,223 @@
+"""What a finished ``%launch`` leaves in the notebook: a text summary and one figure.
+
+The live dashboard (``dashboard.py``) needs a kernel and ipywidgets; most readers meet
+a chapter where neither runs (a repository page, nbviewer, an HTML export, the book).
+So when a job ends, the magic shows its final form as plain outputs every viewer
+shows: ``summary()``, a text table, and ``figure()``, a PNG of the curves and the
+time per step (matplotlib, Agg; none when the workers never reported)::
+
+    job finished after 41.3 s
+      process    host       state     exit  progress
+      scheduler  localhost  finished  0
+      worker 0   localhost  finished  0     |██████████| 100% epoch 2/2, batch 47/47
+      ...
+      last report   worker 0  worker 1
+      loss            0.4321    0.4310
+      train acc        0.877     0.880
+      ...
+      time per batch        worker 0  worker 1
+      1 forward, backward   230.1 ms  228.7 ms
+
+What is measured (a loss, an accuracy, samples/s, milliseconds) stands only in the
+rows of the last two tables, in a form ``notebooks/sanitize.cfg`` masks, so nbval
+compares the rest: the states, the exit codes, how far every worker got.
+"""
+import io
+
+from ..launch.progress import bar
+
+METRICS = (('loss', 'loss', '{:.4f}'), ('acc', 'train acc', '{:.3f}'),
+           ('test_acc', 'test acc', '{:.3f}'))
+CELL = 10                    # characters per worker column
+
+
+def header(model):
+    """One line that stays: '%launch -n 2 -s 2 train.py: scheduler, 2 servers, 2 workers'."""
+    roles = [r.role for r in model.rows.values()]
+    parts = [_count(roles.count(role), role) for role in ('scheduler', 'server', 'worker')
+             if role in roles]
+    hosts = sorted({r.host for r in model.rows.values()})
+    where = f' on {_count(len(hosts), "host")}' if hosts != ['localhost'] else ''
+    return f'{model.title}: {", ".join(parts)}{where}'
+
+
+def _count(n, what):
+    return what if n == 1 and what == 'scheduler' else f'{n} {what}' + ('s' if n != 1 else '')
+
+
+def summary(model):
+    """The finished job as text: its processes, each worker's last report, its step times."""
+    parts = [f'job {model.status()}\n' + process_table(model)]
+    for table in (metrics_table(model), steps_table(model)):
+        if table:
+            parts.append(table)
+    return '\n\n'.join(parts)
+
+
+def process_table(model):
+    """Every process: host, state, exit code, and how far it got (if it reported)."""
+    rows = list(model.rows.values())
+    progress = {r.label: _progress(r) for r in rows}
+    lines = [['process', 'host', 'state', 'exit'] + (['progress'] if any(progress.values()) else [])]
+    for r in rows:
+        lines.append([r.label, r.host, r.state, '' if r.code is None else str(r.code),
+                      progress[r.label]])
+    widths = [max(len(line[i]) for line in lines) for i in range(4)]
+    return '\n'.join(('  ' + '  '.join(c.ljust(w) for c, w in zip(line, widths))
+                      + '  ' + ''.join(line[4:])).rstrip() for line in lines)
+
+
+def _progress(row):
+    """'|██████████| 100% epoch 2/2, batch 47/47', or '' before any epoch or batch."""
+    m, parts = row.metrics, []
+    for name, of in (('epoch', 'num_epochs'), ('batch', 'num_batches')):
+        if name in m:
+            total = m.get(of)
+            parts.append(f'{name} {m[name]}' + (f'/{total}' if total else ''))
+    done = row.done
+    prefix = bar(done, width=10, ends='||', full='█', empty=' ') + ' ' if done is not None else ''
+    return prefix + ', '.join(parts) if parts else ''
+
+
+def metrics_table(model):
+    """Each worker's last loss, accuracies and samples/s: a column a worker."""
+    workers = model.workers
+    rows = [(title, [fmt.format(w.metrics[k]) if k in w.metrics else '-' for w in workers])
+            for k, title, fmt in METRICS if any(k in w.metrics for w in workers)]
+    if any(w.rate is not None for w in workers):
+        rows.append(('samples/s', ['-' if w.rate is None else f'{w.rate:,.0f}' for w in workers]))
+    return _table('last report', workers, rows)
+
+
+def steps_table(model):
+    """Each worker's milliseconds per batch in each step, in the order reported."""
+    workers = [w for w in model.workers if w.metrics.get('step_times')]
+    if not workers:
+        return ''
+    names = list(dict.fromkeys(n for w in workers for n in w.metrics['step_times']))
+    rows = [(name, [_ms(w.metrics['step_times'][name]) if name in w.metrics['step_times']
+                    else '-' for w in workers]) for name in names]
+    return _table('time per batch', workers, rows)
+
+
+def _ms(seconds):
+    """'185.1 ms', '0.04 ms'."""
+    ms = seconds * 1000
+    return f'{ms:.1f} ms' if ms >= 1 or ms == 0 else f'{ms:.2f} ms'
+
+
+def _table(title, workers, rows):
+    """Rows of values under the workers' names, right-aligned ('' without rows)."""
+    if not rows:
+        return ''
+    width = max(len(title), *(len(name) for name, _ in rows))
+    cell = max(CELL, *(len(w.label) + 2 for w in workers))
+    lines = [(title, [w.label for w in workers])] + rows
+    return '\n'.join('  ' + name.ljust(width) + ''.join(v.rjust(cell) for v in values)
+                     for name, values in lines)
+
+
+# -- the figure ----------------------------------------------------------------------------
+def panels(model):
+    """Which panels the figure has: 'loss', 'accuracy', 'time per step' (those with data)."""
+    points = [p for r in model.workers for p in r.history]
+    found = []
+    if any(p[1] is not None for p in points):
+        found.append('loss')
+    if any(p[2] is not None or p[3] is not None for p in points):
+        found.append('accuracy')
+    if any(r.metrics.get('step_times') for r in model.workers):
+        found.append('time per step')
+    return found
+
+
+def caption(model):
+    """The figure's words (its text/plain): 'loss, accuracy and time per step of each worker'."""
+    names = panels(model)
+    listed = ', '.join(names[:-1]) + ' and ' + names[-1] if len(names) > 1 else names[0]
+    return f'{model.title}: {listed} of each worker'
+
+
+def figure(model):
+    """The curves and the time per step as PNG bytes (None if no worker reported any)."""
+    names = panels(model)
+    if not names:
+        return None
+    fig = _figure(3.2 * len(names), 2.5)
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    draw = {'loss': _loss, 'accuracy': _accuracy, 'time per step': _steps}
+    for ax, name in zip(axes, names):
+        draw[name](ax, model.workers)
+        ax.set_title(name, fontsize=9)
+        ax.tick_params(labelsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
+    return _png(fig)
+
+
+def _loss(ax, workers):
+    for i, row in enumerate(workers):
+        _curve(ax, row, 1, '-', f'C{i % 10}', row.label)
+    _epochs(ax)
+
+
+def _accuracy(ax, workers):
+    for i, row in enumerate(workers):
+        _curve(ax, row, 2, '-', f'C{i % 10}', f'{row.label} train')
+        _curve(ax, row, 3, '--', f'C{i % 10}', f'{row.label} test', marker='.')
+    _epochs(ax)
+
+
+def _curve(ax, row, k, style, colour, label, marker=None):
+    pts = [(p[0], p[k]) for p in row.history if p[k] is not None]
+    if pts:
+        ax.plot(*zip(*pts), style, color=colour, marker=marker, label=label)
+
+
+def _epochs(ax):
+    ax.set_xlabel('epoch', fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+def _steps(ax, workers):
+    """Milliseconds per batch in each step, one bar per worker."""
+    workers = [r for r in workers if r.metrics.get('step_times')]
+    names = list(dict.fromkeys(n for r in workers for n in r.metrics['step_times']))
+    height = 0.8 / len(workers)
+    for i, row in enumerate(workers):
+        times = row.metrics['step_times']
+        ax.barh([j + i * height for j in range(len(names))],
+                [times.get(n, 0) * 1000 for n in names], height, color=f'C{i % 10}',
+                label=row.label)
+    ax.set_yticks([j + 0.4 - height / 2 for j in range(len(names))], names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel('ms per batch', fontsize=8)
+
+
+def _figure(width, height):
+    """A matplotlib figure drawn by Agg alone (no pyplot, no inline backend)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(width, height), dpi=90)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig):
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format='png')
+    return buf.getvalue()
+
+
+# -- into the notebook ---------------------------------------------------------------------
+def outputs(model):
+    """The final form as display bundles: the summary, then the figure if there is one."""
+    bundles = [{'text/plain': summary(model)}]
+    try:
+        png = figure(model)
+    except ImportError:                   # no matplotlib: the text says it all
+        png = None
+    if png is not None:
+        bundles.append({'image/png': png, 'text/plain': caption(model)})
+    return bundles

@@ -1,0 +1,176 @@
+"""``%launch``: run a distributed job from a notebook cell and watch it live.
+
+    %load_ext d2ldist
+    %launch -n 2 -s 2 train.py --lr {lr}
+
+The magic takes exactly ``d2l-launch``'s options (it asks the launcher's parser)
+and runs the job with the launcher's ``Job``; it adds only the display:
+
+* the job's hooks feed the launcher's ``JobModel`` (``launch/progress.py``, the
+  model d2l-launch's terminal view reads too), and its view, the dashboard
+  (``dashboard.py``), is shown once when the cell starts and then kept up to date,
+  in the kernel's main thread;
+* every line the processes print goes to the cell's output once, as ``d2l-launch``
+  prints it (report lines become the dashboard's bars and curves instead);
+* when the job ends (finished, failed or stopped) the dashboard gives way to its
+  one-line header, and the job's final form follows the log: a text summary and a
+  figure (``final.py``), plain outputs that every viewer of the notebook shows;
+* a failed job raises ``JobFailed`` naming the process and showing its last lines;
+  the stop button stops every process and raises KeyboardInterrupt again;
+* the variable ``_launch`` then holds a ``LaunchResult`` for later cells.
+
+Why the final form comes after the log rather than in the dashboard's place: nbval
+(``make test``) sees only a cell's first display of an output, never its updates, so
+what it compares must be shown as new outputs; the header is the same line before
+and after.
+"""
+import sys
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.display import display
+from IPython.utils.process import arg_split
+
+from ..launch import cli
+from ..launch.job import JobFailed, describe_exit
+from ..launch.progress import JobModel
+from . import final
+
+
+class LaunchResult:
+    """What a finished ``%launch`` leaves behind (in the variable ``_launch``)."""
+
+    def __init__(self, job, model):
+        self.code = job.code                   # the job's exit code (0: success)
+        self.outcome = model.outcome           # 'finished', 'failed', 'stopped', 'timeout'
+        self.exit_codes = {p.label: p.code for p in job.procs}
+        self.metrics = {r.rank: dict(r.metrics) for r in model.workers}  # final reports
+        self.history = {r.rank: list(r.history) for r in model.workers}  # (epoch, loss, acc, test_acc)
+        self.log = list(model.log)             # the merged log, as printed
+        self._text = final.summary(model)
+
+    @property
+    def ok(self):
+        return self.code == 0
+
+    def __repr__(self):
+        return self._text
+
+
+class _Out:
+    """The job's output: to the cell (so every front end and executor keeps it) and the model."""
+
+    def __init__(self, stream):
+        self.model, self.stream = None, stream   # the model comes once the job is made
+
+    def write(self, text):
+        self.stream.write(text)
+        if self.model is not None:
+            self.model.add_log(text)
+
+    def flush(self):
+        self.stream.flush()
+
+
+class _TextView:
+    """The view without ipywidgets (terminal IPython): the header line, nothing live."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def refresh(self, force=False):
+        pass
+
+    def finish(self, handle):
+        pass
+
+    def __repr__(self):
+        return final.header(self.model)
+
+
+def _view(model, shell):
+    if type(shell).__name__ != 'ZMQInteractiveShell':   # terminal IPython: no widgets
+        return _TextView(model)
+    try:
+        from .dashboard import Dashboard
+        return Dashboard(model)
+    except ImportError:                        # ipywidgets or matplotlib missing
+        return _TextView(model)
+
+
+@magics_class
+class LaunchMagics(Magics):
+    """The ``%launch`` line magic (``%load_ext d2ldist`` registers it)."""
+
+    @line_magic
+    def launch(self, line):
+        try:
+            args = cli.parse(arg_split(line), prog='%launch')
+        except cli.UsageError as e:
+            raise UsageError(f'%launch: {e}') from None
+        out = _Out(sys.stdout)
+        try:        # ssh: checks the hosts and syncs the directory first
+            job = cli.make_job(args, out=out, on_line=lambda p, t: on_line(p, t),
+                               on_state=lambda p: on_state(p),
+                               on_tick=lambda: view.refresh())
+        except cli.UsageError as e:
+            raise UsageError(f'%launch: {e}') from None
+        model = out.model = JobModel([p.spec for p in job.procs],
+                                     title=f'%launch {line.strip()}')
+        view = _view(model, self.shell)
+        handle = display(view, display_id=True)
+
+        def on_line(proc, line):
+            shown = model.on_line(proc, line)
+            if shown is None:                  # a report: the model took it
+                view.refresh()
+            return shown
+
+        def on_state(proc):
+            model.on_state(proc)
+            view.refresh()
+
+        try:
+            job.run()
+        except KeyboardInterrupt:
+            _stop_for_sure(job)
+            self._finish(job, model, view, handle, 'stopped', 'interrupted; every process stopped')
+            raise
+        if job.code == 0:
+            self._finish(job, model, view, handle, 'finished')
+            return None
+        if job.failure is not None:
+            p = job.failure
+            message = f'{p.label} failed ({describe_exit(p.code)})'
+            self._finish(job, model, view, handle, 'failed', message)
+            raise JobFailed(f'{message}; the job was stopped. Its last lines:\n'
+                            + '\n'.join(f'  | {t}' for t in p.tail), proc=p)
+        message = f'ran longer than --timeout {args.timeout:g} s' if job.code == 124 \
+            else f'exit code {job.code}'
+        self._finish(job, model, view, handle, 'timeout' if job.code == 124 else 'failed', message)
+        raise JobFailed(f'the job {message}; it was stopped')
+
+    def _finish(self, job, model, view, handle, outcome, message=''):
+        """The job ended: the dashboard goes, its final form follows the log."""
+        model.finish(outcome, message)
+        self.shell.user_ns['_launch'] = LaunchResult(job, model)
+        sys.stdout.flush()
+        view.finish(handle)
+        for bundle in final.outputs(model):
+            display(bundle, raw=True)
+
+
+def _stop_for_sure(job):
+    """Stop every process even if the stop button is pressed again meanwhile."""
+    while any(p.alive for p in job.procs):
+        try:
+            job.stop_all()
+        except KeyboardInterrupt:
+            continue
+
+
+LaunchMagics.launch.__doc__ = (
+    'Run a distributed job (the d2l-launch command) and show a live dashboard.\n\n'
+    'A .py script runs with this kernel\'s Python; $var and {expr} are expanded.\n'
+    'Afterwards the variable _launch holds the result: exit_codes, metrics, log.\n\n'
+    + cli.build_parser('%launch').format_help())

@@ -1,0 +1,180 @@
+"""A node's place in the job (after ps-lite's Postoffice): rank, peers and barriers.
+
+Every server and worker makes one ``Node``. ``start()`` registers with the scheduler
+and waits for the address book; from then on the node can send to any peer by id
+(``'worker:1'``, ``'server:0'``), receive, and wait at barriers. A background thread
+sends the scheduler a heartbeat every second; if the scheduler announces that a peer
+failed, the next ``recv`` raises ``PeerFailed`` instead of waiting forever.
+"""
+import atexit
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections import deque
+
+from . import protocol
+from . import shm
+from .van import Van
+
+
+_current = None   # this process's node, once it has joined the job
+
+
+def join(role='worker'):
+    """This process's node in the job, registered on the first call; None when run alone.
+
+    A process started by d2l-launch (D2L_SCHEDULER_URI is set) joins once; every layer
+    above (kv's stores, the collectives) asks here, so a process is one node.
+    """
+    global _current
+    if _current is None and 'D2L_SCHEDULER_URI' in os.environ:
+        _current = Node.from_env(role=role).start()
+    return _current
+
+
+def current():
+    """This process's node if it has joined a job, else None."""
+    return _current
+
+
+class PeerFailed(RuntimeError):
+    """Another node of the job died or stopped answering."""
+
+
+class Node:
+    """This process as a node of a job: its van, its rank and the address book."""
+
+    def __init__(self, role, rank, num_workers, num_servers, scheduler, secret, host=None):
+        self.role, self.rank = role, rank
+        self.num_workers, self.num_servers = num_workers, num_servers
+        self.scheduler, self.secret = scheduler, secret
+        self.host = host or _address_towards(scheduler)
+        node_id = f'{role}:{rank}' if rank is not None else f'{role}@{secrets.token_hex(4)}'
+        self.van = Van(node_id, secret, host=self.host)
+        self.van.connect('scheduler', scheduler)
+        self.book = {}            # node id -> address
+        self._stash = deque()     # messages received while waiting for others
+        self._barriers = {}       # group -> barriers this node has entered
+        self._stopped = threading.Event()
+
+    @classmethod
+    def from_env(cls, role=None, env=os.environ):
+        """The node the launcher's environment describes (see ARCHITECTURE.md)."""
+        try:
+            rank = env.get('D2L_RANK')
+            scheduler = f"tcp://{env['D2L_SCHEDULER_URI']}:{env['D2L_SCHEDULER_PORT']}"
+            return cls(role or env['D2L_ROLE'], None if rank is None else int(rank),
+                       int(env['D2L_NUM_WORKER']), int(env['D2L_NUM_SERVER']),
+                       scheduler, env['D2L_JOB_SECRET'], env.get('D2L_NODE_HOST'))
+        except KeyError as e:
+            raise RuntimeError(f'{e.args[0]} is not set: start the job with d2l-launch') from None
+
+    @property
+    def id(self):
+        return self.van.node_id
+
+    def start(self, timeout=60.0):
+        """Register with the scheduler and wait for the address book."""
+        me = shm.identity()
+        self.van.send('scheduler', protocol.REGISTER, {'role': self.role, 'rank': self.rank,
+                                                       'address': self.van.address,
+                                                       'host_id': me})
+        msg = self.recv([protocol.ADDRESS_BOOK, protocol.ERROR], timeout=timeout)
+        if msg is None:
+            raise TimeoutError(f'{self.id}: no answer from the scheduler at '
+                               f'{self.scheduler} after {timeout:g} s')
+        if msg.kind == protocol.ERROR:
+            raise RuntimeError(f'{self.id}: {msg["error"]}')
+        self.van.node_id = msg['you']
+        self.rank = int(msg['you'].split(':')[1])
+        self.book, identities = dict(msg['nodes']), dict(msg.get('host_ids') or {})
+        for peer, address in self.book.items():
+            if peer != self.id:
+                shares = me is not None and identities.get(peer) == me   # same processes
+                self.van.connect(peer, address, same_host=shares and shm.same_host(
+                    self.van.address, address))
+        threading.Thread(target=self._heartbeat, daemon=True,
+                         name='d2ldist-heartbeat').start()
+        atexit.register(self.stop)
+        _report_peer_failures_in_one_line()
+        return self
+
+    def peers(self, role):
+        """The ids of the nodes with ``role``, in rank order."""
+        count = self.num_workers if role == 'worker' else self.num_servers
+        return [f'{role}:{r}' for r in range(count)]
+
+    def send(self, peer, kind, header=None, frames=(), track=False):
+        return self.van.send(peer, kind, header, frames, track=track)
+
+    def recv(self, kinds=None, timeout=None):
+        """The next message of one of ``kinds`` (others wait in a stash for later)."""
+        for msg in self._stash:
+            if kinds is None or msg.kind in kinds:
+                self._stash.remove(msg)
+                return msg
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            msg = self.van.recv(timeout=left)
+            if msg is None:
+                return None
+            if msg.kind == protocol.FAILED and msg.sender == 'scheduler':
+                raise PeerFailed(f'{msg.get("node", "a node").replace(":", " ")} failed '
+                                 f'({msg.get("reason")}); {self.id.replace(":", " ")} gives up')
+            if kinds is None or msg.kind in kinds:
+                return msg
+            self._stash.append(msg)
+
+    def barrier(self, group='worker'):
+        """Wait until every node of ``group`` ('worker', 'server' or 'all') is here."""
+        n = self._barriers[group] = self._barriers.get(group, 0) + 1   # numbered per group
+        self.van.send('scheduler', protocol.BARRIER, {'group': group, 'n': n})
+        while True:
+            msg = self.recv([protocol.BARRIER_DONE])
+            if msg.get('group') == group and msg.get('n') == n:
+                return
+
+    def _heartbeat(self):
+        """Tell the scheduler every second that this node is alive (own socket)."""
+        van = Van(self.id, self.secret, bind=False, shaped=False)
+        van.connect('scheduler', self.scheduler)
+        interval = float(os.environ.get('D2L_HEARTBEAT_INTERVAL', '1'))
+        while not self._stopped.wait(interval):
+            van.send('scheduler', protocol.HEARTBEAT)
+        van.close()
+
+    def stop(self):
+        """Say goodbye to the scheduler and close the sockets."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        try:
+            self.van.send('scheduler', protocol.GOODBYE)
+        finally:
+            self.van.close()
+
+
+def _report_peer_failures_in_one_line():
+    """Let an uncaught PeerFailed end the process with its message, not a traceback."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if issubclass(kind, PeerFailed):
+            print(f'd2ldist: {value}', file=sys.stderr, flush=True)
+        else:
+            previous(kind, value, tb)
+    sys.excepthook = hook
+
+
+def _address_towards(uri):
+    """This host's address on the route to ``uri`` (127.0.0.1 for a local job)."""
+    host = uri.split('://')[-1].rsplit(':', 1)[0]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))   # no packet is sent: this only asks for the route
+        return s.getsockname()[0]

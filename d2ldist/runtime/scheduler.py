@@ -1,0 +1,147 @@
+"""The scheduler: node bookkeeping for one job (after ps-lite's scheduler node).
+
+It does four things and nothing else:
+1. registration: every server and worker says who it is and where it listens; once
+   all have come, each gets the address book (who is where);
+2. barriers over a group (``worker``, ``server`` or ``all``);
+3. liveness: every node sends a heartbeat each second; one that falls silent, or
+   dies, is announced to everybody else, so that nobody waits for it forever;
+4. the end: when every worker has said goodbye, the servers are told to shut down.
+
+Run as ``python -m d2ldist.runtime.scheduler`` by the launcher; the environment says the job's
+shape (see ARCHITECTURE.md). It prints ``d2ldist: scheduler ready at <address>`` once
+it listens, which is how the launcher learns the port it chose.
+"""
+import os
+import sys
+import time
+
+from . import protocol
+from .van import Van
+
+GROUPS = ('worker', 'server', 'all')
+
+
+class Scheduler:
+    """Registration, address book, barriers and liveness of one job."""
+
+    def __init__(self, van, num_workers, num_servers, heartbeat_timeout=5.0):
+        self.van, self.num_workers, self.num_servers = van, num_workers, num_servers
+        self.heartbeat_timeout = heartbeat_timeout
+        self.nodes = {}          # node id -> address, in registration order
+        self.host_ids = {}       # node id -> who can share its memory (shm.identity())
+        self.book_sent = False
+        self.last_seen = {}      # node id -> time of its last message
+        self.finished = set()    # nodes that said goodbye
+        self.barriers = {}       # (group, n) -> node ids that arrived
+
+    def members(self, group):
+        return [n for n in self.nodes if group == 'all' or n.startswith(group + ':')]
+
+    def serve(self):
+        """Answer messages until the workers are done; return the exit code."""
+        while True:
+            msg = self.van.recv(timeout=0.5)
+            if msg is not None:
+                if msg.sender in self.nodes:
+                    self.last_seen[msg.sender] = time.monotonic()
+                done = self.handle(msg)
+                if done:
+                    return 0
+            dead = self.silent_node()
+            if dead:
+                self.fail(dead, f'no heartbeat for {self.heartbeat_timeout:g} s')
+                return 1
+
+    def handle(self, msg):
+        """Act on one message; True when the job is over."""
+        if msg.kind == protocol.REGISTER:
+            self.register(msg)
+        elif msg.kind == protocol.BARRIER and msg.sender in self.nodes:
+            self.barrier(msg.sender, msg.get('group'), msg.get('n'))
+        elif msg.kind == protocol.FAILED and msg.sender in self.nodes:
+            self.fail(msg.sender, str(msg.get('reason', 'failed'))[:200])
+        elif msg.kind == protocol.GOODBYE and msg.sender in self.nodes:
+            self.finished.add(msg.sender)
+            if self.book_sent and set(self.members('worker')) <= self.finished:
+                for server in self.members('server'):
+                    self.van.send(server, protocol.SHUTDOWN)
+                return True
+        return False
+
+    def register(self, msg):
+        role, rank, address = msg.get('role'), msg.get('rank'), msg.get('address')
+        if role not in ('worker', 'server') or not isinstance(address, str):
+            return
+        count = self.num_workers if role == 'worker' else self.num_servers
+        if rank is None:   # started by hand without D2L_RANK: take the next free rank
+            taken = {int(n.split(':')[1]) for n in self.members(role)}
+            rank = min(set(range(count)) - taken, default=None)
+        node = f'{role}:{rank}'
+        self.van.connect(msg.sender, address)
+        if self.book_sent or not isinstance(rank, int) or not 0 <= rank < count \
+                or node in self.nodes:
+            self.van.send(msg.sender, protocol.ERROR, {
+                'error': f'cannot register {role} rank {rank}: expected {count} {role}s, '
+                         f'have {sorted(self.nodes)}'})
+            return
+        if msg.sender != node:
+            self.van.connect(node, address)
+        self.nodes[node] = address
+        self.host_ids[node] = msg.get('host_id') if isinstance(msg.get('host_id'), str) else None
+        if len(self.nodes) == self.num_workers + self.num_servers:
+            for n in self.nodes:
+                self.van.send(n, protocol.ADDRESS_BOOK,
+                              {'nodes': self.nodes, 'host_ids': self.host_ids, 'you': n})
+                self.last_seen[n] = time.monotonic()   # heartbeats start with the book
+            self.book_sent = True
+
+    def barrier(self, node, group, n):
+        if group not in GROUPS or not isinstance(n, int):
+            return
+        arrived = self.barriers.setdefault((group, n), set())
+        arrived.add(node)
+        if arrived >= set(self.members(group)):
+            for member in self.members(group):
+                self.van.send(member, protocol.BARRIER_DONE, {'group': group, 'n': n})
+            del self.barriers[(group, n)]
+
+    def silent_node(self):
+        """A registered node that has stopped sending heartbeats, if any."""
+        now = time.monotonic()
+        for node, seen in self.last_seen.items():
+            if node not in self.finished and now - seen > self.heartbeat_timeout:
+                return node
+        return None
+
+    def fail(self, node, reason):
+        """Tell every other node that ``node`` is gone, so that nobody waits for it."""
+        print(f'd2ldist: {node.replace(":", " ")} failed: {reason}; telling the others',
+              flush=True)
+        for other in self.nodes:
+            if other != node and other not in self.finished:
+                self.van.send(other, protocol.FAILED, {'node': node, 'reason': reason})
+        self.finished.add(node)
+
+
+def main():
+    env = os.environ
+    try:
+        num_workers, num_servers = int(env['D2L_NUM_WORKER']), int(env['D2L_NUM_SERVER'])
+        van = Van('scheduler', env['D2L_JOB_SECRET'], host=env.get('D2L_SCHEDULER_URI', '127.0.0.1'),
+                  port=int(env.get('D2L_SCHEDULER_PORT', '0')), max_message_bytes=1 << 20)
+    except KeyError as e:
+        sys.exit(f'd2ldist.scheduler: {e.args[0]} is not set (start jobs with d2l-launch)')
+    except Exception as e:   # e.g. the port is taken
+        sys.exit(f'd2ldist.scheduler: cannot listen: {e}')
+    print(f'd2ldist: scheduler ready at {van.address}', flush=True)
+    timeout = float(env.get('D2L_HEARTBEAT_TIMEOUT', '5'))
+    code = Scheduler(van, num_workers, num_servers, timeout).serve()
+    if van.dropped:
+        print(f'd2ldist: the scheduler dropped {van.dropped} invalid messages', flush=True)
+    van.close()
+    sys.exit(code)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,345 @@
+"""The van: how nodes of a job send each other messages (after ps-lite's Van).
+
+Every node binds one ZeroMQ ROUTER socket and receives everything there; to talk to
+a peer it connects a DEALER socket to the peer's ROUTER. A message on the wire is
+
+    [mac, header, frame 0, frame 1, ...]
+
+* ``header`` is UTF-8 JSON: the message's ``kind``, its sender (``from``), a
+  per-sender sequence number (``seq``), the byte size of each data frame
+  (``sizes``) and whatever the application adds (keys, dtypes, shapes) under
+  names of its own (``send`` refuses the van's, ``VAN_FIELDS``).
+* the frames are raw tensor bytes, sent and received without copies.
+* ``mac`` is HMAC-SHA256 of the header under the job's secret. Because the header
+  lists the frame sizes and a sequence number, a stranger without the secret can
+  neither forge a message nor replay one. With ``D2L_MAC_PAYLOAD=1`` the MAC also
+  covers every data byte (against a tamperer on the path), at the cost of hashing
+  them (about 1.3 GB/s per core).
+
+Nothing received is ever turned into objects or code: the header is parsed as JSON, and
+a message that is malformed, oversized or fails the check is dropped with a log
+line while the receiver goes on serving.
+
+With a simulated network (``d2l-launch --bandwidth/--latency``, see pacing.py) the
+sender's ``Pacer`` adds ``sent`` and ``delay`` to the header, and the receiver holds
+the message until ``sent + delay``: the time it would arrive over that link.
+
+Between processes on the same host, frames of ``shm.SHM_MIN_BYTES`` or more travel through
+shared memory instead (shm.py): the header carries, for each, where it lies (``shm``:
+``[[frame index, pid, fd, offset, nbytes], ...]``) and the frame on the wire is empty. The
+descriptor is covered by the MAC like the rest of the header (``D2L_MAC_PAYLOAD`` covers
+the bytes that cross the network; those in shared memory never do, and only processes of
+our own user can write them); the application receives a memoryview as from the socket.
+``D2L_SHM=0`` sends everything through the socket.
+"""
+import ctypes
+import hashlib
+import heapq
+import hmac
+import itertools
+import json
+import math
+import os
+import platform
+import secrets
+import sys
+import threading
+import time
+
+import zmq
+
+from . import shm
+from .pacing import pacer_from_env
+
+MAX_HEADER_BYTES = 64 * 1024   # a header is small: kinds, keys, shapes
+MAX_FRAMES = 4096              # data frames in one message
+MAC_BYTES = 32                 # HMAC-SHA256
+HEADER_ON_WIRE = 256           # bytes a message's header counts on a simulated link
+# The header fields the van writes itself; an application's header may not use them
+VAN_FIELDS = frozenset({'kind', 'from', 'seq', 'session', 'sizes', 'shm', 'sent', 'delay'})
+LINGER_SECONDS = 2.0           # how long close() lets queued messages leave
+
+
+_kept = False   # keep_freed_memory() has run in this process
+
+
+def keep_freed_memory():
+    """Ask glibc to keep freed message buffers for the next ones (elsewhere: nothing).
+
+    ZeroMQ mallocs a fresh buffer for every received frame and frees it once used. By
+    default glibc serves a big block with a fresh mmap and unmaps it on free, so every
+    message faults in all its pages again and the kernel zeroes them: thousands of page
+    faults a step, 5-10 % of the CPU in a profile. Serving blocks up to 32 MB from the
+    heap and not trimming it reuses the same pages instead.
+    """
+    global _kept
+    if not _kept and platform.system() == 'Linux' and platform.libc_ver()[0] == 'glibc':
+        _kept = True
+        libc = ctypes.CDLL(None)
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)      # the largest glibc accepts
+        libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+
+
+class Message:
+    """One message: its kind, its sender, the header fields and raw data frames."""
+
+    def __init__(self, kind, sender, header, frames):
+        self.kind, self.sender, self.header, self.frames = kind, sender, header, frames
+
+    def __getitem__(self, name):
+        return self.header[name]
+
+    def get(self, name, default=None):
+        return self.header.get(name, default)
+
+    def __repr__(self):
+        return f'Message({self.kind!r} from {self.sender!r}, {len(self.frames)} frames)'
+
+
+class Van:
+    """Authenticated messages between the nodes of one job, over ZeroMQ."""
+
+    def __init__(self, node_id, secret, host='127.0.0.1', port=0, bind=True,
+                 max_message_bytes=-1, mac_payload=None, shaped=True):
+        self.node_id = node_id
+        self._key = secret.encode() if isinstance(secret, str) else bytes(secret)
+        if not self._key:
+            raise ValueError('the job secret is empty (set D2L_JOB_SECRET)')
+        if mac_payload is None:
+            mac_payload = os.environ.get('D2L_MAC_PAYLOAD', '0') == '1'
+        self.mac_payload = mac_payload
+        keep_freed_memory()   # received frames reuse the same pages (once a process)
+        # D2L_ZMQ_IO_THREADS=2 lets sending and receiving copy on two cores (the
+        # ring all-reduce does both at once); one thread is ZeroMQ's default.
+        io_threads = int(os.environ.get('D2L_ZMQ_IO_THREADS', '1'))
+        self._ctx = zmq.Context.instance(io_threads=io_threads)
+        self._session = secrets.token_hex(4)   # tells this van's sequence apart
+        self._seq = itertools.count(1)
+        self._lock = threading.Lock()          # one sender at a time keeps seq in order
+        self._peers = {}                       # peer id -> connected DEALER socket
+        self._last_seq = {}                    # (sender, session) -> last seq seen
+        self._dropped, self._last_log = 0, 0.0
+        # the simulated link (None: the real network only) and the messages held
+        # until their simulated delivery time: a heap of (due, arrival, message)
+        self.pacer = pacer_from_env() if shaped else None
+        self._held, self._arrivals = [], itertools.count()
+        # shared memory with peers on this host (not under a simulated link: it must
+        # carry the bytes): our blocks, the peers that may use them, others' blocks
+        self.shm = shm.Pool() if shm.enabled() and self.pacer is None else None
+        self._shm_peers, self._shm_maps = set(), shm.Mapper()
+        self.host, self.port, self._router = host, None, None
+        if bind:
+            self._router = self._ctx.socket(zmq.ROUTER)
+            self._router.setsockopt(zmq.LINGER, 0)
+            self._router.setsockopt(zmq.RCVHWM, 0)
+            self._router.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+            if port:
+                self._router.bind(f'tcp://{host}:{port}')
+                self.port = port
+            else:
+                self.port = self._router.bind_to_random_port(f'tcp://{host}')
+
+    @property
+    def address(self):
+        """The address peers connect to."""
+        return f'tcp://{self.host}:{self.port}'
+
+    # -- sending ---------------------------------------------------------------
+    def connect(self, peer_id, address, same_host=False):
+        """Open (or replace) the link to a peer's ROUTER; ``same_host``: big frames to
+        it may go through shared memory."""
+        with self._lock:
+            self._shm_peers.discard(peer_id)
+            if same_host and self.shm is not None:
+                self._shm_peers.add(peer_id)
+            old = self._peers.pop(peer_id, None)
+            if old is not None:
+                old.close(linger=0)
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, int(LINGER_SECONDS * 1000))   # let goodbyes leave
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.connect(address)
+            self._peers[peer_id] = sock
+
+    def is_connected(self, peer_id):
+        return peer_id in self._peers
+
+    def send(self, peer_id, kind, header=None, frames=(), track=False):
+        """Send a message to a peer; frames are bytes-like (tensor memory, no copy).
+
+        With ``track=True`` it returns the ZeroMQ trackers of the frames sent without
+        a copy: ``tracker.wait()`` returns once ZeroMQ no longer reads that memory,
+        so the caller may overwrite it.
+        """
+        frames = [memoryview(f).cast('B') for f in frames]
+        taken = VAN_FIELDS.intersection(header or ())
+        if taken:
+            raise ValueError(f'header fields {sorted(taken)} are the van\'s own: rename them')
+        trackers, wait = [], 0.0
+        with self._lock:
+            head = dict(header or {}, kind=kind, seq=next(self._seq),
+                        session=self._session, sizes=[f.nbytes for f in frames])
+            head['from'] = self.node_id
+            if peer_id in self._shm_peers:   # big frames: copied to shared memory
+                frames, where = self._share(frames)
+                if where:
+                    head['shm'] = where
+            if self.pacer is not None:   # the simulated link: when it may arrive
+                sent = time.time()
+                due, wait = self.pacer.book(sum(head['sizes']) + HEADER_ON_WIRE)
+                head.update(sent=sent, delay=due - sent)
+            head_bytes = json.dumps(head, separators=(',', ':')).encode()
+            sock = self._peers[peer_id]
+            sock.send(self._mac(head_bytes, frames), zmq.SNDMORE)
+            sock.send(head_bytes, zmq.SNDMORE if frames else 0)
+            for i, f in enumerate(frames):
+                small = f.nbytes < 64 * 1024   # copying small frames is cheaper
+                more = zmq.SNDMORE if i < len(frames) - 1 else 0
+                tracker = sock.send(f, more, copy=small, track=track and not small)
+                if track and not small:
+                    trackers.append(tracker)
+        if wait > 0:                     # the token bucket is empty: wait for tokens
+            time.sleep(wait)
+        return trackers
+
+    def _share(self, frames):
+        """Put the big frames in shared memory: (the frames to send, their descriptors)."""
+        out, where = [], []
+        for i, f in enumerate(frames):
+            desc = self.shm.put(f) if f.nbytes >= shm.SHM_MIN_BYTES else None
+            if desc is not None:
+                where.append([i] + desc)
+            out.append(f if desc is None else memoryview(b''))
+        return out, where
+
+    def _mac(self, head_bytes, frames):
+        mac = hmac.new(self._key, head_bytes, hashlib.sha256)
+        if self.mac_payload:
+            for f in frames:
+                mac.update(f)
+        return mac.digest()
+
+    # -- receiving -------------------------------------------------------------
+    def recv(self, timeout=None):
+        """The next valid message, or None after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self._held:               # a simulated link: the first one due goes first
+                hold = self._held[0][0] - time.time()
+                if hold <= 0:
+                    return heapq.heappop(self._held)[2]
+                if hold < 0.001 and (left is None or hold <= left):
+                    time.sleep(hold)     # poll counts whole milliseconds
+                    continue
+                left = hold if left is None else min(left, hold)
+            if not self._router.poll(None if left is None else int(left * 1000)):
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                continue
+            parts = self._router.recv_multipart(copy=False)
+            msg = self._check(parts[1:])   # parts[0] is ZeroMQ's routing id
+            if msg is None:
+                continue
+            if 'delay' not in msg.header and not self._held:
+                return msg               # the real network only: deliver now
+            heapq.heappush(self._held, (self._due(msg), next(self._arrivals), msg))
+
+    @staticmethod
+    def _due(msg):
+        """When a message sent over a simulated link arrives (now, if it was not).
+
+        ``sent + delay`` in the sender's clock; at most ``delay`` from now, so that a
+        sender whose clock runs ahead of ours cannot make us hold a message longer."""
+        sent, delay = msg.get('sent'), msg.get('delay')
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (sent, delay)):
+            return 0.0
+        now = time.time()
+        return min(sent + delay, now + delay)
+
+    def _check(self, parts):
+        """Return the Message if ``parts`` are a valid message, else log and drop."""
+        if len(parts) < 2 or len(parts) > 2 + MAX_FRAMES:
+            return self._drop(f'{len(parts)} parts')
+        mac, head_bytes, frames = parts[0].bytes, parts[1].bytes, parts[2:]
+        if len(head_bytes) > MAX_HEADER_BYTES:
+            return self._drop('oversized header')
+        data = [memoryview(f.buffer) for f in frames]
+        if not hmac.compare_digest(mac, self._mac(head_bytes, data)):
+            return self._drop('bad MAC (wrong job secret?)')
+        try:
+            head = json.loads(head_bytes)
+            kind, sender, seq, session = head['kind'], head['from'], head['seq'], head['session']
+            last = self._last_seq.get((sender, session), 0)
+        except (ValueError, KeyError, TypeError):
+            return self._drop('malformed header')
+        if not (isinstance(seq, int) and isinstance(kind, str)):
+            return self._drop('malformed header')
+        if seq <= last:
+            return self._drop(f'replayed message from {sender}')
+        if 'shm' in head:                  # frames in shared memory (checked after replay:
+            try:                           # a replayed descriptor must not map anything)
+                data = self._shared_frames(head['shm'], data)
+            except ValueError as e:
+                return self._drop(f'bad shared-memory descriptor: {e}')
+        if head.get('sizes') != [f.nbytes for f in data]:
+            return self._drop('header does not match its frames')
+        self._last_seq[(sender, session)] = seq
+        return Message(kind, sender, head, data)
+
+    def _shared_frames(self, where, data):
+        """The frames with those in shared memory mapped in (ValueError if a check fails)."""
+        if not isinstance(where, list) or len(where) > len(data):
+            raise ValueError('malformed list')
+        data, seen = list(data), set()
+        for entry in where:       # [frame index, pid, fd, offset, nbytes]
+            if not (isinstance(entry, list) and len(entry) == 5
+                    and all(type(x) is int for x in entry)):
+                raise ValueError(f'malformed entry {entry!r}'[:120])
+            i, pid, fd = entry[:3]
+            if not (0 <= i < len(data) and data[i].nbytes == 0) or {i, (pid, fd)} & seen:
+                raise ValueError(f'entry {entry!r} does not fit the frames'[:120])
+            seen.update([i, (pid, fd)])
+            data[i] = self._shm_maps.view(entry[1:])
+        return data
+
+    def shm_stats(self):
+        """Shared-memory counters: blocks and bytes of our pool, frames sent and received."""
+        stats = self.shm.stats() if self.shm is not None else \
+            {'blocks': 0, 'bytes': 0, 'sent': 0, 'created': 0, 'fallbacks': 0}
+        return dict(stats, received=self._shm_maps.received)
+
+    def _drop(self, why):
+        """Log a dropped message (at most one line a second) and go on."""
+        self._dropped += 1
+        now = time.monotonic()
+        if now - self._last_log >= 1.0:
+            print(f'd2ldist.van: {self.node_id} dropped a message: {why} '
+                  f'({self._dropped} dropped so far)', file=sys.stderr, flush=True)
+            self._last_log = now
+        return None
+
+    @property
+    def dropped(self):
+        """How many received messages failed the checks."""
+        return self._dropped
+
+    def close(self):
+        """Close every socket (queued messages get two seconds to leave, and their
+        receivers as long to map the shared blocks they name)."""
+        if self.shm is not None:
+            deadline = time.monotonic() + LINGER_SECONDS
+            while self.shm.unmapped() and time.monotonic() < deadline:
+                time.sleep(0.005)
+        with self._lock:
+            for sock in self._peers.values():
+                sock.close()
+            self._peers.clear()
+            if self._router is not None:
+                self._router.close(linger=0)
+                self._router = None
+            if self.shm is not None:   # receivers' mappings keep what they still use
+                self.shm.close()
+
+

@@ -1,0 +1,55 @@
+"""The training loop every chapter and example uses: d2l's ``train_ch13``, on several machines.
+
+Each worker runs the same loop on its own part of the data (``SplitSampler``): a new
+permutation every epoch, the seven steps for every batch (``train_batch``), a progress
+report every few batches (for ``d2l-launch``'s bars and ``%launch``'s dashboard) and
+one line per epoch. Saved from the chapter that introduces it
+(``notebooks/multimachine_resnet18.ipynb``, its ``#@save`` cell).
+"""
+import time
+
+import torch
+from torch import nn
+
+from ..report import report
+from .trainer import train_batch
+
+
+def evaluate_accuracy(net, data_iter, device=None):
+    """The accuracy of net on a data set, in evaluation mode."""
+    device = device or next(net.parameters()).device
+    net.eval()
+    correct, total = 0, 0
+    with torch.no_grad():
+        for X, y in data_iter:
+            X, y = X.to(device), y.to(device)
+            correct += int((net(X).argmax(dim=1) == y).sum())
+            total += y.numel()
+    return correct / total
+
+
+def train(net, train_iter, test_iter, num_epochs, trainer, devices, lr_period=None,
+          lr_decay=0.1, report_every=5):
+    """Train for num_epochs; report progress every few batches; return the final metrics."""
+    loss = nn.CrossEntropyLoss(reduction='none')
+    num_batches, samples = len(train_iter), 0
+    for epoch in range(num_epochs):
+        if lr_period and epoch > 0 and epoch % lr_period == 0:
+            trainer.set_learning_rate(trainer.learning_rate * lr_decay)
+        train_iter.sampler.set_epoch(epoch)      # a new permutation, the same on all workers
+        train_l_sum, train_acc_sum, n, start = 0.0, 0, 0, time.time()
+        for i, (X, y) in enumerate(train_iter):
+            l, acc = train_batch(X, y, net, loss, trainer, devices)
+            train_l_sum, train_acc_sum, n = train_l_sum + l, train_acc_sum + acc, n + len(y)
+            samples += len(y)
+            if (i + 1) % report_every == 0 or i + 1 == num_batches:
+                report(epoch=epoch + 1, num_epochs=num_epochs, batch=i + 1,
+                       num_batches=num_batches, loss=l / len(y), acc=acc / len(y),
+                       samples=samples, step_times=trainer.step_times_report())
+        test_acc = evaluate_accuracy(net, test_iter, devices[0])
+        print(f'epoch {epoch + 1}, loss {train_l_sum / n:.3f}, train acc '
+              f'{train_acc_sum / n:.3f}, test acc {test_acc:.3f}, '
+              f'time {time.time() - start:.1f} sec, lr {trainer.learning_rate:g}', flush=True)
+        report(epoch=epoch + 1, num_epochs=num_epochs, batch=num_batches,
+               num_batches=num_batches, test_acc=test_acc)
+    return {'loss': train_l_sum / n, 'train_acc': train_acc_sum / n, 'test_acc': test_acc}

@@ -1,0 +1,159 @@
+"""The store interface the Trainer talks to, and the stores that are all-reduces.
+
+A *store* holds one value per key (here: one tensor per parameter of the
+network, keys 0, 1, 2, ...) and is shared by all workers. What the Trainer needs:
+
+- ``rank``, ``num_workers``: this worker's place in the job;
+- ``init(keys, values)`` then ``pull(keys, out=values)``: start every worker
+  from rank 0's values;
+- ``pushpull(keys, values, out)``: push this worker's values and pull back the
+  sum over all workers into ``out`` (an all-reduce; ``out`` may be ``values``).
+  The Trainer's values are views of one flat CPU buffer, in key order
+  (``trainer.flat_grads``), so a ring all-reduces that buffer at once;
+- ``init(keys, values, optimizer=False)`` for keys that are not weights (the
+  BatchNorm statistics the Trainer shares): a store that runs an optimizer must
+  not apply it to them, only sum (or, asynchronous, add) their pushes;
+- optionally ``allreduce_async_(tensor)``: start summing one slice of that buffer
+  and return a handle to ``wait()`` on; the Trainer then starts the slices
+  (buckets) during backward instead of calling ``pushpull``.
+
+A store that can also run the optimizer itself (a parameter server does: the
+servers update the weights they hold) has more; the Trainer then pushes
+gradients and pulls back weights:
+
+- ``set_optimizer(name, **hyper)``: the update rule, e.g. ``('sgd', lr=0.1)``
+  (a name and numbers in torch.optim's names, so it can cross the network without
+  pickling code);
+- ``push(keys, values)`` and ``pull(keys, out)``: the two halves of a round,
+  so that sending the gradients and waiting for the new weights are timed
+  apart; ``pull`` returns the weights after all workers' gradients are applied;
+- ``set_learning_rate(lr)``, for learning-rate schedules (optimizer states stay);
+- ``is_async``: True if each worker's push updates the weights on its own
+  (dist_async) instead of being summed with the others'.
+
+The stores: ``d2ldist.kv.create(kind)`` for 'local' (one process) and the
+parameter server ('dist_sync', 'dist_async', 'dist_sync_device'); here
+``AllreduceStore`` for 'ring' (d2ldist's ring) and 'torch' (torch.distributed).
+"""
+from ..collectives.staging import staged
+from ..kv.optimizers import OPTIMIZERS
+
+
+def create_optimizer(name, hyper, tensors):
+    """torch.optim's optimizer called name over tensors, e.g. ('sgd', {'lr': 0.1}, tensors).
+
+    ``name``: one of ``kv.optimizers.OPTIMIZERS``; ``hyper``: torch.optim's names. The
+    plain kernel, one operation after another, unless ``hyper`` asks for ``fused=True``:
+    it rounds exactly as the servers' formulas (``kv/optimizers.py``) do, so the ring and
+    the parameter server train the same model. torch's fused kernel is faster (one pass
+    over the memory: 9 ms instead of 35 for a ResNet-18's 45 MB) but on CPUs with AVX it
+    rounds a few elements differently, and training amplifies that last bit.
+    """
+    if name.lower() not in OPTIMIZERS:
+        raise ValueError(f'unknown optimizer {name!r}: use one of {sorted(OPTIMIZERS)}')
+    return OPTIMIZERS[name.lower()][0](tensors, **hyper)
+
+
+class AllreduceStore:
+    """kvstore='ring' or 'torch': no servers; the workers all-reduce the gradients.
+
+    'ring' is d2ldist's ring all-reduce (``d2ldist/collectives/ring.py``);
+    'torch' is ``torch.distributed.all_reduce`` on gloo (CPU) or NCCL (GPUs).
+    Both sum the Trainer's flat gradient buffer in step 4; then every worker
+    applies the same optimizer step to the same sum (step 5), so the weights
+    stay identical without being sent. This is what DistributedDataParallel
+    does too, and like DDP the Trainer starts all-reducing buckets of gradients
+    while backward is still running (``allreduce_async_``). But DDP wraps one
+    replica per process -- it cannot drive the several replicas of a worker the
+    Trainer keeps. So 'torch' is torch.distributed's all-reduce in step 4, and
+    ``benchmarks/train_throughput.py`` measures both against real DDP.
+    """
+
+    def __init__(self, kind='ring'):
+        from ..collectives import api, world
+        if kind not in ('ring', 'torch'):
+            raise ValueError(f"AllreduceStore runs 'ring' or 'torch', not {kind!r}")
+        self.type = kind
+        world.init()   # joins the job (the scheduler watches every worker's liveness)
+        if kind == 'ring':
+            if world.name() != 'ring':
+                raise RuntimeError(f'kvstore ring: this worker already uses backend '
+                                   f'{world.name()!r}')
+            self._backend = world.backend()
+            self._collective = api._submit   # on the communication thread, in order
+        else:   # torch.distributed directly (it may run next to d2ldist's ring)
+            from ..collectives.torch_backend import TorchBackend
+            self._backend = TorchBackend()
+            self._collective = lambda method, *args: _Done(
+                getattr(self._backend, method)(*args))
+        self.rank, self.num_workers = self._backend.rank, self._backend.size
+        self._values = {}
+
+    def init(self, keys, values, optimizer=True):
+        """Give every worker rank 0's values (a broadcast), and remember them.
+
+        (``optimizer`` is for stores that run one; here pushpull only ever sums.)
+        """
+        with staged(values, 'cpu') as flat:
+            self._collective('broadcast_', flat, 0).wait()
+        self._values.update(zip(keys, values))
+
+    def pull(self, keys, out):
+        """Copy the values (the same on every worker since init) into out."""
+        for k, o in zip(keys, out):
+            if o is not self._values[k]:
+                o.copy_(self._values[k])
+
+    def pushpull(self, keys, values, out):
+        """Sum values over all workers into out: one all-reduce of the flat buffer."""
+        from ..collectives import ops
+        with staged(values, 'cpu') as flat:
+            self._collective('allreduce_', flat, ops.Sum).wait()
+        for v, o in zip(values, out):
+            if o is not v:
+                o.copy_(v)
+
+    def allreduce_async_(self, tensor):
+        """Start summing a contiguous tensor over all workers, in place; ``.wait()`` for it.
+
+        The Trainer starts one per bucket of gradients during backward. 'ring' runs it on
+        the communication thread, so backward goes on meanwhile; 'torch' finishes it here.
+        """
+        from ..collectives import ops
+        return self._collective('allreduce_', tensor, ops.Sum)
+
+    def barrier(self):
+        self._collective('barrier').wait()
+
+    def __repr__(self):
+        return f'<AllreduceStore {self.type}: worker {self.rank} of {self.num_workers}>'
+
+
+class _Done:
+    """A finished collective (what the communication thread's Handle gives)."""
+
+    def __init__(self, result):
+        self.result = result
+
+    def wait(self):
+        return self.result
+
+
+STORES = ('local', 'dist_sync', 'dist_async', 'dist_sync_device', 'ring', 'torch', 'dist')
+
+
+def create_store(kvstore):
+    """A store from a name ('local', 'dist_sync', 'ring', 'torch', ...), or the store itself.
+
+    'local', 'dist_sync', 'dist_async', 'dist_sync_device': ``d2ldist.kv.create``
+    (one process, or the parameter server); 'dist' means 'dist_sync'.
+    'ring' and 'torch': the workers all-reduce the gradients (``AllreduceStore``).
+    """
+    if not isinstance(kvstore, str):
+        return kvstore
+    if kvstore not in STORES:
+        raise ValueError(f'unknown kvstore {kvstore!r}: use one of {", ".join(STORES)}')
+    if kvstore in ('ring', 'torch'):
+        return AllreduceStore(kvstore)
+    from .. import kv
+    return kv.create('dist_sync' if kvstore == 'dist' else kvstore)

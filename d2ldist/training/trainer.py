@@ -1,0 +1,388 @@
+"""The seven steps of multi-machine, multi-device training, and a Trainer that runs them.
+
+Every batch, on every worker (one machine with several devices):
+
+1. a batch is split across the devices; each replica of the network computes
+   the loss and the gradients of its slice;
+2. the replicas' gradients are summed on one device;
+3. the sum is copied to the CPU;
+4. the CPU pushes it to the store, whose servers sum it over all workers;
+5. the summed gradient updates the weights, and the new weights come back (pull);
+6. the weights are copied to one device;
+7. and from there broadcast to all devices.
+
+``train_batch`` does step 1, ``Trainer.step`` steps 2 to 7; each step is timed
+(``trainer.step_times``). The store is anything with the small interface of
+``training/stores.py``; ``create_store`` makes them by name:
+
+- 'local': one process (``d2ldist.kv``'s local store, which runs the optimizer);
+- 'dist_sync', 'dist_async': the parameter server -- step 4 pushes the gradients,
+  the servers update the weights, step 5 pulls them (async: each push alone);
+- 'dist_sync_device': the same as dist_sync here, because step 2 always sums on
+  ``devices[0]`` (on the GPU when there are GPUs); the name matters when a
+  ``d2ldist.kv`` store is given the device copies itself;
+- 'ring' and 'torch': no servers -- step 4 all-reduces the flat gradient buffer
+  (d2ldist's ring, or torch.distributed on gloo/NCCL) and in step 5 every worker
+  applies the same optimizer step to the same sum.
+
+Overlap: with 'ring' and 'torch' the Trainer does not wait for backward to end.
+The gradients go into buckets (``buckets.py``, as DistributedDataParallel's and
+Horovod's), last layers first; a hook runs steps 2 and 3 for each gradient the
+moment backward has produced it on every device, and a full bucket's all-reduce
+(step 4) starts while backward computes the earlier layers. ``step`` then only
+waits for the buckets still running. Each step's time counts its own work, wherever
+it ran (step 1 does not count the hooks' steps 2 to 4). ``overlap=False`` runs the
+steps one after the other, as with the parameter server.
+
+On the CPU the host buffers are the device's memory: the weights of the network
+on ``devices[0]`` are views of ``flat_weights``, so step 6 has nothing to copy.
+
+BatchNorm: each replica normalizes its own slice with that slice's statistics
+(as MXNet and DistributedDataParallel do without synchronized BatchNorm); its
+running mean and variance (buffers, not parameters: no gradient, no optimizer)
+are updated from that slice alone. Left so, every worker would evaluate the same
+weights with statistics of its own data, and the workers would report different
+test accuracies. So step 7 also shares the running statistics: it averages them
+over the replicas (on the first device), then over the workers through the store
+-- one more key, ``'buffers'``, the floating-point buffers in one flat tensor,
+which the servers' optimizer does not touch -- and gives the result to every
+replica. With a synchronous store all workers then hold the same statistics, as
+they hold the same weights, and report the same test accuracy (with dist_async
+neither weights nor statistics are ever quite the same on two workers). Why
+averaging: see the Trainer's docstring.
+"""
+import copy
+import time
+from contextlib import contextmanager
+
+import torch
+
+from ..collectives.buckets import BUCKET_CAP_MB, Buckets
+from ..kv.optimizers import ON_SERVERS, torch_names
+from ..kv.worker import sum_copies
+from .devices import split_and_load
+from .stores import create_optimizer, create_store
+
+STEP_NAMES = {1: 'forward and backward on each device',
+              2: 'sum gradients on one device',
+              3: 'copy gradients to the CPU',
+              4: 'push gradients to the store',
+              5: 'update weights, pull them back',
+              6: 'copy weights to one device',
+              7: 'broadcast weights to all devices'}
+# What the dashboard's bars are called (d2ldist.report's step_times, in order)
+STEP_LABELS = {1: '1 forward, backward', 2: '2 sum on device', 3: '3 copy to CPU',
+               4: '4 push', 5: '5 update, pull', 6: '6 copy to device',
+               7: '7 to all devices'}
+BUFFERS_KEY = 'buffers'   # the store's key of the BatchNorm statistics of all workers
+
+
+class Trainer:
+    """Trains the replicas of net on devices through a key-value store (after gluon.Trainer).
+
+    ``net`` itself becomes the replica on ``devices[0]``; the other replicas are
+    deep copies. With a store that runs the optimizer (``set_optimizer``) the
+    update happens in the store; otherwise the store only sums the gradients
+    and every worker applies the same update to the same sum. ``overlap``: start
+    the all-reduce of finished buckets of about ``bucket_cap_mb`` during backward
+    (stores with ``allreduce_async_``: 'ring', 'torch').
+
+    BatchNorm statistics (step 7) are averaged over all replicas of all workers
+    rather than broadcast from rank 0 (DistributedDataParallel's way): the mean of
+    the replicas' moving averages is the moving average of all replicas' batch
+    statistics (the update is linear), so it follows every example of the job where
+    rank 0's follow 1/N of them; it is what step 7 already did for the replicas of
+    one worker, so N workers with D devices each keep the statistics of one process
+    with N*D replicas; and it fits every store: the parameter server sums a pushed
+    1/N share of each worker's statistics (dist_sync), or adds each worker's change
+    on arrival, like a gradient (dist_async: nobody waits for anybody), and 'ring'
+    and 'torch' all-reduce them. It costs one small round trip per step (ResNet-18:
+    7,808 numbers, 31 KB, against 45 MB of gradients), timed in step 7. Integer
+    buffers (``num_batches_tracked``) stay local: every worker counts the same steps.
+    """
+
+    def __init__(self, net, optimizer='sgd', optimizer_params=None, kvstore='local',
+                 devices=None, update_on_kvstore=None, overlap=True,
+                 bucket_cap_mb=BUCKET_CAP_MB):
+        self.devices = list(devices) if devices else [next(net.parameters()).device]
+        optimizer = optimizer.lower()
+        self.replicas = [net.to(self.devices[0])] + [
+            copy.deepcopy(net).to(d) for d in self.devices[1:]]
+        self.params = [[p for p in r.parameters() if p.requires_grad] for r in self.replicas]
+        self.buffers = [list(r.buffers()) for r in self.replicas]
+        self.store = create_store(kvstore)
+        self.keys = list(range(len(self.params[0])))
+        self.optimizer_params = torch_names(optimizer_params)   # torch.optim's, from here on
+        pin = torch.cuda.is_available() and any(d.type == 'cuda' for d in self.devices)
+        # Host copies, one tensor per key, all views of one flat buffer (which a
+        # ring can all-reduce in one go): step 3 lands in the gradients, step 5
+        # in the weights.
+        if len({p.dtype for p in self.params[0]}) != 1:
+            raise ValueError('all parameters must have the same dtype')
+        numels = [p.numel() for p in self.params[0]]
+        dtype = self.params[0][0].dtype
+        self.flat_grads = torch.zeros(sum(numels), dtype=dtype, pin_memory=pin)
+        self.flat_weights = torch.zeros(sum(numels), dtype=dtype, pin_memory=pin)
+        self._grads = [v.view_as(p) for v, p in zip(self.flat_grads.split(numels),
+                                                    self.params[0])]
+        self._weights = [v.view_as(p) for v, p in zip(self.flat_weights.split(numels),
+                                                      self.params[0])]
+        for w, p in zip(self._weights, self.params[0]):
+            w.copy_(p.detach())
+        # Every worker starts from rank 0's weights.
+        self.store.init(self.keys, self._weights)
+        self.store.pull(self.keys, out=self._weights)
+        if self.devices[0].type == 'cpu':   # the device is the host: share the memory
+            for p, w in zip(self.params[0], self._weights):
+                p.data = w
+        self.update_on_kvstore = self._choose_update_on_kvstore(optimizer, update_on_kvstore)
+        if self.update_on_kvstore:
+            # The Trainer scales the gradients (step 2): the servers must not rescale.
+            self.store.set_optimizer(optimizer, **dict(self.optimizer_params, rescale_grad=1.0))
+            self._optimizer = None
+        else:
+            # One tensor for the optimizer: the flat buffer (the update is elementwise,
+            # so this is the same step as over each parameter, in a few big operations).
+            self._optimizer = create_optimizer(optimizer, self.optimizer_params,
+                                               [self.flat_weights])
+        self._buckets = None
+        if overlap and hasattr(self.store, 'allreduce_async_') and not self.update_on_kvstore:
+            self._start_buckets_in_backward(bucket_cap_mb)
+        self._timers = []   # the timed blocks running now, innermost last
+        self._init_buffers()
+        self._copy_weights_to_devices()
+        self.reset_step_times()
+
+    def _start_buckets_in_backward(self, cap_mb):
+        """A hook on each parameter of the last replica runs steps 2 to 4 for its gradient."""
+        params = self.params[0]
+        self._offsets = [0]
+        for p in params:
+            self._offsets.append(self._offsets[-1] + p.numel())
+        # One kind for all: consecutive parameters, so a bucket is a slice of flat_grads.
+        self._buckets = Buckets([p.numel() for p in params],
+                                [p.element_size() for p in params],
+                                [None] * len(params), self._start_bucket, cap_mb)
+        for i, p in enumerate(self.params[-1]):   # the last replica's backward ends last
+            p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))
+
+    def _choose_update_on_kvstore(self, optimizer, update_on_kvstore):
+        """Update in the store if it can run this optimizer (dist_async must)."""
+        can = hasattr(self.store, 'set_optimizer') and optimizer in ON_SERVERS
+        must = getattr(self.store, 'is_async', False)
+        if update_on_kvstore is None:
+            update_on_kvstore = can
+        if must and not (update_on_kvstore and can):
+            raise ValueError(f'kvstore {self.store.type} updates the weights on the servers: '
+                             f'use an optimizer they know ({", ".join(ON_SERVERS)}) and '
+                             'update_on_kvstore=True')
+        return update_on_kvstore
+
+    @property
+    def learning_rate(self):
+        return self.optimizer_params.get('lr')
+
+    def set_learning_rate(self, lr):
+        """Change the learning rate of the optimizer, wherever it runs (states stay)."""
+        self.optimizer_params['lr'] = lr
+        if self.update_on_kvstore:
+            self.store.set_learning_rate(lr)
+        else:
+            for group in self._optimizer.param_groups:
+                group['lr'] = lr
+
+    def step(self, batch_size):
+        """Steps 2 to 7: update every replica with the gradients of all workers.
+
+        batch_size: the number of examples this worker used (the same on every
+        worker); the update uses the mean gradient over all workers' examples.
+        """
+        # Synchronous stores sum all workers' gradients: divide by all examples.
+        # An asynchronous store applies each push alone: divide by ours.
+        workers = 1 if getattr(self.store, 'is_async', False) else self.store.num_workers
+        scale = 1.0 / (batch_size * workers)
+        if self._buckets is None:
+            # Step 2: sum the replicas' gradients on the first device.
+            with self.timed(2):
+                grads = [self._sum_replicas(i).mul_(scale) for i in self.keys]
+            # Step 3: copy the sum to the CPU (pinned memory: the copy does not block).
+            with self.timed(3):
+                for host_g, g in zip(self._grads, grads):
+                    host_g.copy_(g, non_blocking=True)
+            # Step 4: push the gradients to the store; its servers sum them over all workers.
+            with self.timed(4):
+                if self.update_on_kvstore:
+                    self.store.push(self.keys, self._grads)
+                else:
+                    self.store.pushpull(self.keys, self._grads, out=self._grads)
+        else:
+            # Steps 2 to 4 ran during backward, bucket by bucket (_grad_ready); the
+            # gradients that never came count as zero; wait for the buckets still running.
+            with self.timed(4):
+                for i in self._buckets.missing():
+                    self._grads[i].zero_()
+                self._buckets.wait()
+            self._time_counts[2] += 1
+            self._time_counts[3] += 1
+        # Step 5: the summed gradients update the weights; the new weights come back.
+        with self.timed(5):
+            if self.update_on_kvstore:
+                self.store.pull(self.keys, out=self._weights)
+            else:                       # every worker: the same update of the same sum
+                if self._buckets is not None:
+                    self.flat_grads.mul_(scale)   # the hooks summed them unscaled
+                self.flat_weights.grad = self.flat_grads
+                self._optimizer.step()
+        # Steps 6 and 7: to the first device, then to all the others (with the
+        # BatchNorm statistics of all workers).
+        self._copy_weights_to_devices(timed=True, share_buffers=True)
+
+    def _sum_replicas(self, i):
+        """Step 2 for parameter i: the replicas' gradients summed into the first one's."""
+        g0 = self.params[0][i].grad
+        grads = [g0 if g0 is not None else torch.zeros_like(self.params[0][i])]
+        grads += [ps[i].grad for ps in self.params[1:] if ps[i].grad is not None]
+        return sum_copies(grads, into_first=True)
+
+    @torch.no_grad()
+    def _grad_ready(self, i):
+        """Backward has produced gradient i on every device: steps 2 and 3 for it, now."""
+        with self.timed(2, count=False):
+            g = self._sum_replicas(i)
+        with self.timed(3, count=False):
+            self._grads[i].copy_(g, non_blocking=True)
+        with self.timed(4, count=False):
+            self._buckets.ready(i)    # step 4: its bucket starts if it is complete
+
+    def _start_bucket(self, b, indices):
+        """Step 4 for one bucket: start all-reducing its slice of flat_grads."""
+        if self.devices[0].type == 'cuda':   # the non-blocking copies must have landed
+            torch.cuda.synchronize(self.devices[0])
+        start, stop = self._offsets[min(indices)], self._offsets[max(indices) + 1]
+        return self.store.allreduce_async_(self.flat_grads[start:stop])
+
+    def _copy_weights_to_devices(self, timed=False, share_buffers=False):
+        """Steps 6 and 7: CPU -> first device -> every device (with BatchNorm statistics)."""
+        params, buffers = self.params, self.buffers
+        with torch.no_grad():
+            # Step 6: copy the new weights to the first device.
+            with self.timed(6, timed):
+                for p, w in zip(params[0], self._weights):
+                    if p.data_ptr() != w.data_ptr():   # on the CPU: the same memory
+                        p.copy_(w, non_blocking=True)
+            # Step 7: broadcast them to all devices, with the BatchNorm running
+            # statistics averaged over the replicas and (share_buffers) the workers.
+            with self.timed(7, timed):
+                for r in range(1, len(self.replicas)):
+                    for p, p0 in zip(params[r], params[0]):
+                        p.copy_(p0, non_blocking=True)
+                self._average_buffers(over_workers=share_buffers)
+                for r in range(1, len(self.replicas)):
+                    for b, b0 in zip(buffers[r], buffers[0]):
+                        b.copy_(b0, non_blocking=True)
+
+    def _init_buffers(self):
+        """The host copy of the floating-point buffers (BatchNorm's running means and
+        variances), one flat tensor; with several workers, rank 0's, from the store."""
+        b0 = self.buffers[0]
+        self._floats = [i for i, b in enumerate(b0) if b.is_floating_point()]
+        self._share = self.store.num_workers > 1 and bool(self._floats)
+        if not self._share:
+            return
+        if len({b0[i].dtype for i in self._floats}) != 1:
+            raise ValueError('all floating-point buffers must have the same dtype')
+        self.flat_buffers = torch.cat([b0[i].detach().reshape(-1).cpu() for i in self._floats])
+        self._host_buffers = [v.view_as(b0[i]) for v, i in zip(
+            self.flat_buffers.split([b0[i].numel() for i in self._floats]), self._floats)]
+        self.store.init([BUFFERS_KEY], [self.flat_buffers], optimizer=False)
+        self.store.pull([BUFFERS_KEY], out=[self.flat_buffers])
+        self._pulled_buffers = self.flat_buffers.clone()    # what the store held last
+        with torch.no_grad():
+            for h, i in zip(self._host_buffers, self._floats):
+                b0[i].copy_(h)
+
+    def _average_buffers(self, over_workers):
+        """In step 7: the mean of the replicas' running statistics, on the first device;
+        over_workers: then the mean over all workers', through the store."""
+        buffers, floats = self.buffers, self._floats
+        if len(self.replicas) > 1:
+            for i in floats:
+                b0 = buffers[0][i]
+                b0.copy_(torch.stack([b[i].to(b0.device) for b in buffers]).mean(0))
+        if not (over_workers and self._share):
+            return
+        for h, i in zip(self._host_buffers, floats):
+            h.copy_(buffers[0][i])
+        if getattr(self.store, 'is_async', False):
+            self.flat_buffers.sub_(self._pulled_buffers)    # servers add each worker's change
+        else:
+            self.flat_buffers.div_(self.store.num_workers)  # the store sums the N shares
+        self.store.pushpull([BUFFERS_KEY], [self.flat_buffers], out=[self.flat_buffers])
+        self._pulled_buffers.copy_(self.flat_buffers)
+        for h, i in zip(self._host_buffers, floats):
+            buffers[0][i].copy_(h, non_blocking=True)
+
+    @contextmanager
+    def timed(self, step, enabled=True, count=True):
+        """Add the block's time (waiting for the devices) to the step's total, less the
+        time of the steps timed inside it (the hooks of overlapping buckets)."""
+        start = time.perf_counter()
+        self._timers.append(0.0)          # the time of the blocks nested in this one
+        try:
+            yield
+        finally:
+            for d in set(self.devices):
+                if enabled and d.type == 'cuda':
+                    torch.cuda.synchronize(d)
+            elapsed, inner = time.perf_counter() - start, self._timers.pop()
+            if self._timers:
+                self._timers[-1] += elapsed
+        if enabled:
+            self._time_sums[step] += elapsed - inner
+            self._time_counts[step] += count
+
+    def reset_step_times(self):
+        self._time_sums = dict.fromkeys(STEP_NAMES, 0.0)
+        self._time_counts = dict.fromkeys(STEP_NAMES, 0)
+
+    @property
+    def step_times(self):
+        """Mean seconds per batch of each step, {1: ..., 7: ...} (None if not run yet)."""
+        return {s: (self._time_sums[s] / n if n else None)
+                for s, n in self._time_counts.items()}
+
+    def step_times_report(self):
+        """step_times as d2ldist.report and the dashboard's bars take them.
+
+        {'1 forward, backward': seconds, ..., '7 to all devices': seconds}: the
+        dashboard labels its bars with the keys, in this order.
+        """
+        return {STEP_LABELS[s]: t for s, t in self.step_times.items() if t is not None}
+
+
+def train_batch(X, y, net, loss, trainer, devices):
+    """Train on one batch (steps 1 to 7); returns (sum of losses, number correct).
+
+    loss must give one value per example, e.g. nn.CrossEntropyLoss(reduction='none').
+    """
+    if net is not trainer.replicas[0] or list(devices) != trainer.devices:
+        raise ValueError("train_batch needs the trainer's net and devices")
+    # Step 1: split the batch across the devices; each replica computes the
+    # loss and gradients of its slice (on GPUs, all devices work at once).
+    with trainer.timed(1):
+        X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
+        losses, corrects = [], []
+        for replica, X_shard, y_shard in zip(trainer.replicas, X_shards, y_shards):
+            replica.train()
+            replica.zero_grad(set_to_none=True)
+            y_hat = replica(X_shard)
+            l = loss(y_hat, y_shard)
+            if l.dim() == 0:
+                raise ValueError("loss must give one value per example "
+                                 "(use reduction='none')")
+            l.sum().backward()
+            losses.append(l.detach().sum())
+            corrects.append((y_hat.argmax(dim=1) == y_shard).sum())
+    # Steps 2 to 7.
+    trainer.step(X.shape[0])
+    return sum(float(l) for l in losses), sum(int(c) for c in corrects)

@@ -1,0 +1,113 @@
+"""The parameter server in real jobs: d2l-launch starts scheduler, servers and workers.
+
+Each job combines several checks (every process pays ~2 s of torch imports); the worker
+scripts are in ``kv_jobs.py`` and print JSON lines that the tests read.
+"""
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kv_jobs  # noqa: E402
+from conftest import kill_tagged, run_launch, start_launch, wait_no_survivors  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def lines(stdout, tag):
+    """The JSON values the workers printed after ``tag``, by rank."""
+    found = {}
+    for line in stdout.splitlines():
+        m = re.match(r'\[worker (\d+)\] ' + tag + r' (.*)$', line)
+        if m:
+            found[int(m.group(1))] = json.loads(m.group(2))
+    return found
+
+
+def run_job(write_script, text, n, s, *env, timeout=120):
+    script = write_script(text)
+    r = run_launch('-n', n, '-s', s, '--timeout', timeout - 10,
+                   *[a for e in env for a in ('--env', e)], sys.executable, script,
+                   timeout=timeout)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert wait_no_survivors(r.tag) == []
+    return r.stdout
+
+
+def test_sync_3x2_sums_placement_errors_optimizers(write_script, tmp_path):
+    out = run_job(write_script, kv_jobs.SYNC, 3, 2, f'KV_TMP={tmp_path}')
+    sums = lines(out, 'SUMS')
+    assert sorted(sums) == [0, 1, 2]
+    for v in sums.values():   # 1 + 2 + 3 from the workers, exactly
+        assert v['small'] == 6.0 and v['big'] == [6.0, 6.0] and v['copies'] == 36.0
+        assert v['int_key'] == [0.0, 6.0, 12.0, 18.0, 24.0]
+
+    held = lines(out, 'HELD')[0]
+    servers = held['held']
+    assert sorted(servers) == ['server:0', 'server:1']
+    slices = sorted(h['big'] for h in servers.values())          # split across both servers
+    assert slices == [[0, 500001], [500001, 1000001]]            # the first one longer
+    on = [srv for srv, h in servers.items() if 'small' in h]       # a small key lives on one
+    assert on == [f'server:{held["expected_small"]}'] and servers[on[0]]['small'] == [0, 6]
+
+    errors = lines(out, 'ERRORS')[0]
+    assert "'never'" in errors['uninitialised'] and 'never initialised' in errors['uninitialised']
+    assert "key 'small'" in errors['shape'] and 'float32[3, 2]' in errors['shape'] \
+        and 'float32[2, 3]' in errors['shape']
+    assert 'float64[2, 3]' in errors['dtype'] and 'float32[2, 3]' in errors['dtype']
+    assert 'float32[7]' in errors['pull_size'] and 'float32[2, 3]' in errors['pull_size']
+    assert 'float32[5]' in errors['server_0'] and 'float32[2, 3]' in errors['server_0']
+    assert "'ghost'" in errors['server_1'] and 'never initialised' in errors['server_1']
+    assert 'frame' in errors['server_2']
+    assert 'int64[2, 3]' in errors['server_3'] and 'float32[2, 3]' in errors['server_3']
+    assert 'malformed' in errors['server_4']
+
+    optim = lines(out, 'OPTIM')
+    assert sorted(optim) == [0, 1, 2]
+    for v in optim.values():
+        assert v['sgd'] < 1e-6 and v['adam'] < 1e-6, v
+        assert v['optimizer'] == ['adam']
+    assert (tmp_path / 'adam.states').exists()
+
+
+def test_sync_4x1_and_device_sums(write_script):
+    out = run_job(write_script, kv_jobs.SUMS, 4, 1, 'KV_KIND=dist_sync_device')
+    sums = lines(out, 'SUMS4')
+    assert sorted(sums) == [0, 1, 2, 3]
+    for v in sums.values():   # 1 + 2 + 3 + 4 + 4 * step 2
+        assert v['last'] == 18.0 and v['servers'] == 1 and v['keys_held'] == 21
+
+
+def test_async_slow_worker_does_not_slow_fast_one(write_script):
+    out = run_job(write_script, kv_jobs.ASYNC, 2, 1)
+    pushes = {r: v['pushes'] for r, v in lines(out, 'PUSHES').items()}
+    assert pushes[1] <= 13 and pushes[0] > 4 * pushes[1], pushes
+    total = lines(out, 'TOTAL')
+    for v in total.values():   # every push of ones was added, none lost or torn
+        assert v['value'] == pushes[0] + pushes[1] and v['all_equal']
+
+
+@pytest.mark.parametrize('who,how', [('worker', 'kill'), ('server', 'kill'), ('worker', 'stop')])
+def test_dead_node_stops_sync_job(write_script, who, how):
+    script = write_script(kv_jobs.DEATH)
+    p = start_launch('-n', 3, '-s', 2, '--timeout', 100, '--env', f'WHO={who}',
+                     '--env', f'HOW={how}', sys.executable, script)
+    try:
+        out, _ = p.communicate(timeout=120)
+        ended = time.time()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            kill_tagged(p.tag)
+    assert p.returncode not in (0, 124), out[-3000:]
+    m = re.search(r'DYING (\S+) ([\d.]+)', out)
+    assert m, out[-3000:]
+    victim, died = m.group(1).replace(':', ' '), float(m.group(2))
+    assert ended - died < 10, f'the job took {ended - died:.1f} s to stop'
+    assert victim in out.split('DYING', 1)[1].replace(':', ' ').split('\n', 1)[1], out[-3000:]
+    assert re.search(rf'{victim}.*failed|failed.*{victim}', out), out[-3000:]
+    assert wait_no_survivors(p.tag) == []

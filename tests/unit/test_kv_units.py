@@ -1,0 +1,142 @@
+"""The parameter server's pieces in one process: placement, optimizers, the 'local' store."""
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT
+
+from d2ldist import kv
+from d2ldist.kv.optimizers import Updater
+
+
+def test_placement_small_whole_big_split_evenly():
+    assert kv.place('w', 999_999, 4) == [(kv.place('w', 10, 4)[0][0], 0, 999_999)]
+    assert kv.place('w', 1_000_003, 4) == [(0, 0, 250001), (1, 250001, 500002),
+                                           (2, 500002, 750003), (3, 750003, 1_000_003)]
+    assert kv.place(7, 5, 3, bound=2) == [(0, 0, 2), (1, 2, 4), (2, 4, 5)]   # first ones longer
+    assert kv.place(7, 10**7, 1) == [(0, 0, 10**7)]
+    servers = {kv.place(k, 10, 4)[0][0] for k in range(40)}   # small keys spread out
+    assert servers == {0, 1, 2, 3}
+
+
+def test_the_one_even_split():
+    from d2ldist.runtime.split import even_sizes, even_slices
+    assert even_sizes(10, 3) == [4, 3, 3] and even_sizes(2, 3) == [1, 1, 0]
+    assert even_slices(10, 3) == [(0, 4), (4, 7), (7, 10)]
+
+
+def test_placement_is_stable_across_processes():
+    code = 'from d2ldist.kv import placement as p; print([p.place(k, 10, 7) for k in ("a", 1, "fc")])'
+    runs = {subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                           cwd=ROOT, env={'PYTHONHASHSEED': str(seed)}).stdout
+            for seed in (1, 2)}
+    assert len(runs) == 1 and runs.pop().startswith('[[(')
+
+
+def test_bound_from_environment(monkeypatch):
+    monkeypatch.setenv('D2L_KVSTORE_BIGARRAY_BOUND', '10')
+    assert len(kv.place('w', 10, 2)) == 2 and len(kv.place('w', 9, 2)) == 1
+
+
+@pytest.mark.parametrize('name,hyper,make', [
+    ('sgd', dict(lr=0.1, momentum=0.9, weight_decay=0.01, dampening=0.1),
+     lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01, dampening=0.1)),
+    ('sgd', dict(lr=0.1, momentum=0.9, nesterov=True),
+     lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True)),
+    ('adam', dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.001),
+     lambda ps: torch.optim.Adam(ps, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.001)),
+])
+def test_optimizers_match_torch_optim(name, hyper, make):
+    g = torch.Generator().manual_seed(0)
+    w0 = torch.randn(50, generator=g)
+    grads = [torch.randn(3, 50, generator=g) for _ in range(10)]   # 3 workers, 10 steps
+    w, up = w0.clone(), Updater(name, num_workers=3, **hyper)
+    ref = w0.clone().requires_grad_()
+    opt = make([ref])
+    for G in grads:
+        up('w', w, G.sum(0))
+        ref.grad = G.mean(0)
+        opt.step()
+    assert (w - ref.detach()).abs().max().item() < 1e-6
+
+
+def test_optimizer_registry_rejects_bad_names_and_values():
+    with pytest.raises(ValueError, match="unknown optimizer 'rmsprop'"):
+        Updater('rmsprop')
+    with pytest.raises(ValueError, match='no hyperparameter momentum'):
+        Updater('adam', momentum=0.9)
+    with pytest.raises(ValueError, match='must be a number'):
+        Updater('sgd', lr='0.1')
+    with pytest.raises(ValueError, match="unknown optimizer 'adamw'; the servers run sgd, adam"):
+        Updater('adamw')
+
+
+def test_set_optimizer_takes_gluon_names_as_torch_names():
+    """learning_rate, wd, beta1, beta2 (MXNet's) and lr, weight_decay, betas: one update."""
+    outs = []
+    for hyper in (dict(learning_rate=0.1, wd=0.01, beta1=0.8, beta2=0.99),
+                  dict(lr=0.1, weight_decay=0.01, betas=(0.8, 0.99))):
+        store = kv.create('local')
+        store.init('w', torch.ones(4))
+        store.set_optimizer('adam', **hyper)
+        outs.append(torch.empty(4))
+        store.pushpull('w', torch.arange(4.), out=outs[-1])
+    assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], torch.ones(4))
+
+
+def test_local_store_sums_devices_and_updates(tmp_path):
+    store = kv.create('local')
+    assert (store.type, store.rank, store.num_workers) == ('local', 0, 1)
+    store.init(['a', 1], [torch.zeros(3), torch.zeros(2, 2)])
+    store.push('a', [torch.ones(3), torch.full((3,), 2.0)])        # two device copies
+    outs = [torch.empty(3), torch.empty(3)]
+    store.pull('a', out=outs)
+    assert outs[0].tolist() == [3.0] * 3 and outs[1].tolist() == [3.0] * 3
+    store.set_optimizer('sgd', lr=0.5, momentum=0.9)
+    out = torch.empty(2, 2)
+    store.pushpull(1, torch.ones(2, 2), out=out)
+    assert (out == -0.5).all()
+    store.save_optimizer_states(tmp_path / 's.pt')
+    store.set_optimizer('sgd', lr=0.5, momentum=0.9)
+    store.load_optimizer_states(tmp_path / 's.pt')
+    store.pushpull(1, torch.ones(2, 2), out=out)                   # momentum survived
+    assert torch.allclose(out, torch.full((2, 2), -0.5 - 0.5 * 1.9))
+    with pytest.raises(kv.KVError, match=r"key 'a': pull into float32\[4\] but the key holds float32\[3\]"):
+        store.pull('a', out=torch.empty(4))
+    with pytest.raises(kv.KVError, match="key 'b' was never initialised"):
+        store.push('b', torch.ones(1))
+    with pytest.raises(ValueError, match='unknown kvstore kind'):
+        kv.create('dist')
+
+
+def test_keys_without_optimizer_are_summed_not_updated():
+    """init(..., optimizer=False): the optimizer leaves the key alone (the Trainer's
+    BatchNorm statistics): a push replaces its value by the sum of the pushes."""
+    store = kv.create('local')
+    store.init('w', torch.zeros(2))
+    store.init('stats', torch.zeros(2), optimizer=False)
+    store.set_optimizer('sgd', lr=0.5, weight_decay=0.1)
+    out = torch.empty(2)
+    store.pushpull('w', torch.ones(2), out=out)
+    assert (out == -0.5).all()
+    store.pushpull('stats', [torch.ones(2), torch.full((2,), 2.0)], out=out)
+    assert (out == 3.0).all()
+
+
+def test_dist_store_outside_a_job_says_how_to_start_one(monkeypatch):
+    monkeypatch.delenv('D2L_SCHEDULER_URI', raising=False)
+    with pytest.raises(RuntimeError, match='d2l-launch'):
+        kv.create('dist_sync')
+
+
+def test_import_d2ldist_does_not_import_torch():
+    code = 'import sys, d2ldist; assert "torch" not in sys.modules; d2ldist.kv.KVStore; assert "torch" in sys.modules'
+    subprocess.run([sys.executable, '-c', code], check=True, env={'PYTHONPATH': str(ROOT)})
+
+
+def test_loading_a_state_of_another_optimizer_is_refused():
+    with pytest.raises(ValueError, match=r"key 'w': state \['momentum_buffer'\] is not a state of adam"):
+        Updater('adam').load_state('w', {'momentum_buffer': torch.zeros(3)}, 3)
+    with pytest.raises(ValueError, match='has 4 elements, the key 3'):
+        Updater('sgd').load_state('w', {'momentum_buffer': torch.zeros(4)}, 3)

@@ -1,0 +1,136 @@
+"""The folder layout is the map of the layers (ARCHITECTURE.md): check that it stays true.
+
+Each folder of d2ldist is one layer; a module imports only from its own folder or from
+layers below it, and nothing inside the package imports ``d2ldist/__init__.py`` (the
+package's face, which gathers the public names). The public names the README and the
+chapters use are listed here and imported one by one.
+"""
+import ast
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+# bottom up; a layer may import the layers of a lower number only
+LAYERS = {'report': 0, 'runtime': 0, 'kv': 1, 'collectives': 1, 'training': 2,
+          'launch': 3, 'notebook': 4, 'horovod': 5, '__init__': 5}
+
+
+def layer_of(module):
+    """'d2ldist.kv.worker' -> 'kv' (a module's folder, or its own name at the top)."""
+    parts = module.split('.')
+    return parts[1] if len(parts) > 1 else '__init__'
+
+
+def imports_of(path, root=ROOT):
+    """The d2ldist modules a file imports, as (line, absolute name, names taken from it)."""
+    module = '.'.join(path.relative_to(root).with_suffix('').parts)
+    package = module if path.name == '__init__.py' else module.rsplit('.', 1)[0]
+    if package.endswith('.__init__'):
+        package = package[:-len('.__init__')]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split('.')[0] == 'd2ldist':
+                    yield node.lineno, alias.name, []
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split('.')[:len(package.split('.')) - node.level + 1]
+                name = '.'.join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ''
+            if name.split('.')[0] == 'd2ldist':
+                yield node.lineno, name, [a.name for a in node.names]
+
+
+def is_module(name, root=ROOT):
+    """Whether d2ldist.X names a module or package (not a name defined in __init__)."""
+    path = root.joinpath(*name.split('.'))
+    return path.with_suffix('.py').is_file() or (path / '__init__.py').is_file()
+
+
+def violations(root=ROOT):
+    """Every import that points up a layer or at the face, as 'file:line: why'."""
+    found = []
+    for path in sorted((root / 'd2ldist').rglob('*.py')):
+        source = '.'.join(path.relative_to(root).with_suffix('').parts)
+        if source == 'd2ldist.__init__':
+            continue                                 # the face may import anything
+        mine = layer_of(source)
+        for line, target, names in imports_of(path, root):
+            where = f'{path.relative_to(root)}:{line}'
+            if target == 'd2ldist':                  # from d2ldist import X / from .. import X
+                faces = [n for n in names if not is_module(f'd2ldist.{n}', root)]
+                if faces or not names:
+                    found.append(f'{where} imports the face d2ldist/__init__.py ({faces})')
+                targets = [f'd2ldist.{n}' for n in names if n not in faces]
+            else:
+                targets = [target]
+            for t in targets:
+                theirs = layer_of(t)
+                if theirs != mine and LAYERS[theirs] >= LAYERS[mine] \
+                        and mine not in ('horovod',):
+                    found.append(f'{where}: {mine} imports {t} ({theirs}), '
+                                 'which is not a lower layer')
+    return found
+
+
+def test_imports_point_only_down_and_never_to_the_face():
+    assert violations() == []
+
+
+def test_the_check_sees_an_upward_import_and_the_face(tmp_path):
+    """The check itself: an import from a higher layer, and one of the face, are found."""
+    fake = tmp_path / 'd2ldist' / 'runtime'
+    fake.mkdir(parents=True)
+    (fake / 'bad.py').write_text('from ..training import trainer\nfrom .. import init\n')
+    (fake / 'good.py').write_text('from . import bad\nfrom .bad import trainer\n')
+    assert [n for _, n, _ in imports_of(fake / 'bad.py', tmp_path)] == \
+        ['d2ldist.training', 'd2ldist']
+    found = violations(tmp_path)
+    assert len(found) == 2 and 'not a lower layer' in found[0] and 'face' in found[1]
+
+
+# Every name the README, the chapters and the examples use.
+PUBLIC = {
+    'd2ldist': [
+        'init', 'rank', 'size', 'local_rank', 'local_size', 'barrier', 'report', 'Node',
+        'PeerFailed', 'kv', 'horovod', 'allreduce', 'allreduce_', 'allreduce_async_',
+        'broadcast', 'broadcast_', 'broadcast_async_', 'allgather', 'Handle', 'Sum',
+        'Average', 'Min', 'Max', 'broadcast_parameters', 'broadcast_optimizer_state',
+        'DistributedOptimizer', 'metric_average', 'SplitSampler', 'load_data',
+        'load_data_cifar10', 'load_data_digits', 'resnet18', 'cpu', 'try_gpu',
+        'try_all_gpus', 'split_and_load', 'parse_devices', 'AllreduceStore',
+        'create_store', 'Trainer', 'train_batch', 'evaluate_accuracy', 'train',
+        'load_ipython_extension'],
+    'd2ldist.kv': ['create', 'place', 'KVError', 'KVStore'],
+    'd2ldist.horovod': [
+        'init', 'rank', 'size', 'local_rank', 'local_size', 'barrier', 'allreduce',
+        'allreduce_', 'allreduce_async_', 'broadcast', 'broadcast_', 'allgather', 'Sum',
+        'Average', 'Min', 'Max', 'broadcast_parameters', 'broadcast_optimizer_state',
+        'DistributedOptimizer', 'metric_average'],
+    'd2ldist.training.trainer': ['STEP_NAMES', 'STEP_LABELS'],
+    'd2ldist.training.stores': ['create_store'],
+    'd2ldist.runtime.van': ['Van'],
+    'd2ldist.runtime': ['pacing', 'shm'],
+    'd2ldist.kv.placement': ['place', 'bigarray_bound'],
+}
+
+
+@pytest.mark.parametrize('module,name', [(m, n) for m, names in PUBLIC.items()
+                                         for n in names])
+def test_public_names_import(module, name):
+    assert getattr(importlib.import_module(module), name) is not None
+
+
+@pytest.mark.parametrize('module', ['d2ldist.launch', 'd2ldist.kv', 'd2ldist.runtime.scheduler',
+                                    'd2ldist.launch.guard'])
+def test_modules_the_launcher_runs_answer(module):
+    """``python -m`` of each process kind starts (and refuses a missing job in one line)."""
+    r = subprocess.run([sys.executable, '-m', module, '--help'], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT, env={'PATH': '/usr/bin:/bin'})
+    out = r.stdout + r.stderr
+    assert 'Traceback' not in out, out
