@@ -4,8 +4,11 @@ PYTHON ?= python3
 PY      = $(VENV)/bin/python
 
 NBVAL   = --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
+# Another CPU's kernels: torch's portable ones and oneDNN without AVX. The chapters must
+# pass nbval under them too (nbval compares only what any CPU prints).
+OTHER_CPU = ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: venv demo test notebooks benchmarks clean
+.PHONY: venv demo test test-fast test-jobs test-system notebooks book benchmarks clean
 
 venv: $(VENV)/.installed
 
@@ -18,13 +21,29 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: venv
 	$(VENV)/bin/d2l-launch -n 2 -s 2 python examples/multimachine_cifar10_train.py --kvstore dist_sync --data digits
 
-# the tests, and every chapter re-executed and compared with its committed outputs
+# every test, then every chapter re-executed and compared with its committed outputs,
+# on this CPU's kernels and again as on another CPU
 test: venv
 	$(PY) -m pytest tests notebooks/*.ipynb $(NBVAL)
+	$(OTHER_CPU) $(PY) -m pytest notebooks/*.ipynb $(NBVAL)
+
+# one-process tests only (about a minute)
+test-fast: venv
+	$(PY) -m pytest tests/unit
+
+test-jobs: venv
+	$(PY) -m pytest tests/jobs
+
+test-system: venv
+	$(PY) -m pytest tests/system
 
 # re-execute the chapters in place (after changing one), saving outputs and widget state
 notebooks: venv
 	$(PY) notebooks/run.py
+
+# the chapters as a static site, no kernel and no network needed: build/book/index.html
+book: venv
+	$(PY) book/build.py
 
 benchmarks: venv
 	$(PY) benchmarks/kvstore.py

@@ -6,7 +6,8 @@
 Each notebook runs in a fresh kernel with notebooks/ as its working directory, after
 the files its ``%%writefile`` cells write (and their logs) have been removed, so a
 run never depends on an earlier one. The kernel imports the d2ldist of this
-checkout. Widget state is stored, so a reopened notebook shows the final dashboard.
+checkout. Widget state is not stored: a finished %launch leaves plain outputs (its
+summary and figure) that every viewer shows, and the chapters stay light.
 """
 import os
 import re
@@ -41,11 +42,12 @@ def run(path):
                 stale.unlink()
     client = NotebookClient(nb, timeout=TIMEOUT, kernel_name='python3',
                             resources={'metadata': {'path': str(HERE)}},
-                            store_widget_state=True)
+                            store_widget_state=False)
     start = time.time()
     try:
         client.execute()
     finally:
+        nb.metadata.pop('widgets', None)   # an earlier save's widget state is stale
         nbformat.write(nb, path)      # even a failed run is kept, to look at
     return time.time() - start
 

@@ -1,0 +1,209 @@
+"""Build the chapters into a static HTML site that needs no kernel and no network.
+
+    python book/build.py                     # notebooks/*.ipynb -> build/book/index.html
+    python book/build.py --chapters DIR --out DIR
+
+nbconvert does the work, with JupyterLab's HTML export as the page (``template/``:
+a table of contents and a way back and forth, nothing loaded from elsewhere). Before
+that, each chapter gets the book's markup that d2l's own tool would give it:
+
+* its number, in its headings ('3. Ring All-Reduce', '3.2. ...') and figures;
+* d2l's cross-references: ``:label:`sec_x``` after a heading anchors it, and
+  ``:numref:`sec_x``` becomes a link, 'Section 3' (EXTERNAL: labels of Dive into
+  Deep Learning's own chapters);
+* a caption under every figure a code cell drew: 'Figure 3.2', and the figure's words
+  when it has some (a finished ``%launch`` says what its figure shows);
+* math as MathML, which browsers draw themselves (latex2mathml), instead of MathJax;
+* no nbval markers (``# NBVAL_SKIP``) in the code.
+"""
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+from jinja2 import pass_context
+from latex2mathml.converter import convert as mathml
+from nbconvert import HTMLExporter
+from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+TITLE = 'Multi-Machine Training, Taught by Code That Runs'
+CHAPTERS = ['multi_machine_training', 'parameter_server_scratch', 'ring_allreduce_scratch',
+            'multimachine_resnet18', 'scaling']      # the book's order (README's list)
+EXTERNAL = {'sec_resnet': ('the ResNet section of Dive into Deep Learning',
+                           'https://d2l.ai/chapter_convolutional-modern/resnet.html')}
+LABEL = re.compile(r'^:label:`([^`]+)`\s*$', re.M)
+NUMREF = re.compile(r':numref:`([^`]+)`')
+HEADING = re.compile(r'^(#{1,2}) (.*)$')
+NBVAL = re.compile(r'^# *NBVAL_\w+ *\n', re.M)
+PLAIN_FIGURE = re.compile(r'^<(Figure|matplotlib)\b')   # a figure's repr, not words
+
+
+# -- the markup ----------------------------------------------------------------------------
+def markdown_lines(source):
+    """The lines of a markdown cell with a flag: True outside fenced code."""
+    fenced = False
+    for line in source.split('\n'):
+        if line.startswith('```'):
+            fenced = not fenced
+        yield line, not fenced and not line.startswith('```')
+
+
+def number_headings(nb, chapter):
+    """'# Title' -> '# 3. Title', '## Part' -> '## 3.1. Part'; returns the chapter's title."""
+    title, section = None, 0
+    for cell in nb.cells:
+        if cell.cell_type != 'markdown':
+            continue
+        lines = []
+        for line, prose in markdown_lines(cell.source):
+            m = HEADING.match(line) if prose else None
+            if m and len(m.group(1)) == 1:
+                title = title or m.group(2)
+                line = f'# {chapter}. {m.group(2)}'
+            elif m:
+                section += 1
+                line = f'## {chapter}.{section}. {m.group(2)}'
+            lines.append(line)
+        cell.source = '\n'.join(lines)
+    return title
+
+
+def collect_labels(nb, href):
+    """Each ':label:' of the chapter: {label: (where it points, 'Section 3.2')}."""
+    found = {}
+    for cell in (c for c in nb.cells if c.cell_type == 'markdown'):
+        heading = None
+        for line, prose in markdown_lines(cell.source):
+            m = HEADING.match(line) if prose else None
+            if m:
+                heading = m.group(2).split('. ', 1)[0]        # its number: '3' or '3.2'
+            for label in LABEL.findall(line) if prose else ():
+                found[label] = (f'{href}#{label}', f'Section {heading}')
+    return found
+
+
+def resolve(nb, refs):
+    """Labels become anchors on their heading, numrefs links; an unknown label is an error."""
+    for cell in (c for c in nb.cells if c.cell_type == 'markdown'):
+        lines = []
+        for line, prose in markdown_lines(cell.source):
+            m = LABEL.match(line) if prose else None
+            if m and lines and HEADING.match(lines[-1]):
+                lines[-1] += f' <a id="{m.group(1)}"></a>'
+                continue
+            if m:
+                line = f'<a id="{m.group(1)}"></a>'
+            lines.append(NUMREF.sub(lambda r: _link(r.group(1), refs), line) if prose else line)
+        cell.source = '\n'.join(lines)
+
+
+def _link(label, refs):
+    if label in refs:
+        href, text = refs[label]
+        return f'[{text}]({href})'
+    if label in EXTERNAL:
+        text, href = EXTERNAL[label]
+        return f'[{text}]({href})'
+    raise SystemExit(f'book: :numref:`{label}` names no :label: of any chapter')
+
+
+def number_figures(nb, chapter):
+    """Every PNG a code cell shows gets 'Figure 3.k' and its words as a caption."""
+    k = 0
+    for cell in (c for c in nb.cells if c.cell_type == 'code'):
+        cell.source = NBVAL.sub('', cell.source)
+        for out in cell.get('outputs', []):
+            if 'image/png' not in out.get('data', {}):
+                continue
+            k += 1
+            words = out.data.get('text/plain', '')
+            caption = '' if not words or PLAIN_FIGURE.match(words) else words
+            out.metadata['d2l_figure'] = {'number': f'Figure {chapter}.{k}',
+                                          'id': f'fig-{chapter}-{k}', 'caption': caption}
+
+
+# -- the pages -----------------------------------------------------------------------------
+class MathMLRenderer(IPythonRenderer):
+    """nbconvert's markdown renderer, with $...$ and $$...$$ drawn as MathML."""
+
+    def inline_math(self, body):
+        return mathml(body)
+
+    def block_math(self, body):
+        return mathml(body, display='block')
+
+    def latex_environment(self, name, body):
+        return mathml(f'\\begin{{{name}}}{body}\\end{{{name}}}', display='block')
+
+
+class BookExporter(HTMLExporter):
+    """JupyterLab's HTML export with the book's template and MathML math."""
+
+    @pass_context
+    def markdown2html(self, context, source):
+        cell = context.get('cell', {})
+        renderer = MathMLRenderer(escape=False, attachments=cell.get('attachments', {}),
+                                  embed_images=True, anchor_link_text=self.anchor_link_text,
+                                  exclude_anchor_links=self.exclude_anchor_links)
+        return MarkdownWithMath(renderer=renderer).render(source)
+
+
+def exporter():
+    return BookExporter(template_name='d2lbook', extra_template_basedirs=[str(HERE / 'template')],
+                        embed_images=True)
+
+
+def page(exporter, nb, name, title, book):
+    """One chapter (or the index) as HTML."""
+    resources = {'metadata': {'name': title}, 'book': book}
+    html, _ = exporter.from_notebook_node(nb, resources=resources)
+    return html
+
+
+def index_notebook(titles):
+    """The front page: what the book is, and its chapters in order."""
+    intro = ROOT.joinpath('README.md').read_text().split('\n\n')[1]
+    toc = '\n'.join(f'{i}. [{title}]({name}.html)' for i, (name, title) in enumerate(titles, 1))
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(f'# {TITLE}\n\n{intro}\n\n## Chapters\n\n{toc}')]
+    return nb
+
+
+def build(chapters_dir, out):
+    """Write index.html and one page per chapter into out; returns the pages written."""
+    chapters_dir, out = Path(chapters_dir), Path(out)
+    nbs = [nbformat.read(chapters_dir / f'{name}.ipynb', as_version=4) for name in CHAPTERS]
+    titles, refs = [], {}
+    for number, (name, nb) in enumerate(zip(CHAPTERS, nbs), 1):
+        titles.append((name, number_headings(nb, number)))
+        refs.update(collect_labels(nb, f'{name}.html'))
+    out.mkdir(parents=True, exist_ok=True)
+    ex = exporter()
+    links = [{'href': f'{name}.html', 'title': title} for name, title in titles]
+    pages = [out / 'index.html']
+    pages[0].write_text(page(ex, index_notebook(titles), 'index', TITLE,
+                             {'title': TITLE, 'prev': None, 'next': links[0]}))
+    for i, (name, nb) in enumerate(zip(CHAPTERS, nbs)):
+        resolve(nb, refs)
+        number_figures(nb, i + 1)
+        book = {'title': TITLE, 'prev': links[i - 1] if i else None,
+                'next': links[i + 1] if i + 1 < len(links) else None}
+        pages.append(out / f'{name}.html')
+        pages[-1].write_text(page(ex, nb, name, titles[i][1], book))
+    return pages
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--chapters', default=ROOT / 'notebooks', help='where the .ipynb are')
+    parser.add_argument('--out', default=ROOT / 'build' / 'book', help='where the site goes')
+    args = parser.parse_args(argv)
+    pages = build(args.chapters, args.out)
+    print(f'book: {len(pages)} pages in {args.out} (open {pages[0]})')
+
+
+if __name__ == '__main__':
+    sys.exit(main())
