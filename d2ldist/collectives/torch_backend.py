@@ -6,7 +6,10 @@ LOCAL_RANK. Under Slurm without torchrun, SLURM_PROCID / SLURM_NTASKS /
 SLURM_LOCALID stand in for RANK / WORLD_SIZE / LOCAL_RANK (MASTER_ADDR and
 MASTER_PORT must still be exported by the batch script).
 """
+import atexit
+import glob
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -29,6 +32,41 @@ def rendezvous_env(env=os.environ):
                            'with torchrun, d2l-launch or srun')
 
 
+def _destroy():
+    """End the process group this backend started, while the interpreter is whole.
+
+    gloo's run-loop threads drop each finished operation, with its tensors, after the
+    caller has its result, and dropping a tensor takes the GIL: a process that exits
+    right after its last collective can abort ('terminate called without an active
+    exception') when that happens during the interpreter's finalization. Destroying
+    the group is not enough (torch._dynamo keeps a reference to it, so its threads
+    live on), so we also wait, at most a second, until those threads are idle.
+    """
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _wait_idle('pt_gloo_runloop')
+
+
+def _wait_idle(thread_name, timeout=1.0, interval=0.005):
+    """Wait until this process's threads of that name sleep, twice in a row (Linux)."""
+    def all_asleep():
+        states = []
+        for task in glob.glob('/proc/self/task/*'):
+            try:
+                with open(f'{task}/comm') as f:
+                    if f.read().strip() != thread_name:
+                        continue
+                with open(f'{task}/stat') as f:
+                    states.append(f.read().rsplit(')', 1)[1].split()[0])
+            except OSError:          # the thread ended meanwhile
+                continue
+        return all(s == 'S' for s in states)
+    deadline, quiet = time.monotonic() + timeout, 0
+    while quiet < 2 and time.monotonic() < deadline:
+        time.sleep(interval)         # (releases the GIL, which a dropping thread may need)
+        quiet = quiet + 1 if all_asleep() else 0
+
+
 class TorchBackend:
     """The collectives on torch.distributed (gloo on CPU, NCCL on GPUs)."""
 
@@ -41,6 +79,10 @@ class TorchBackend:
             if cuda:   # one GPU per process: the local rank picks it
                 torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
             dist.init_process_group('nccl' if cuda else 'gloo', init_method='env://')
+            # Ours to end: a group left to the interpreter's finalization can abort the
+            # process (gloo's threads still hold tensors; 'terminate called without an
+            # active exception', seen on a loaded machine).
+            atexit.register(_destroy)
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.device = torch.device('cuda', torch.cuda.current_device()) \
             if dist.get_backend() == 'nccl' else torch.device('cpu')
