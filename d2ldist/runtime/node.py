@@ -17,7 +17,7 @@ from collections import deque
 
 from . import protocol
 from . import shm
-from .van import Van
+from .van import LINGER_SECONDS, Van
 
 
 _current = None   # this process's node, once it has joined the job
@@ -59,6 +59,8 @@ class Node:
         self._stash = deque()     # messages received while waiting for others
         self._barriers = {}       # group -> barriers this node has entered
         self._stopped = threading.Event()
+        self._receiving = 0       # threads inside recv() now (ZeroMQ sockets are not
+        self._count_lock = threading.Lock()   # thread-safe: stop() must not join them)
 
     @classmethod
     def from_env(cls, role=None, env=os.environ):
@@ -112,6 +114,15 @@ class Node:
 
     def recv(self, kinds=None, timeout=None):
         """The next message of one of ``kinds`` (others wait in a stash for later)."""
+        with self._count_lock:
+            self._receiving += 1
+        try:
+            return self._recv(kinds, timeout)
+        finally:
+            with self._count_lock:
+                self._receiving -= 1
+
+    def _recv(self, kinds, timeout):
         for msg in self._stash:
             if kinds is None or msg.kind in kinds:
                 self._stash.remove(msg)
@@ -150,13 +161,27 @@ class Node:
         van.close()
 
     def stop(self):
-        """Say goodbye to the scheduler and close the sockets."""
+        """Say goodbye to the scheduler, wait for its answer, and close the sockets.
+
+        The answer matters: a message still queued in ZeroMQ when the process exits
+        is lost (nothing terminates the ZeroMQ context at exit), and a goodbye lost
+        after the heartbeats stopped would make the scheduler declare this node dead.
+        The heartbeats go on until the answer came (or LINGER_SECONDS passed).
+        If another thread is receiving (a collective cut short by an error), the
+        goodbye goes out unanswered, as the sockets cannot be shared.
+        """
         if self._stopped.is_set():
             return
-        self._stopped.set()
         try:
             self.van.send('scheduler', protocol.GOODBYE)
+            # Workers wait: the scheduler counts their goodbyes. (Servers go when told
+            # to shut down, by a scheduler that is gone by then.)
+            if self.role == 'worker' and self._receiving == 0:
+                self.recv([protocol.FAREWELL], timeout=LINGER_SECONDS)
+        except PeerFailed:
+            pass                        # the job is ending anyway
         finally:
+            self._stopped.set()
             self.van.close()
 
 

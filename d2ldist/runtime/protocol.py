@@ -10,5 +10,6 @@ BARRIER = 'barrier'            # node -> scheduler: {group, n}
 BARRIER_DONE = 'barrier_done'  # scheduler -> node: {group, n}
 HEARTBEAT = 'heartbeat'        # node -> scheduler, every second
 GOODBYE = 'goodbye'            # node -> scheduler: finished normally
+FAREWELL = 'farewell'          # scheduler -> node: your goodbye arrived (you may exit)
 FAILED = 'failed'              # node -> scheduler: {reason}; scheduler -> node: {node, reason}
 SHUTDOWN = 'shutdown'          # scheduler -> server: the workers are done

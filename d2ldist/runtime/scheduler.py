@@ -63,6 +63,7 @@ class Scheduler:
             self.fail(msg.sender, str(msg.get('reason', 'failed'))[:200])
         elif msg.kind == protocol.GOODBYE and msg.sender in self.nodes:
             self.finished.add(msg.sender)
+            self.van.send(msg.sender, protocol.FAREWELL)
             if self.book_sent and set(self.members('worker')) <= self.finished:
                 for server in self.members('server'):
                     self.van.send(server, protocol.SHUTDOWN)
@@ -140,6 +141,7 @@ def main():
     if van.dropped:
         print(f'd2ldist: the scheduler dropped {van.dropped} invalid messages', flush=True)
     van.close()
+    van.terminate()   # the last farewells and shutdowns leave before the process does
     sys.exit(code)
 
 

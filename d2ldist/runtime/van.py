@@ -325,6 +325,11 @@ class Van:
         """How many received messages failed the checks."""
         return self._dropped
 
+    def terminate(self):
+        """After close(), in a process whose only van this is: end ZeroMQ's context,
+        which gives queued messages LINGER_SECONDS to leave (nothing waits at exit)."""
+        self._ctx.term()
+
     def close(self):
         """Close every socket (queued messages get two seconds to leave, and their
         receivers as long to map the shared blocks they name)."""
