@@ -139,6 +139,11 @@ def _check_root(root_rank):
     return root_rank
 
 
+def _call(name, tensor, detail):
+    """What a collective was asked, for the ring to compare: 'allreduce(Sum, float32, [2, 3])'."""
+    return f'{name}({detail}, {str(tensor.dtype).replace("torch.", "")}, {list(tensor.shape)})'
+
+
 # -- d2ldist's own backend -------------------------------------------------------------
 class RingBackend:
     """The collectives on d2ldist's ring (alone when there is no job)."""
@@ -156,7 +161,7 @@ class RingBackend:
         self._check(tensor)
         if self.ring is not None:
             with staged(tensor, 'cpu') as flat:
-                self.ring.allreduce_(flat, op)
+                self.ring.allreduce_(flat, op, _call('allreduce', tensor, op.name))
                 ops.finish_(flat, op, self.size)
         return tensor
 
@@ -164,7 +169,7 @@ class RingBackend:
         self._check(tensor)
         if self.ring is not None:
             with staged(tensor, 'cpu') as flat:
-                self.ring.broadcast_(flat, root)
+                self.ring.broadcast_(flat, root, _call('broadcast', tensor, f'root {root}'))
         return tensor
 
     def allgather(self, tensor):
@@ -176,18 +181,21 @@ class RingBackend:
         N, r = self.size, self.rank
         info = torch.zeros(3 * N, dtype=torch.int64)
         info[3 * r:3 * r + 3] = torch.tensor([rows, row, self.dtypes.index(tensor.dtype)])
-        self.ring.allgather_(info, [(3 * i, 3 * i + 3) for i in range(N)])
+        self.ring.allgather_(info, [(3 * i, 3 * i + 3) for i in range(N)], 'allgather')
         info = info.view(N, 3)
         if (info[:, 1:] != info[r, 1:]).any():
-            raise ValueError(f'allgather: worker {r} has {tuple(tensor.shape[1:])} '
-                             f'{tensor.dtype} rows; all workers need the same row shape '
-                             'and dtype')
+            other = int((info[:, 1:] != info[r, 1:]).any(1).nonzero()[0])
+            raise RuntimeError(
+                f'allgather: worker {r} has rows of {tuple(tensor.shape[1:])} '
+                f'{tensor.dtype}, worker {other} rows of {int(info[other, 1])} '
+                f'{self.dtypes[int(info[other, 2])]} values; all workers need the same '
+                'row shape and dtype')
         ends = (info[:, 0] * row).cumsum(0).tolist()
         segs = [(0 if i == 0 else ends[i - 1], ends[i]) for i in range(N)]
         out = torch.empty((int(info[:, 0].sum()), *tensor.shape[1:]), dtype=tensor.dtype)
         flat = out.view(-1)
         flat[segs[r][0]:segs[r][1]] = tensor.reshape(-1).cpu()
-        self.ring.allgather_(flat, segs)
+        self.ring.allgather_(flat, segs, 'allgather rows')
         return out.to(tensor.device)
 
     def barrier(self):

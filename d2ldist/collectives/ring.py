@@ -20,7 +20,8 @@ import torch
 
 from ..runtime.split import even_slices
 
-RING = 'ring'   # the message kind of the ring's chunks
+RING = 'ring'             # the message kind of the ring's chunks
+DISAGREE = 'ring_disagree'   # to every worker: two workers called different collectives
 # Measured with benchmarks/allreduce.py --chunk-sweep (loopback, 2 busy cores): CPU
 # time per 64 MB all-reduce with 4 workers, chunks of 256 KB / 1 / 2 / 4 / 8 MB:
 # 212 / 139 / 124 / 106 / 91 ms; with 2 workers 93 / 73 / 66 / 58 / 63 ms. Each
@@ -46,10 +47,13 @@ class Ring:
         self.calls = 0        # collectives so far: every chunk says which call it is from
         self._sent = []       # trackers of chunks ZeroMQ may still be reading
 
-    def allreduce_(self, flat, op):
-        """Reduce the 1-D contiguous CPU tensor ``flat`` across all workers, in place."""
+    def allreduce_(self, flat, op, call='allreduce'):
+        """Reduce the 1-D contiguous CPU tensor ``flat`` across all workers, in place.
+
+        ``call`` says what the caller asked for (op, dtype, shape): every chunk carries
+        it, and a worker that receives another call than its own stops the job."""
         N, r = self.size, self.rank
-        seg = self._begin(flat, even_slices(flat.numel(), N))   # the first n % N one longer
+        seg = self._begin(flat, even_slices(flat.numel(), N), call)   # first n % N longer
         # Reduce-scatter, shown for N = 3 workers and segments a, b, c. At step s,
         # worker r sends segment r-s to the right and adds segment r-s-1 from the left:
         #
@@ -76,22 +80,32 @@ class Ring:
         self._end()
         return flat
 
-    def broadcast_(self, flat, root):
-        """Copy ``flat`` of worker ``root`` into ``flat`` of every worker (a pipelined chain)."""
-        whole = self._begin(flat, [(0, flat.numel())])[0]
+    def broadcast_(self, flat, root, call='broadcast'):
+        """Copy ``flat`` of worker ``root`` into ``flat`` of every worker.
+
+        The data goes down a pipelined chain root -> root+1 -> ... -> root-1; then a
+        token goes once round the ring, from the last one to the root and on, so that
+        no worker returns before every one has checked the call: one that names another
+        root is seen by its right neighbour, and all hear of it."""
+        whole = self._begin(flat, [(0, flat.numel())], call)[0]
+        last = self.right == f'worker:{root}'      # the end of the chain
         if self.rank == root:
             for k, (a, b) in enumerate(self.chunks(whole)):
                 self._send(flat[a:b], 'bc', 0, k)
-        else:   # root -> root+1 -> ... -> root-1: the last one keeps what it gets
-            last = self.right == f'worker:{root}'
+        else:                                      # the last one keeps what it gets
             self._relay(flat, 'bc', 0, _copy_, forward=None if last else 'bc')
+        if last:
+            self._send(flat[:0], 'end', 0, 0)
+        self._recv('end', 0, 0, flat.dtype, 0)
+        if not last:
+            self._send(flat[:0], 'end', 0, 0)
         self._end()
         return flat
 
-    def allgather_(self, flat, seg):
+    def allgather_(self, flat, seg, call='allgather'):
         """Worker i holds ``flat[seg[i][0]:seg[i][1]]``; afterwards every worker holds all."""
         N, r = self.size, self.rank
-        self._begin(flat, seg)
+        self._begin(flat, seg, call)
         for k, (a, b) in enumerate(self.chunks(seg[r])):
             self._send(flat[a:b], 'ag', r, k)
         for s in range(N - 1):   # the all-gather phase of allreduce_, starting one earlier
@@ -119,26 +133,47 @@ class Ring:
 
     def _send(self, x, phase, j, k):
         frame = x.view(torch.uint8).numpy()
-        head = {'n': self.calls, 'numel': self._numel, 'phase': phase, 'seg': j, 'k': k}
+        head = {'n': self.calls, 'call': self._call, 'numel': self._numel, 'phase': phase,
+                'seg': j, 'k': k}
         self._sent += self.node.send(self.right, RING, head, [frame], track=True)
 
     def _recv(self, phase, j, k, dtype, numel):
         """The next chunk from the left, checked to be the one expected, as a tensor."""
-        msg = self.node.recv([RING])
+        msg = self.node.recv([RING, DISAGREE])
+        if msg.kind == DISAGREE:              # another worker saw two different calls
+            raise RuntimeError(f'{self.node.id} stops: {str(msg.get("error"))[:600]}')
+        mine, theirs = self._call, str(msg.get('call'))[:200]
+        if msg.sender == self.left and theirs != mine:
+            self._disagree(f'{self.node.id} and {self.left} called different collectives '
+                           f'as call {self.calls}: {mine} on {self.node.id}, {theirs} on '
+                           f'{self.left}; the workers must call the same collectives in '
+                           'the same order on tensors of the same shape and dtype')
         want = (self.calls, self._numel, phase, j, k)
         got = tuple(msg.get(f) for f in ('n', 'numel', 'phase', 'seg', 'k'))
         if msg.sender != self.left or got != want or len(msg.frames) != 1 \
                 or msg.frames[0].nbytes != numel * self._itemsize:
-            raise RuntimeError(
+            self._disagree(
                 f'{self.node.id}: expected chunk (call, numel, phase, segment, chunk) '
-                f'{want} from {self.left}, got {got} from {msg.sender}: the workers must '
-                f'call the same collectives in the same order on tensors of the same size')
+                f'{want} of {mine} from {self.left}, got {got} from {msg.sender}: the '
+                'workers must call the same collectives in the same order on tensors '
+                'of the same size')
+        if numel == 0:                        # (the broadcast's token)
+            return torch.empty(0, dtype=dtype)
         return torch.frombuffer(msg.frames[0], dtype=dtype)
 
-    def _begin(self, flat, segs):
+    def _disagree(self, error):
+        """Tell every other worker (each may be waiting for a chunk that never comes), then
+        raise: every worker of the job fails with the same message."""
+        for peer in self.node.peers('worker'):
+            if peer != self.node.id:
+                self.node.send(peer, DISAGREE, {'error': error})
+        raise RuntimeError(error)
+
+    def _begin(self, flat, segs, call):
         """Start a collective on ``flat`` cut into ``segs``; returns segs."""
         self.calls += 1
         self._numel, self._itemsize, self._segs = flat.numel(), flat.element_size(), segs
+        self._call = call
         return segs
 
     def _end(self):

@@ -89,3 +89,44 @@ def test_standalone_collectives_are_identity():
                        timeout=120, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert 'unknown reduction' in r.stdout and 'complex64' in r.stdout, r.stdout
+
+
+DISAGREE = r'''
+import sys
+import torch
+import d2ldist
+d2ldist.init()
+r, case = d2ldist.rank(), sys.argv[1]
+odd = r == 2                                   # worker 2 disagrees, the others agree
+try:
+    if case == 'shape':                        # the same number of values
+        d2ldist.allreduce(torch.ones((3, 2) if odd else (2, 3)))
+    elif case == 'dtype':                      # the same number of bytes
+        d2ldist.allreduce(torch.ones(6, dtype=torch.int32 if odd else torch.float32))
+    elif case == 'op':
+        d2ldist.allreduce(torch.ones(6), op=d2ldist.Max if odd else d2ldist.Sum)
+    elif case == 'root':
+        d2ldist.broadcast(torch.ones(6), root_rank=2 if odd else 0)
+    elif case == 'kind':
+        (d2ldist.allgather if odd else d2ldist.allreduce)(torch.ones(6))
+    print(f'worker {r}: no error', flush=True)
+except RuntimeError as e:
+    print(f'worker {r}: error: {e}', flush=True)
+d2ldist.barrier()                              # the job itself goes on to its end
+'''
+
+
+@pytest.mark.parametrize('case', ['shape', 'dtype', 'op', 'root', 'kind'])
+def test_disagreeing_calls_fail_on_every_worker(write_script, case):
+    """Horovod's test_horovod_allreduce_error & co.: workers that call different collectives
+    (same byte count) all get an error naming the two sides, instead of wrong data."""
+    script = write_script(DISAGREE)
+    r = run_launch('-n', 3, '-s', 0, '--timeout', 60, sys.executable, script, case,
+                   timeout=90)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    errors = [line for line in r.stdout.splitlines() if ': error: ' in line]
+    assert len(errors) == 3, r.stdout[-3000:]
+    for line in errors:
+        assert 'different collectives' in line and 'worker:2' in line, line
+    assert 'no error' not in r.stdout
+    assert wait_no_survivors(r.tag) == []
