@@ -16,8 +16,9 @@ inside the package imports it. The layers, bottom up (ARCHITECTURE.md draws them
 ``import d2ldist`` stays light (every process of a job imports it): torch loads only
 when a collective, the parameter server or the training API is first used.
 """
-from .collectives.world import (BACKENDS, barrier, init, local_rank,  # noqa: F401
-                                local_size, rank, size)
+from .collectives.world import (BACKENDS, barrier, cross_rank, cross_size,  # noqa: F401
+                                gloo_built, init, is_initialized, local_rank, local_size,
+                                mpi_built, mpi_enabled, nccl_built, rank, shutdown, size)
 from .report import report  # noqa: F401
 from .runtime.node import Node, PeerFailed  # noqa: F401
 
@@ -29,8 +30,12 @@ _LAZY = {
     'allreduce_async_': 'collectives.api', 'broadcast': 'collectives.api',
     'broadcast_': 'collectives.api', 'broadcast_async_': 'collectives.api',
     'allgather': 'collectives.api', 'Handle': 'collectives.api',
+    **{name: 'collectives.api' for name in (
+        'allreduce_async', 'allgather_async', 'broadcast_async', 'poll', 'synchronize',
+        'grouped_allreduce', 'grouped_allreduce_', 'grouped_allreduce_async',
+        'grouped_allreduce_async_', 'broadcast_object', 'allgather_object')},
     'Sum': 'collectives.ops', 'Average': 'collectives.ops',
-    'Min': 'collectives.ops', 'Max': 'collectives.ops',
+    'Min': 'collectives.ops', 'Max': 'collectives.ops', 'Product': 'collectives.ops',
     'broadcast_parameters': 'collectives.distributed_optimizer',
     'broadcast_optimizer_state': 'collectives.distributed_optimizer',
     'DistributedOptimizer': 'collectives.distributed_optimizer',

@@ -14,6 +14,7 @@ so that the ``_async_`` variants (which return a ``Handle``) overlap communicati
 with computation -- DistributedOptimizer all-reduces gradients while backward goes
 on -- and all workers still run the collectives in the same order.
 """
+import json
 import math
 import queue
 import threading
@@ -23,7 +24,7 @@ import torch
 from ..runtime.wire import DTYPES
 from . import ops, world
 from .staging import staged
-from .ops import Average, Max, Min, Sum  # noqa: F401  (re-exported)
+from .ops import Average, Max, Min, Product, Sum  # noqa: F401  (re-exported)
 
 class Handle:
     """The result of an asynchronous collective: ``wait()`` returns it (or raises)."""
@@ -89,42 +90,175 @@ def _submit(method, *args):
     return engine.submit(getattr(b, method), *args)
 
 
-# -- the API ------------------------------------------------------------------------
-def allreduce_async_(tensor, op=Average):
+# -- the API (Horovod's names and signatures) -----------------------------------------
+# ``name`` is accepted everywhere and not needed: the workers run their collectives in
+# the order they asked for them, and every chunk says which call it belongs to.
+def _reduction(average, op):
+    """Horovod's two ways to name the reduction: ``op=``, or the older ``average=``."""
+    if average is not None and op is not None:
+        raise ValueError('allreduce: give op or average, not both')
+    if average is not None:
+        return ops.Average if average else ops.Sum
+    return ops.get(ops.Average if op is None else op)
+
+
+def _run(fn, *args):
+    """Run fn(*args) on the communication thread, after what was asked before; a Handle."""
+    world.backend()                               # (joins the job, makes the thread)
+    engine = world.engine()
+    if engine is None:                            # alone: nothing to overlap
+        handle = Handle()
+        handle._finish(fn(*args))
+        return handle
+    return engine.submit(fn, *args)
+
+
+def _scaled_allreduce_(tensor, op, prescale_factor, postscale_factor):
+    if prescale_factor != 1.0:
+        tensor.mul_(prescale_factor)
+    world.backend().allreduce_(tensor, op)
+    if postscale_factor != 1.0:
+        tensor.mul_(postscale_factor)
+    return tensor
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0):
     """Start reducing ``tensor`` in place across workers; returns a Handle."""
-    return _submit('allreduce_', tensor, ops.get(op))
+    op = _reduction(average, op)
+    if prescale_factor == 1.0 and postscale_factor == 1.0:
+        return _submit('allreduce_', tensor, op)
+    return _run(_scaled_allreduce_, tensor, op, prescale_factor, postscale_factor)
 
 
-def allreduce_(tensor, op=Average):
-    """Reduce ``tensor`` across all workers, in place (op: Sum, Average, Min, Max)."""
-    return allreduce_async_(tensor, op).wait()
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0):
+    """Reduce ``tensor`` across all workers, in place (op: Sum, Average, Min, Max, Product)."""
+    return allreduce_async_(tensor, average, name, op, prescale_factor,
+                            postscale_factor).wait()
 
 
-def allreduce(tensor, op=Average):
-    """The reduction of ``tensor`` across all workers, as a new tensor."""
-    return allreduce_(tensor.detach().clone(), op)
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0):
+    """Start the reduction of ``tensor`` into a new tensor; ``synchronize(handle)`` gives it."""
+    return allreduce_async_(tensor.detach().clone(), average, name, op, prescale_factor,
+                            postscale_factor)
 
 
-def broadcast_async_(tensor, root_rank=0):
+def allreduce(tensor, average=None, name=None, compression=None, op=None,
+              prescale_factor=1.0, postscale_factor=1.0):
+    """The reduction of ``tensor`` across all workers, as a new tensor (differentiable)."""
+    if compression is not None and getattr(compression, 'name', 'none') != 'none':
+        raise NotImplementedError('allreduce: compression is not supported yet')
+    op = _reduction(average, op)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _AllreduceGrad.apply(tensor, op, prescale_factor, postscale_factor)
+    return allreduce_(tensor.detach().clone(), op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None,
+                             prescale_factor=1.0, postscale_factor=1.0):
+    """Start reducing a list of tensors in place, in one go; one Handle for all."""
+    op = _reduction(average, op)
+
+    def reduce_all():
+        return [_scaled_allreduce_(t, op, prescale_factor, postscale_factor)
+                for t in tensors]
+    return _run(reduce_all)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0):
+    """Reduce every tensor of a list in place; returns the list."""
+    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                    postscale_factor).wait()
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None,
+                            prescale_factor=1.0, postscale_factor=1.0):
+    return grouped_allreduce_async_([t.detach().clone() for t in tensors], average, name,
+                                    op, prescale_factor, postscale_factor)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0):
+    """The reductions of a list of tensors, as new tensors."""
+    return grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                   postscale_factor).wait()
+
+
+def broadcast_async_(tensor, root_rank=0, name=None):
     """Start copying worker ``root_rank``'s tensor into ``tensor``; returns a Handle."""
     return _submit('broadcast_', tensor, _check_root(root_rank))
 
 
-def broadcast_(tensor, root_rank=0):
+def broadcast_(tensor, root_rank=0, name=None):
     """Overwrite ``tensor`` with worker ``root_rank``'s, in place."""
     return broadcast_async_(tensor, root_rank).wait()
 
 
-def broadcast(tensor, root_rank=0):
-    """Worker ``root_rank``'s ``tensor``, as a new tensor on every worker."""
+def broadcast_async(tensor, root_rank=0, name=None):
+    return broadcast_async_(tensor.detach().clone(), root_rank)
+
+
+def broadcast(tensor, root_rank=0, name=None):
+    """Worker ``root_rank``'s ``tensor``, as a new tensor on every worker (differentiable)."""
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _BroadcastGrad.apply(tensor, _check_root(root_rank))
     return broadcast_(tensor.detach().clone(), root_rank)
 
 
-def allgather(tensor):
-    """Every worker's ``tensor`` concatenated along dim 0 in rank order (dim 0 may differ)."""
+def allgather_async(tensor, name=None):
+    """Start an allgather; ``synchronize(handle)`` gives its result."""
     if tensor.dim() == 0:
         raise ValueError('allgather needs a tensor with at least one dimension')
-    return _submit('allgather', tensor.detach()).wait()
+    return _submit('allgather', tensor.detach())
+
+
+def allgather(tensor, name=None):
+    """Every worker's ``tensor`` concatenated along dim 0 in rank order (dim 0 may differ)."""
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _AllgatherGrad.apply(tensor)
+    return allgather_async(tensor).wait()
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """Worker ``root_rank``'s ``obj`` on every worker, sent as JSON, never pickled: dicts
+    with str keys, lists, strings, numbers, bools and None (tuples come back as lists)."""
+    data = _json(obj) if world.backend().rank == _check_root(root_rank) else b''
+    length = broadcast_(torch.tensor([len(data)], dtype=torch.int64), root_rank)
+    buffer = torch.zeros(int(length), dtype=torch.uint8)
+    if data:
+        buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    return json.loads(bytes(broadcast_(buffer, root_rank).numpy()))
+
+
+def allgather_object(obj, name=None):
+    """Every worker's ``obj`` in rank order, as a list (JSON, as ``broadcast_object``)."""
+    data = _json(obj)
+    lengths = allgather(torch.tensor([len(data)], dtype=torch.int64)).tolist()
+    everything = allgather(torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                           if data else torch.zeros(0, dtype=torch.uint8)).numpy()
+    ends = [sum(lengths[:i + 1]) for i in range(len(lengths))]
+    return [json.loads(bytes(everything[end - n:end])) for n, end in zip(lengths, ends)]
+
+
+def _json(obj):
+    try:
+        return json.dumps(obj, allow_nan=True).encode()
+    except (TypeError, ValueError) as e:
+        raise TypeError(f'd2ldist sends objects as JSON (never pickled): {e}') from None
+
+
+def poll(handle):
+    """Whether the asynchronous collective of ``handle`` has finished."""
+    return handle.done()
+
+
+def synchronize(handle):
+    """Wait for the asynchronous collective of ``handle``; returns its result."""
+    return handle.wait()
 
 
 def barrier():
@@ -137,6 +271,54 @@ def _check_root(root_rank):
     if not isinstance(root_rank, int) or not 0 <= root_rank < size:
         raise ValueError(f'root_rank must be a rank 0 .. {size - 1}, got {root_rank!r}')
     return root_rank
+
+
+# -- gradients through the collectives (as Horovod's: the backward of a collective is
+# -- a collective of the gradients) ---------------------------------------------------
+class _AllreduceGrad(torch.autograd.Function):
+    """y = reduce(x) over the workers; dL/dx = the same reduction of dL/dy."""
+
+    @staticmethod
+    def forward(ctx, tensor, op, prescale_factor, postscale_factor):
+        if op not in (ops.Sum, ops.Average):
+            raise RuntimeError(f'allreduce: no gradient through {op.name}; use Sum or Average')
+        ctx.op, ctx.scale = op, prescale_factor * postscale_factor
+        return allreduce_(tensor.detach().clone(), op=op, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return allreduce_(grad.clone(), op=ctx.op, postscale_factor=ctx.scale), None, None, None
+
+
+class _BroadcastGrad(torch.autograd.Function):
+    """y = x of the root; dL/dx = the average of dL/dy on the root, zero elsewhere."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank):
+        ctx.root = root_rank
+        return broadcast_(tensor.detach().clone(), root_rank)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = allreduce_(grad.clone(), op=ops.Average)
+        return (grad if world.backend().rank == ctx.root else grad.zero_()), None
+
+
+class _AllgatherGrad(torch.autograd.Function):
+    """y = [x_0; x_1; ...]; dL/dx_r = rows r of the average of dL/dy over the workers."""
+
+    @staticmethod
+    def forward(ctx, tensor):
+        ctx.rows = tensor.shape[0]
+        return allgather_async(tensor).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = allreduce_(grad.contiguous().clone(), op=ops.Average)
+        rows = allgather_async(torch.tensor([ctx.rows])).wait().tolist()
+        start = sum(rows[:world.backend().rank])
+        return grad[start:start + ctx.rows]
 
 
 def _call(name, tensor, detail):

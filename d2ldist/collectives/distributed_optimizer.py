@@ -45,55 +45,35 @@ def broadcast_parameters(params, root_rank=0):
 
 
 def broadcast_optimizer_state(optimizer, root_rank=0):
-    """Give every worker worker ``root_rank``'s optimizer state and hyperparameters."""
+    """Give every worker worker ``root_rank``'s optimizer state and hyperparameters.
+
+    Tensors (momenta, ...) by broadcast; every other setting of each parameter group
+    and state -- numbers, bools such as ``nesterov``, None, strings, tuples such as
+    Adam's ``betas`` -- in one JSON object (``broadcast_object``)."""
     if size() == 1:
         return
     if not optimizer.state:   # make the state (momenta, ...) exist on every worker
         _initialize_state(optimizer)
-    tensors, numbers = [], []   # numbers: (dict, key, type) of each scalar entry
+    tensors, settings = [], []   # settings: the dicts whose other entries are sent
     for group in optimizer.param_groups:
-        numbers += _numbers(group, exclude='params')
+        settings.append(group)
         for p in group['params']:
             state = optimizer.state.get(p, {})
             tensors += [state[k] for k in sorted(state) if torch.is_tensor(state[k])]
-            numbers += _numbers(state)
+            settings.append(state)
     _broadcast_tensors_(tensors, root_rank)
-    values = api.broadcast(torch.tensor([float(_get(d, k)) for d, k, _ in numbers],
-                                        dtype=torch.float64), root_rank)
-    for (d, k, kind), v in zip(numbers, values.tolist()):
-        _set(d, k, kind(v))
-
-
-def _numbers(d, exclude=None):
-    """(dict, key, type) of the int/float entries of d, and of numbers in tuples."""
-    out = []
-    for key in sorted(d, key=str):
-        v = d[key]
-        if key == exclude or isinstance(v, bool):
-            continue
-        if isinstance(v, (int, float)):
-            out.append((d, key, type(v)))
-        elif isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v):
-            out += [(d, (key, i), type(x)) for i, x in enumerate(v)]   # Adam's betas
-    return out
-
-
-def _get(d, key):
-    return d[key[0]][key[1]] if isinstance(key, tuple) else d[key]
-
-
-def _set(d, key, value):
-    if isinstance(key, tuple):
-        name, i = key
-        d[name] = d[name][:i] + (value,) + d[name][i + 1:]
-    else:
-        d[key] = value
+    values = [{k: v for k, v in d.items() if k != 'params' and not torch.is_tensor(v)}
+              for d in settings]
+    for d, theirs in zip(settings, api.broadcast_object(values, root_rank)):
+        for k, v in theirs.items():
+            d[k] = tuple(v) if isinstance(d.get(k), tuple) else v   # JSON has no tuples
 
 
 @torch.no_grad()
 def _initialize_state(optimizer):
     """One step with zero gradients creates the state; the parameters are restored."""
-    params = [p for g in optimizer.param_groups for p in g['params']]
+    params = [p for g in optimizer.param_groups for p in g['params']
+              if p.requires_grad and p.is_floating_point()]   # (integer ones have no grad)
     saved = [(p.clone(), p.grad) for p in params]
     for p in params:
         p.grad = torch.zeros_like(p)
@@ -105,7 +85,7 @@ def _initialize_state(optimizer):
 
 def metric_average(value, name=None):
     """The average of a number (a loss, an accuracy) over all workers, for logging."""
-    return api.allreduce(torch.tensor(float(value), dtype=torch.float64), Average).item()
+    return api.allreduce(torch.tensor(float(value), dtype=torch.float64), op=Average).item()
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -162,7 +142,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._buckets.ready(i)
 
     def _start(self, b, indices):
-        return api.allreduce_async_(self._buffers[b], self.op)
+        return api.allreduce_async_(self._buffers[b], op=self.op)
 
     @torch.no_grad()
     def synchronize(self):

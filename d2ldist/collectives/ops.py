@@ -32,11 +32,18 @@ def _max_(acc, x):
     return torch.maximum(acc, x, out=acc)
 
 
+def _prod_(acc, x):
+    if acc.dtype == torch.bool:
+        return acc.logical_and_(x)
+    return acc.mul_(x)
+
+
 Sum = ReduceOp('Sum', _sum_, 'SUM')
 Average = ReduceOp('Average', _sum_, 'SUM')   # then divided by size(): see finish_
 Min = ReduceOp('Min', _min_, 'MIN')
 Max = ReduceOp('Max', _max_, 'MAX')
-OPS = {op.name: op for op in (Sum, Average, Min, Max)}
+Product = ReduceOp('Product', _prod_, 'PRODUCT')
+OPS = {op.name: op for op in (Sum, Average, Min, Max, Product)}
 
 
 def get(op):

@@ -90,7 +90,8 @@ class TorchBackend:
     def allreduce_(self, tensor, op):
         with staged(tensor, self.device, self._wider(tensor.dtype)) as X:
             if tensor.dtype == torch.bool:   # no bool sums in gloo and NCCL: any / all
-                dist.all_reduce(X, dist.ReduceOp.MIN if op is ops.Min else dist.ReduceOp.MAX)
+                dist.all_reduce(X, dist.ReduceOp.MIN if op in (ops.Min, ops.Product)
+                                else dist.ReduceOp.MAX)
             else:
                 dist.all_reduce(X, getattr(dist.ReduceOp, op.torch_name))
                 ops.finish_(X, op, self.size)
@@ -111,7 +112,7 @@ class TorchBackend:
 
     def allgather(self, tensor):
         """all_gather needs equal shapes: gather the row counts, pad, gather, trim."""
-        X = tensor.contiguous()
+        X = tensor.contiguous().to(self.device, self._wider(tensor.dtype))
         rows = torch.tensor([X.shape[0]], device=self.device)
         counts = [torch.zeros_like(rows) for _ in range(self.size)]
         dist.all_gather(counts, rows)
@@ -120,7 +121,8 @@ class TorchBackend:
         padded[:X.shape[0]] = X
         parts = [torch.empty_like(padded) for _ in range(self.size)]
         dist.all_gather(parts, padded)
-        return torch.cat([p[:c] for p, c in zip(parts, counts)]).to(tensor.device)
+        return torch.cat([p[:c] for p, c in zip(parts, counts)]).to(tensor.device,
+                                                                      tensor.dtype)
 
     def barrier(self):
         dist.barrier()

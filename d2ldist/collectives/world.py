@@ -108,6 +108,54 @@ def local_size():
     return int(os.environ.get('LOCAL_WORLD_SIZE', '1'))
 
 
+def cross_rank():
+    """The index of this worker's machine among the machines with workers (Horovod's)."""
+    return int(os.environ.get('D2L_CROSS_RANK', os.environ.get('GROUP_RANK', 0)))
+
+
+def cross_size():
+    """The number of machines with workers."""
+    return int(os.environ.get('D2L_CROSS_SIZE', max(1, size() // local_size())))
+
+
+def is_initialized():
+    """Whether init() has run (and shutdown() has not since)."""
+    return _name is not None
+
+
+def shutdown():
+    """Forget the backend (after waiting for the collectives asked for); init() starts
+    again. The process stays a node of the job until it ends."""
+    global _name, _backend, _engine
+    if _engine is not None:
+        from . import api
+        api._run(lambda: None).wait()
+    if _name == 'torch':
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    _name = _backend = _engine = None
+
+
+def nccl_built():
+    """Whether torch.distributed can use NCCL here (backend 'torch' on GPUs)."""
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_nccl_available()
+
+
+def gloo_built():
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_gloo_available()
+
+
+def mpi_built():
+    """d2ldist does not use MPI (False), as Horovod answers when built without it."""
+    return False
+
+
+mpi_enabled = mpi_built
+
+
 def barrier():
     """Wait until every worker has reached this point."""
     if active():                      # collectives run on their own thread: queue behind them

@@ -49,7 +49,8 @@ def assign_hosts(num_workers, num_servers, hosts=('localhost',), slots=None):
 
 
 def job_env(role, rank, *, num_workers, num_servers, scheduler_host, secret,
-            master_addr, master_port, local_rank=0, local_world_size=1, extra=()):
+            master_addr, master_port, local_rank=0, local_world_size=1, cross_rank=0,
+            cross_size=1, extra=()):
     """The environment contract of one process (the table in ARCHITECTURE.md)."""
     env = {
         'D2L_ROLE': role, 'D2L_RANK': str(rank),
@@ -60,7 +61,8 @@ def job_env(role, rank, *, num_workers, num_servers, scheduler_host, secret,
     if role == 'worker':   # torchrun's names, so torch.distributed works unchanged
         env.update(RANK=str(rank), WORLD_SIZE=str(num_workers), LOCAL_RANK=str(local_rank),
                    LOCAL_WORLD_SIZE=str(local_world_size), MASTER_ADDR=master_addr,
-                   MASTER_PORT=str(master_port))
+                   MASTER_PORT=str(master_port), D2L_CROSS_RANK=str(cross_rank),
+                   D2L_CROSS_SIZE=str(cross_size))
     env.update(dict(extra))
     return env
 
@@ -102,7 +104,9 @@ def job_specs(num_workers, num_servers, command, secret, hosts=('localhost',), s
                       scheduler_host=addresses[hosts[0]], secret=secret,
                       master_addr=addresses[master_host], master_port=master_port,
                       local_rank=local.index(rank) if role == 'worker' else 0,
-                      local_world_size=len(local), extra=extra_env)
+                      local_world_size=len(local),
+                      cross_rank=list(workers_on).index(host) if role == 'worker' else 0,
+                      cross_size=len(workers_on), extra=extra_env)
         env.update((host_env or {}).get(host, {}))
         specs.append(ProcSpec(role, rank, host, node_argv(role, command, python), env, remote))
     return specs

@@ -68,6 +68,68 @@ for name, g in grads.items():
 check(abs(hvd.metric_average(float(r)) - (N - 1) / 2) < 1e-12, 'metric_average')
 check(hvd.allgather(torch.tensor([r] * (r + 1))).tolist()
       == [i for i in range(N) for _ in range(i + 1)], 'allgather of uneven first dims')
+
+# -- issue 20: Horovod's semantics, as its own tests check them ---------------------
+# gradients through the collectives (test_horovod_allreduce_grad, _broadcast_grad,
+# _allgather_grad)
+x = torch.full((3, 4), float(r), requires_grad=True)
+hvd.allreduce(x, average=False).backward(torch.ones(3, 4))
+check(torch.equal(x.grad, torch.full((3, 4), float(N))), f'allreduce Sum grad {x.grad}')
+x.grad = None
+hvd.allreduce(x, op=hvd.Average).backward(torch.ones(3, 4))
+check(torch.equal(x.grad, torch.ones(3, 4)), 'allreduce Average grad')
+x.grad = None
+hvd.broadcast(x, root_rank=1).backward(torch.ones(3, 4))
+check(torch.equal(x.grad, torch.full((3, 4), 1.0 if r == 1 else 0.0)), 'broadcast grad')
+rows = [3, 2, 7, 4][:N]
+x = torch.full((rows[r], 5), float(r), requires_grad=True)
+gathered = hvd.allgather(x)
+check(gathered.requires_grad and gathered.shape == (sum(rows), 5), 'allgather keeps the graph')
+gathered.backward(torch.cat([torch.full((n, 5), float(i)) for i, n in enumerate(rows)]))
+check(torch.equal(x.grad, torch.full((rows[r], 5), float(r))), f'allgather grad {x.grad}')
+# names and keywords: average=, name=, prescale/postscale, Product, async, grouped
+y = torch.tensor([1.0, 2.0]) * (r + 1)
+check(torch.equal(hvd.allreduce(y, average=False, name='y'), torch.tensor([1.0, 2.0]) * N * (N + 1) / 2),
+      'allreduce average=False is a sum')
+check(torch.allclose(hvd.allreduce(y, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5),
+                     hvd.allreduce(y, op=hvd.Sum)), 'prescale and postscale')
+check(torch.equal(hvd.allreduce(torch.tensor([r + 1.0]), op=hvd.Product),
+                  torch.tensor([float(torch.arange(1, N + 1).prod())])), 'Product')
+handle = hvd.allreduce_async(y, op=hvd.Sum)
+result = hvd.synchronize(handle)
+check(hvd.poll(handle) and torch.equal(result, hvd.allreduce(y, op=hvd.Sum)), 'async, poll, synchronize')
+check(torch.equal(hvd.synchronize(hvd.broadcast_async(y, root_rank=0)), torch.tensor([1.0, 2.0])),
+      'broadcast_async')
+check(torch.equal(hvd.synchronize(hvd.allgather_async(torch.tensor([r]))), torch.arange(N)),
+      'allgather_async')
+pair = hvd.grouped_allreduce([y, 2 * y], op=hvd.Sum)
+check(torch.equal(pair[1], 2 * pair[0]) and torch.equal(pair[0], hvd.allreduce(y, op=hvd.Sum)),
+      'grouped_allreduce')
+try:
+    hvd.allreduce(y, average=True, op=hvd.Sum)
+    check(False, 'average and op together are refused')
+except ValueError:
+    pass
+for dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+              torch.float32, torch.float64, torch.bool):
+    got = hvd.allgather(torch.ones(r + 1, 2, dtype=dtype))
+    check(got.dtype == dtype and got.shape == (N * (N + 1) // 2, 2), f'allgather of {dtype}')
+# objects as JSON, never pickled
+check(hvd.broadcast_object({'epoch': 3, 'name': f'w{r}', 'best': None}, root_rank=1)
+      == {'epoch': 3, 'name': 'w1', 'best': None}, 'broadcast_object')
+check(hvd.allgather_object({'rank': r, 'rows': [r] * r}) == [{'rank': i, 'rows': [i] * i}
+                                                             for i in range(N)], 'allgather_object')
+# broadcast_optimizer_state: non-tensor settings (nesterov: a bool) and integer
+# parameters without gradients (it used to lose the first and crash on the second)
+w, counter = nn.Parameter(torch.ones(3)), nn.Parameter(torch.zeros(2, dtype=torch.int64),
+                                                        requires_grad=False)
+sgd = torch.optim.SGD([w, counter], lr=0.1, momentum=0.9 if r == 0 else 0.5,
+                      nesterov=r == 0, dampening=0.0)
+hvd.broadcast_optimizer_state(sgd, root_rank=0)
+check(sgd.param_groups[0]['nesterov'] is True and sgd.param_groups[0]['momentum'] == 0.9,
+      f'broadcast_optimizer_state settings {sgd.param_groups[0]}')
+check(hvd.is_initialized() and hvd.cross_size() == 1 and hvd.cross_rank() == 0
+      and hvd.mpi_enabled() is False and isinstance(hvd.nccl_built(), bool), 'world names')
 hvd.barrier()
 print(f'worker {r} of {N}: ok, {during} of {len(started)} buckets started during backward',
       flush=True)

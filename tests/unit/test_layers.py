@@ -94,6 +94,14 @@ def test_the_check_sees_an_upward_import_and_the_face(tmp_path):
     assert len(found) == 2 and 'not a lower layer' in found[0] and 'face' in found[1]
 
 
+# Horovod's names beyond the first set (issue 20), on both faces
+HOROVOD_MORE = [
+    'allreduce_async', 'allgather_async', 'broadcast_async', 'poll', 'synchronize',
+    'grouped_allreduce', 'grouped_allreduce_', 'grouped_allreduce_async',
+    'grouped_allreduce_async_', 'broadcast_object', 'allgather_object', 'is_initialized',
+    'shutdown', 'nccl_built', 'gloo_built', 'mpi_built', 'mpi_enabled', 'cross_rank',
+    'cross_size']
+
 # Every name the README, the chapters and the examples use.
 PUBLIC = {
     'd2ldist': [
@@ -105,13 +113,13 @@ PUBLIC = {
         'load_data_cifar10', 'load_data_digits', 'resnet18', 'cpu', 'try_gpu',
         'try_all_gpus', 'split_and_load', 'parse_devices', 'AllreduceStore',
         'create_store', 'Trainer', 'train_batch', 'evaluate_accuracy', 'train',
-        'load_ipython_extension'],
+        'load_ipython_extension', 'Product'] + HOROVOD_MORE,
     'd2ldist.kv': ['create', 'place', 'KVError', 'KVStore'],
     'd2ldist.horovod': [
         'init', 'rank', 'size', 'local_rank', 'local_size', 'barrier', 'allreduce',
         'allreduce_', 'allreduce_async_', 'broadcast', 'broadcast_', 'allgather', 'Sum',
         'Average', 'Min', 'Max', 'broadcast_parameters', 'broadcast_optimizer_state',
-        'DistributedOptimizer', 'metric_average'],
+        'DistributedOptimizer', 'metric_average', 'Product'] + HOROVOD_MORE,
     'd2ldist.training.trainer': ['STEP_NAMES', 'STEP_LABELS'],
     'd2ldist.training.stores': ['create_store'],
     'd2ldist.runtime.van': ['Van'],
