@@ -17,6 +17,9 @@ waits for the last buckets, copies the averages back into ``.grad`` and then ste
 (A parameter that gets no gradient -- an unused layer -- holds its bucket, and the
 later ones, back until ``step()``, which counts its gradient as zero.)
 """
+import warnings
+from contextlib import contextmanager
+
 import torch
 
 from . import api, ops
@@ -89,23 +92,44 @@ def metric_average(value, name=None):
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
-    """Wraps an optimizer: gradients are averaged over all workers before each step."""
+    """Wraps an optimizer: gradients are averaged over all workers before each step.
 
-    def __init__(self, optimizer, named_parameters=None, bucket_cap_mb=BUCKET_CAP_MB,
-                 op=Average):
+    Horovod's keywords: ``backward_passes_per_step`` (accumulate that many backward
+    passes locally, then all-reduce once), ``op`` and ``gradient_predivide_factor``
+    (divide before the sum, multiply after), ``sparse_as_dense`` (sparse gradients
+    are always made dense here). ``compression`` takes only none for now, and
+    ``groups`` / ``num_groups`` are accepted but the buckets are made by size
+    (``bucket_cap_mb``, like DDP's)."""
+
+    def __init__(self, optimizer, named_parameters=None, compression=None,
+                 backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                 num_groups=0, groups=None, sparse_as_dense=False,
+                 bucket_cap_mb=BUCKET_CAP_MB):
+        if compression is not None and getattr(compression, 'name', 'none') != 'none':
+            raise NotImplementedError('DistributedOptimizer: no gradient compression yet')
+        if int(backward_passes_per_step) < 1:
+            raise ValueError('backward_passes_per_step must be 1 or more')
         self.optimizer, self.op = optimizer, ops.get(op)
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self._predivide = float(gradient_predivide_factor)
+        if self._predivide != 1.0 and self.op is not Average:
+            raise ValueError('gradient_predivide_factor needs op=Average')
         params = [p for g in optimizer.param_groups for p in g['params']]
-        if named_parameters is not None:
+        if named_parameters is not None:   # Horovod's rule: every optimized one is named
             named = list(named_parameters)
             names = [name for name, _ in named]
-            if len(set(names)) != len(names):
-                raise ValueError('named_parameters has duplicate names')
-            known = {id(p) for p in params}
-            missing = [name for name, p in named if id(p) not in known]
-            if missing:
-                raise ValueError(f'parameters not in the optimizer: {", ".join(missing)}')
+            dups = sorted({n for n in names if names.count(n) > 1})
+            if dups:
+                raise ValueError(f'parameter names in named_parameters must be unique; '
+                                 f'found duplicates: {", ".join(dups)}')
+            unnamed = {id(p) for p in params} - {id(p) for _, p in named}
+            if unnamed:
+                raise ValueError('named_parameters was given, but one or more parameters '
+                                 f'of the optimizer are not named ({len(unnamed)} of them)')
         self._params = [p for p in params if p.requires_grad]
         self._buckets, self._hooks = None, []
+        self._passes = [0] * len(self._params)   # backward passes since the last step
+        self._synchronized, self._should_synchronize = False, True
         if size() > 1:
             self._make_buckets(bucket_cap_mb)
 
@@ -137,30 +161,61 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def _grad_ready(self, i):
-        """Backward has computed parameter i's gradient: into its bucket, which may start."""
-        self._slots[i].copy_(self._params[i].grad)
+        """Backward has computed parameter i's gradient: into its bucket, which may start
+        (on the last of ``backward_passes_per_step`` passes: .grad holds their sum)."""
+        self._passes[i] += 1
+        if self._passes[i] < self.backward_passes_per_step:
+            return
+        g = self._params[i].grad
+        self._slots[i].copy_(g.to_dense() if g.is_sparse else g)
         self._buckets.ready(i)
 
     def _start(self, b, indices):
-        return api.allreduce_async_(self._buffers[b], op=self.op)
+        f = self._predivide
+        return api.allreduce_async_(self._buffers[b], op=self.op, prescale_factor=1 / f,
+                                    postscale_factor=f)
 
     @torch.no_grad()
     def synchronize(self):
-        """Wait for every bucket's all-reduce and put the averages into ``.grad``."""
-        if self._buckets is None:
+        """Wait for every bucket's all-reduce and put the averages into ``.grad``.
+
+        Called alone (to clip the averaged gradients, say), it must be followed by
+        ``with optimizer.skip_synchronize(): optimizer.step()``."""
+        if self._buckets is None or self._synchronized:
             return
-        for i in self._buckets.missing():       # gradients that never came count 0
-            self._slots[i].zero_()
+        for i in self._buckets.missing():       # gradients that never came count 0,
+            g = self._params[i].grad            # fewer passes than asked count as they are
+            if g is not None and self._passes[i] > 0:
+                self._slots[i].copy_(g.to_dense() if g.is_sparse else g)
+            else:
+                self._slots[i].zero_()
         self._buckets.wait()
         for p, slot in zip(self._params, self._slots):
             if p.grad is None:
                 p.grad = slot.clone()
             else:
-                p.grad.copy_(slot)
+                p.grad.copy_(slot.view_as(p.grad) if not p.grad.is_sparse else slot)
+        self._passes = [0] * len(self._params)
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self):
+        """``with optimizer.skip_synchronize(): optimizer.step()`` after ``synchronize()``."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
 
     def step(self, closure=None):
         """Average the gradients over all workers, then take the wrapped optimizer's step."""
-        self.synchronize()
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn('optimizer.step() after optimizer.synchronize() without '
+                              'optimizer.skip_synchronize(): the gradients are not '
+                              'averaged again; wrap step() in skip_synchronize()')
+            self.synchronize()
+        self._synchronized = False
         return self.optimizer.step(closure)
 
     def zero_grad(self, set_to_none=True):

@@ -4,6 +4,7 @@ Prints one 'ok' line per worker, or exits non-zero at the first failed check.
 """
 import sys
 import time
+import warnings
 
 import torch
 from torch import nn
@@ -128,6 +129,40 @@ sgd = torch.optim.SGD([w, counter], lr=0.1, momentum=0.9 if r == 0 else 0.5,
 hvd.broadcast_optimizer_state(sgd, root_rank=0)
 check(sgd.param_groups[0]['nesterov'] is True and sgd.param_groups[0]['momentum'] == 0.9,
       f'broadcast_optimizer_state settings {sgd.param_groups[0]}')
+# DistributedOptimizer: Horovod's naming rule, skip_synchronize, accumulation
+lin = nn.Linear(4, 1, bias=False)
+hvd.broadcast_parameters(lin.state_dict(), root_rank=0)
+try:
+    hvd.DistributedOptimizer(torch.optim.SGD(list(lin.parameters()) + [nn.Parameter(torch.ones(1))], lr=0.1),
+                             named_parameters=lin.named_parameters())
+    check(False, 'an unnamed parameter is refused')
+except ValueError:
+    pass
+opt = hvd.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1),
+                               named_parameters=lin.named_parameters(), backward_passes_per_step=2)
+Xs = [torch.full((2, 4), float(r + 1 + k)) for k in range(2)]   # two passes, accumulated
+for X in Xs:
+    lin(X).sum().backward()
+expect = hvd.allreduce(sum(X.sum(0) for X in Xs).view(1, 4), op=hvd.Average)
+opt.synchronize()
+check(torch.allclose(lin.weight.grad, expect), f'two passes accumulated {lin.weight.grad} {expect}')
+lin.weight.grad.clamp_(max=5.0)                   # e.g. clipping between synchronize and step
+before = lin.weight.detach().clone()
+with opt.skip_synchronize():
+    opt.step()
+check(torch.allclose(lin.weight, before - 0.1 * expect.clamp(max=5.0)), 'skip_synchronize step')
+opt.zero_grad()
+lin(Xs[0]).sum().backward()                       # one pass of two, then step: what it has
+opt.step()
+check(torch.isfinite(lin.weight).all(), 'a partial accumulation steps')
+opt.zero_grad()
+for X in Xs:
+    lin(X).sum().backward()
+opt.synchronize()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    opt.step()                                    # without skip_synchronize: a warning
+check(any('skip_synchronize' in str(w.message) for w in caught), 'the warning')
 check(hvd.is_initialized() and hvd.cross_size() == 1 and hvd.cross_rank() == 0
       and hvd.mpi_enabled() is False and isinstance(hvd.nccl_built(), bool), 'world names')
 hvd.barrier()
