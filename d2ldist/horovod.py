@@ -10,16 +10,26 @@ gathers them: the collectives are in ``collectives/api.py``, the optimizer and t
 broadcasts in ``collectives/distributed_optimizer.py``, rank and size in
 ``collectives/world.py``.
 """
-from .collectives.api import (Handle, allgather, allgather_async,  # noqa: F401
+from .collectives.api import (Compression, Handle, allgather, allgather_async,  # noqa: F401
                               allgather_object, allreduce, allreduce_, allreduce_async,
                               allreduce_async_, broadcast, broadcast_, broadcast_async,
                               broadcast_async_, broadcast_object, grouped_allreduce,
                               grouped_allreduce_, grouped_allreduce_async,
-                              grouped_allreduce_async_, poll, synchronize)
+                              grouped_allreduce_async_, poll, reducescatter, alltoall,
+                              synchronize)
 from .collectives.distributed_optimizer import (DistributedOptimizer,  # noqa: F401
                                                 broadcast_optimizer_state,
                                                 broadcast_parameters, metric_average)
 from .collectives.ops import Average, Max, Min, Product, Sum  # noqa: F401
+from .collectives.sync_batchnorm import SyncBatchNorm  # noqa: F401
 from .collectives.world import (barrier, cross_rank, cross_size, gloo_built,  # noqa: F401
                                 init, is_initialized, local_rank, local_size, mpi_built,
                                 mpi_enabled, nccl_built, rank, shutdown, size)
+
+
+def __getattr__(name):
+    """Horovod's names that d2ldist does not have: a one-line error that says so."""
+    from .collectives.api import NOT_YET, not_yet
+    if name in NOT_YET:
+        raise not_yet(name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

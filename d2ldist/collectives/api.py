@@ -21,6 +21,7 @@ import threading
 
 import torch
 
+from ..runtime.split import even_sizes, even_slices
 from ..runtime.wire import DTYPES
 from . import ops, world
 from .staging import staged
@@ -251,6 +252,68 @@ def _json(obj):
         raise TypeError(f'd2ldist sends objects as JSON (never pickled): {e}') from None
 
 
+def reducescatter(tensor, op=None, name=None):
+    """Reduce ``tensor`` over the workers and give each its rows: dim 0 cut as evenly as
+    can be (the first ones get one more), rank r the r-th part (op: Average by default)."""
+    if tensor.dim() == 0:
+        raise ValueError('reducescatter needs a tensor with at least one dimension')
+    return _submit('reducescatter', tensor.detach(), _reduction(None, op)).wait()
+
+
+def alltoall(tensor, splits=None, name=None):
+    """Send rows ``splits[i]`` of ``tensor`` (in order) to worker i; returns the rows every
+    worker sent here, in rank order, and how many came from each.
+
+    (Through allgather: every worker receives all rows, N times the bytes of a direct
+    exchange -- simple and the same on both backends; fine for the small tensors it is
+    used with in teaching, e.g. routing tokens to experts.)"""
+    N, r = world.backend().size, world.backend().rank
+    splits = (torch.tensor(even_sizes(tensor.shape[0], N)) if splits is None
+              else torch.as_tensor(splits, dtype=torch.int64))
+    if splits.numel() != N or int(splits.sum()) != tensor.shape[0] or (splits < 0).any():
+        raise ValueError(f'alltoall: splits must be {N} counts adding up to {tensor.shape[0]}')
+    everything = allgather(tensor.detach())
+    counts = allgather(splits.view(1, N)).view(N, N)        # counts[i, j]: i sends to j
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64), counts.sum(1).cumsum(0)])
+    parts = []
+    for i in range(N):
+        first = int(starts[i] + counts[i, :r].sum())
+        parts.append(everything[first:first + int(counts[i, r])])
+    return torch.cat(parts), counts[:, r].clone()
+
+
+# Horovod's names d2ldist does not have yet: using one says so, in one line.
+NOT_YET = {
+    'join': 'workers with uneven numbers of batches: give every worker the same number '
+            '(SplitSampler pads the last batch)',
+    'elastic': 'elastic training (workers joining and leaving) is out of scope for now',
+    'ProcessSet': 'process sets are out of scope for now: collectives run over all workers',
+    'add_process_set': 'process sets are out of scope for now',
+    'Adasum': 'Adasum is out of scope for now: use op=Average',
+    'start_timeline': 'a timeline comes from the launcher (issue: see inside a running job)',
+    'stop_timeline': 'a timeline comes from the launcher (issue: see inside a running job)',
+}
+
+
+class _Compressions:
+    """Horovod's ``Compression``: ``Compression.none`` only, so far; another one says so."""
+
+    class none:
+        name = 'none'
+
+    def __getattr__(self, name):
+        raise NotImplementedError(f'hvd.Compression.{name}: not in d2ldist yet (only '
+                                  'Compression.none)')
+
+
+Compression = _Compressions()
+
+
+def not_yet(name):
+    """The error for a Horovod name d2ldist does not have."""
+    return NotImplementedError(f'hvd.{name}: not in d2ldist: {NOT_YET[name]}')
+
+
 def poll(handle):
     """Whether the asynchronous collective of ``handle`` has finished."""
     return handle.done()
@@ -379,6 +442,20 @@ class RingBackend:
         flat[segs[r][0]:segs[r][1]] = tensor.reshape(-1).cpu()
         self.ring.allgather_(flat, segs, 'allgather rows')
         return out.to(tensor.device)
+
+    def reducescatter(self, tensor, op):
+        """This worker's rows (``even_slices`` of dim 0) of the reduction over all workers."""
+        self._check(tensor)
+        rows = even_slices(tensor.shape[0], self.size)[self.rank]
+        if self.ring is None:
+            return tensor.clone()
+        row = math.prod(tensor.shape[1:])
+        seg = [(a * row, b * row) for a, b in even_slices(tensor.shape[0], self.size)]
+        flat = tensor.detach().reshape(-1).to('cpu', copy=True)
+        self.ring.reducescatter_(flat, seg, op, _call('reducescatter', tensor, op.name))
+        out = flat[seg[self.rank][0]:seg[self.rank][1]].view(rows[1] - rows[0],
+                                                              *tensor.shape[1:])
+        return ops.finish_(out, op, self.size).to(tensor.device)
 
     def barrier(self):
         if self.node is not None:

@@ -80,6 +80,23 @@ class Ring:
         self._end()
         return flat
 
+    def reducescatter_(self, flat, seg, op, call='reducescatter'):
+        """The first half of allreduce_: afterwards worker r holds ``flat[seg[r][0]:seg[r][1]]``
+        reduced over all workers (the rest of ``flat`` holds partial sums).
+
+        The reduce-scatter leaves the reduced segment r+1 on worker r, so the ring's
+        segments are the asked ones turned by one: ring segment j is seg[j-1]."""
+        N, r = self.size, self.rank
+        turned = [seg[(j - 1) % N] for j in range(N)]
+        self._begin(flat, turned, call)
+        for k, (a, b) in enumerate(self.chunks(turned[r])):
+            self._send(flat[a:b], 'rs', r, k)
+        for s in range(N - 1):
+            j = (r - s - 1) % N                       # at the last step j = r+1: reduced
+            self._relay(flat, 'rs', j, op.reduce_, forward='rs' if s < N - 2 else None)
+        self._end()
+        return flat
+
     def broadcast_(self, flat, root, call='broadcast'):
         """Copy ``flat`` of worker ``root`` into ``flat`` of every worker.
 

@@ -14,6 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..runtime.split import even_slices
 from . import ops
 from .staging import staged
 
@@ -123,6 +124,13 @@ class TorchBackend:
         dist.all_gather(parts, padded)
         return torch.cat([p[:c] for p, c in zip(parts, counts)]).to(tensor.device,
                                                                       tensor.dtype)
+
+    def reducescatter(self, tensor, op):
+        """All-reduce, then keep this worker's rows (gloo has no uneven reduce-scatter)."""
+        out = tensor.clone()
+        self.allreduce_(out, op)
+        a, b = even_slices(tensor.shape[0], self.size)[self.rank]
+        return out[a:b].clone()
 
     def barrier(self):
         dist.barrier()

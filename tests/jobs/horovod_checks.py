@@ -129,6 +129,35 @@ sgd = torch.optim.SGD([w, counter], lr=0.1, momentum=0.9 if r == 0 else 0.5,
 hvd.broadcast_optimizer_state(sgd, root_rank=0)
 check(sgd.param_groups[0]['nesterov'] is True and sgd.param_groups[0]['momentum'] == 0.9,
       f'broadcast_optimizer_state settings {sgd.param_groups[0]}')
+# reducescatter: rows cut as evenly as can be, the first ones one longer
+from d2ldist.runtime.split import even_slices
+full = torch.arange(7 * 2, dtype=torch.float32).view(7, 2)
+start, stop = even_slices(7, N)[r]
+got = hvd.reducescatter(full * (r + 1), op=hvd.Sum)
+check(torch.equal(got, full[start:stop] * N * (N + 1) / 2), f'reducescatter {got}')
+check(torch.equal(hvd.reducescatter(full), full[start:stop]), 'reducescatter Average')
+# alltoall: worker i sends i + j + 1 rows to worker j, each row holding (i, j)
+splits = [r + j + 1 for j in range(N)]
+sent = torch.cat([torch.tensor([[r, j]] * n) for j, n in enumerate(splits)])
+received, counts = hvd.alltoall(sent, splits)
+check(counts.tolist() == [i + r + 1 for i in range(N)] and
+      torch.equal(received, torch.cat([torch.tensor([[i, r]] * (i + r + 1)) for i in range(N)])),
+      f'alltoall {received.tolist()}')
+# SyncBatchNorm: what one process's BatchNorm does with the whole batch
+torch.manual_seed(5)
+batch, weights = torch.randn(9, 3, 4) * 3 + 1, torch.randn(9, 3, 4)
+mine = slice(*even_slices(9, N)[r])
+bn, ref = hvd.SyncBatchNorm(3, momentum=0.3), nn.BatchNorm1d(3, momentum=0.3)
+Xm, Xr = batch[mine].clone().requires_grad_(), batch.clone().requires_grad_()
+Ym, Yr = bn(Xm), ref(Xr)
+(Ym * weights[mine]).sum().backward()
+(Yr * weights).sum().backward()
+check(torch.allclose(Ym, Yr[mine], atol=1e-5), 'SyncBatchNorm forward')
+check(torch.allclose(Xm.grad, Xr.grad[mine], atol=1e-5), 'SyncBatchNorm input gradient')
+check(torch.allclose(hvd.allreduce(bn.weight.grad, op=hvd.Sum), ref.weight.grad, atol=1e-5),
+      'SyncBatchNorm weight gradient, summed over workers')
+check(torch.allclose(bn.running_mean, ref.running_mean, atol=1e-6) and
+      torch.allclose(bn.running_var, ref.running_var, atol=1e-5), 'SyncBatchNorm running stats')
 # DistributedOptimizer: Horovod's naming rule, skip_synchronize, accumulation
 lin = nn.Linear(4, 1, bias=False)
 hvd.broadcast_parameters(lin.state_dict(), root_rank=0)

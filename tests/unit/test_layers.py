@@ -100,7 +100,7 @@ HOROVOD_MORE = [
     'grouped_allreduce', 'grouped_allreduce_', 'grouped_allreduce_async',
     'grouped_allreduce_async_', 'broadcast_object', 'allgather_object', 'is_initialized',
     'shutdown', 'nccl_built', 'gloo_built', 'mpi_built', 'mpi_enabled', 'cross_rank',
-    'cross_size']
+    'cross_size', 'reducescatter', 'alltoall', 'SyncBatchNorm', 'Compression']
 
 # Every name the README, the chapters and the examples use.
 PUBLIC = {
@@ -142,3 +142,18 @@ def test_modules_the_launcher_runs_answer(module):
                        text=True, timeout=60, cwd=ROOT, env={'PATH': '/usr/bin:/bin'})
     out = r.stdout + r.stderr
     assert 'Traceback' not in out, out
+
+
+@pytest.mark.parametrize('face', ['d2ldist', 'd2ldist.horovod'])
+def test_horovod_names_not_in_d2ldist_say_so(face):
+    """hvd.Adasum, hvd.elastic, ...: one line saying it is not in d2ldist, and why."""
+    from d2ldist.collectives.api import NOT_YET
+    module = importlib.import_module(face)
+    for name in NOT_YET:
+        with pytest.raises(NotImplementedError, match=f'hvd.{name}: not in d2ldist'):
+            getattr(module, name)
+    with pytest.raises(AttributeError):
+        getattr(module, 'no_such_name')
+    assert module.Compression.none.name == 'none'
+    with pytest.raises(NotImplementedError, match='only Compression.none'):
+        module.Compression.fp16
