@@ -21,7 +21,7 @@ params = list(net.parameters())
 keys = [name for name, _ in net.named_parameters()]        # 'weight', 'bias'
 kv.init(keys, [p.detach() for p in params])                # rank 0's values win
 kv.pull(keys, out=[p.data for p in params])
-kv.set_optimizer('sgd', lr=lr)                             # the servers update the weights
+kv.set_optimizer('sgd', lr=lr, rescale_grad=1 / kv.num_workers)   # servers update, average
 
 for epoch in range(num_epochs):
     for i in range(0, len(X), batch_size):

@@ -6,12 +6,17 @@ No code travels to a server, only a name and numbers. The servers' classes updat
 weight in place from a gradient with the very formulas (and the order of
 floating-point operations) of ``torch.optim``, so that a parameter server and a
 single process running torch.optim reach the same weights. The servers receive the
-*sum* of the workers' gradients and divide it by the number of workers (the average),
-or multiply it by ``rescale_grad`` (MXNet's name) if given.
+*sum* of the workers' gradients and multiply it by ``rescale_grad``, 1 unless given,
+as in MXNet: to update with the average over N workers, ``kv.set_optimizer(...,
+rescale_grad=1 / kv.num_workers)``. (The Trainer averages before it pushes -- it divides
+by all workers' examples in step 2, as DistributedDataParallel averages -- and passes
+rescale_grad=1.) ``multi_precision=True`` keeps a float32 master copy of float16 and
+bfloat16 weights on the servers (MXNet's name): the update runs in float32, the
+weights the workers pull are its rounding.
 
 Hyperparameters have one vocabulary, torch.optim's keyword arguments (``lr``,
 ``momentum``, ``dampening``, ``weight_decay``, ``nesterov``, ``betas``, ``eps``), and
-``rescale_grad`` for the servers. torch's because the Trainer documents them, a worker
+``rescale_grad`` and ``multi_precision`` for the servers. torch's because the Trainer documents them, a worker
 hands them to torch.optim as they are and the servers copy torch.optim's formulas: below
 the door they come in by, nothing is renamed (JSON carries ``betas`` as a pair).
 ``torch_names`` converts gluon's and MXNet's spellings (``learning_rate``, ``wd``,
@@ -94,7 +99,7 @@ def create(name, **hyper):
     if name not in ON_SERVERS:
         raise ValueError(f'unknown optimizer {name!r}; the servers run {", ".join(ON_SERVERS)}')
     cls = OPTIMIZERS[name][1]
-    allowed = dict(cls.defaults, rescale_grad=None)
+    allowed = dict(cls.defaults, rescale_grad=1.0, multi_precision=False)
     unknown = set(hyper) - set(allowed)
     if unknown:
         raise ValueError(f'optimizer {name!r} has no hyperparameter {", ".join(sorted(unknown))}; '
@@ -109,16 +114,26 @@ def create(name, **hyper):
 class Updater:
     """Applies an optimizer to keys: keeps one state per key, rescales the summed gradient."""
 
-    def __init__(self, name, num_workers=1, **hyper):
-        self.name, self.opt = name, create(name, **hyper)
-        self.num_workers, self.states = num_workers, {}
+    def __init__(self, name, **hyper):
+        self.name, self.opt, self.states = name, create(name, **hyper), {}
+        self.masters = {}        # key -> float32 copy of a half-precision weight
 
     def __call__(self, key, w, grad_sum):
-        """Update ``w`` in place from the sum of the pushed gradients."""
+        """Update ``w`` in place from the sum of the pushed gradients (times rescale_grad)."""
+        rescale = self.opt.hyper['rescale_grad']
+        grad = grad_sum * rescale if rescale != 1 else grad_sum
+        if self.opt.hyper['multi_precision'] and w.dtype in (torch.float16, torch.bfloat16):
+            master = self.masters.get(key)
+            if master is None:
+                master = self.masters[key] = w.float()
+            self._update(key, master, grad.float())
+            w.copy_(master)
+        else:
+            self._update(key, w, grad)
+
+    def _update(self, key, w, grad):
         if key not in self.states:
             self.states[key] = self.opt.init_state(w)
-        rescale = self.opt.hyper['rescale_grad']
-        grad = grad_sum / self.num_workers if rescale is None else grad_sum * rescale
         self.opt.update(w, grad, self.states[key])
 
     def load_state(self, key, state, numel):

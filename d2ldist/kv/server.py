@@ -195,8 +195,7 @@ class KVServer:
 
     def set_optimizer(self, msg):
         try:
-            self.updater = Updater(str(msg.get('name')), self.node.num_workers,
-                                   **dict(msg.get('hyper') or {}))
+            self.updater = Updater(str(msg.get('name')), **dict(msg.get('hyper') or {}))
         except (ValueError, TypeError) as e:
             raise M.KVError(str(e)) from None
         self.ack(msg)

@@ -155,7 +155,7 @@ class LocalKVStore(KVStore):
         self._plain = set()      # keys the optimizer does not update
 
     def _set_optimizer(self, name, hyper):
-        self._updater = Updater(name, 1, **hyper)
+        self._updater = Updater(name, **hyper)
 
     def set_learning_rate(self, lr):
         """A new learning rate; the optimizer's states (momentum, ...) stay."""
@@ -212,7 +212,7 @@ class DistKVStore(KVStore):
 
     def _set_optimizer(self, name, hyper):
         """Let the servers update the weights with this optimizer (chosen by name)."""
-        Updater(name, self.num_workers, **hyper)            # bad names fail here, on every worker
+        Updater(name, **hyper)                  # bad names fail here, on every worker
         if self.rank == 0:
             self._ask([(s, M.OPTIMIZER, {'name': name, 'hyper': hyper}, [])
                        for s in self._node.peers('server')])

@@ -81,6 +81,7 @@ def compare(name, hyper, torch_opt, steps=10, reload=False):
     w0 = [torch.randn(s, generator=torch.Generator().manual_seed(5 + i)) for i, s in enumerate(shapes)]
     keys = [f'{name}.w', f'{name}.b']
     kv.init(keys, w0)
+    hyper = dict(hyper, rescale_grad=1 / n)  # MXNet's default is 1: average explicitly
     kv.set_optimizer(name, **hyper)
     w = [t.clone() for t in w0]
     for t in range(steps):
@@ -96,7 +97,7 @@ def compare(name, hyper, torch_opt, steps=10, reload=False):
     opt = torch_opt(ref)
     for t in range(steps):
         for i, p in enumerate(ref):
-            p.grad = torch.stack([grad(q, t, i, p.shape) for q in range(n)]).mean(0)
+            p.grad = torch.stack([grad(q, t, i, p.shape) for q in range(n)]).sum(0) * (1 / n)
         opt.step()
     return max((a - b.detach()).abs().max().item() for a, b in zip(w, ref))
 

@@ -51,7 +51,7 @@ def test_optimizers_match_torch_optim(name, hyper, make):
     g = torch.Generator().manual_seed(0)
     w0 = torch.randn(50, generator=g)
     grads = [torch.randn(3, 50, generator=g) for _ in range(10)]   # 3 workers, 10 steps
-    w, up = w0.clone(), Updater(name, num_workers=3, **hyper)
+    w, up = w0.clone(), Updater(name, rescale_grad=1 / 3, **hyper)   # the average of 3
     ref = w0.clone().requires_grad_()
     opt = make([ref])
     for G in grads:
@@ -140,3 +140,20 @@ def test_loading_a_state_of_another_optimizer_is_refused():
         Updater('adam').load_state('w', {'momentum_buffer': torch.zeros(3)}, 3)
     with pytest.raises(ValueError, match='has 4 elements, the key 3'):
         Updater('sgd').load_state('w', {'momentum_buffer': torch.zeros(4)}, 3)
+
+
+def test_servers_follow_mxnet_rescale_grad_and_multi_precision():
+    """rescale_grad is 1 unless given (MXNet's default: the servers apply the sum), and
+    multi_precision keeps a float32 master of a float16 weight, so small steps add up."""
+    w = torch.zeros(3)
+    Updater('sgd', lr=1.0)('w', w, torch.full((3,), 6.0))
+    assert w.tolist() == [-6.0] * 3                             # the sum, not an average
+    w16, plain, up = torch.ones(4, dtype=torch.float16), torch.ones(4, dtype=torch.float16), \
+        Updater('sgd', lr=1e-4, multi_precision=True)
+    for _ in range(10):                      # 1 - 1e-4 rounds back to 1 in float16
+        up('w', w16, torch.ones(4, dtype=torch.float16))
+        Updater('sgd', lr=1e-4)('w', plain, torch.ones(4, dtype=torch.float16))
+    assert plain.tolist() == [1.0] * 4 and up.masters['w'].dtype == torch.float32
+    assert abs(up.masters['w'][0].item() - (1 - 1e-3)) < 1e-6
+    assert torch.equal(w16, up.masters['w'].half())
+    Updater('sgd', lr=0.1, multi_precision=False)              # MXNet scripts pass either
