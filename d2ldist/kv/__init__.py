@@ -33,15 +33,22 @@ def __getattr__(name):
     return value
 
 
-def create(kind='local'):
-    """A key-value store of the given kind (MXNet's ``mx.kv.create``)."""
-    from .worker import KINDS, DistKVStore, LocalKVStore
+def create(name='local'):
+    """A key-value store of the given kind (MXNet's ``mx.kv.create``; its names too)."""
+    from .worker import ALIASES, KINDS, REFUSED, DistKVStore, LocalKVStore
+    if name in REFUSED:
+        raise ValueError(REFUSED[name])
+    kind = ALIASES.get(name, name)
     if kind not in KINDS:
-        raise ValueError(f'unknown kvstore kind {kind!r}; choose one of {", ".join(KINDS)}')
+        raise ValueError(f'unknown kvstore kind {name!r}; choose one of {", ".join(KINDS)} '
+                         f'(or MXNet\'s {", ".join(ALIASES)})')
     if kind == 'local':
-        return LocalKVStore()
-    node = join('worker')
-    if node is None:
-        raise RuntimeError(f"kvstore '{kind}' runs in a job: start it with "
-                           f'd2l-launch -n N -s S python your_script.py')
-    return DistKVStore(kind, node)
+        store = LocalKVStore()
+    else:
+        node = join('worker')
+        if node is None:
+            raise RuntimeError(f"kvstore '{name}' runs in a job: start it with "
+                               f'd2l-launch -n N -s S python your_script.py')
+        store = DistKVStore(kind, node)
+    store.type = name                                 # MXNet reports the name it was given
+    return store

@@ -17,6 +17,14 @@ from .optimizers import Updater, torch_names
 from .placement import place
 
 KINDS = ('local', 'dist_sync', 'dist_async', 'dist_sync_device')
+# MXNet's other names for these kinds. (On one machine MXNet's 'device' and the
+# 'local_*' ones choose where copies are summed and updated; here 'local' sums on the
+# CPU, or on the GPU through the Trainer, whose step 2 sums on devices[0].)
+ALIASES = {'device': 'local', 'local_update_cpu': 'local', 'local_allreduce_cpu': 'local',
+           'local_allreduce_device': 'local', 'dist_device_sync': 'dist_sync_device'}
+REFUSED = {'nccl': "kvstore 'nccl' is not a parameter server: for NCCL all-reduce use "
+                   "d2ldist.Trainer(..., kvstore='torch') (torch.distributed) or the "
+                   "Horovod API with D2L_BACKEND=torch"}
 CPU = torch.device('cpu')
 
 
@@ -39,9 +47,10 @@ class KVStore:
     """What every kind shares: the API, argument checks and summing device copies."""
 
     def __init__(self, kind):
-        self.type = kind
+        self.type = self.kind = kind           # type: the name given (an alias, maybe)
         self.is_async = kind == 'dist_async'   # each push updates the weights on its own
         self._meta = {}          # key -> (shape, dtype) given at init
+        self.optimizer = None    # (name, hyperparameters) of the last set_optimizer
         self._pinned = {}        # ('push' or 'pull', key) -> pinned CPU buffer for CUDA
 
     rank, num_workers = 0, 1
@@ -72,16 +81,23 @@ class KVStore:
         """Pull the current values into ``out`` (a tensor, or a list of device copies)."""
         self._pull(*self._outputs(key, out))
 
-    def pushpull(self, key, value, out):
-        """Push, then pull the updated values: one round trip."""
+    def pushpull(self, key, value, out=None, priority=0):
+        """Push, then pull the updated values: one round trip (into ``value`` when no ``out``)."""
         keys, values = _lists(key, value)
-        _, outs = self._outputs(key, out)
+        _, outs = self._outputs(key, value if out is None else out)
         self._pushpull(keys, [self._reduce(k, v) for k, v in zip(keys, values)], outs)
+
+    def broadcast(self, key, value, out, priority=0):
+        """Initialise keys with rank 0's ``value`` and pull it into ``out`` on every worker."""
+        self.init(key, value)
+        self.pull(key, out=out)
 
     def set_optimizer(self, name, **hyper):
         """Update the values with this optimizer on every push: a name and numbers, in
         torch.optim's names or gluon's (learning_rate, wd, beta1, beta2)."""
-        self._set_optimizer(name, torch_names(hyper))
+        hyper = torch_names(hyper)
+        self._set_optimizer(name, hyper)
+        self.optimizer = (name, hyper)
 
     def _outputs(self, key, out):
         """Keys and outputs as two lists, each output checked to fit its key."""
@@ -98,7 +114,7 @@ class KVStore:
         for t in copies:
             self._check(key, t, 'pushed')
         if len(copies) > 1:   # step 2: on the CPU (dist_sync_device: on the first copy's device)
-            device = None if self.type == 'dist_sync_device' else CPU
+            device = None if self.kind == 'dist_sync_device' else CPU
             return self._to_cpu(key, sum_copies(copies, device))
         return self._to_cpu(key, copies[0])
 

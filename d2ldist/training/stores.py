@@ -145,13 +145,15 @@ STORES = ('local', 'dist_sync', 'dist_async', 'dist_sync_device', 'ring', 'torch
 def create_store(kvstore):
     """A store from a name ('local', 'dist_sync', 'ring', 'torch', ...), or the store itself.
 
-    'local', 'dist_sync', 'dist_async', 'dist_sync_device': ``d2ldist.kv.create``
-    (one process, or the parameter server); 'dist' means 'dist_sync'.
-    'ring' and 'torch': the workers all-reduce the gradients (``AllreduceStore``).
+    'local', 'dist_sync', 'dist_async', 'dist_sync_device' and MXNet's other names for
+    them ('device', 'dist_device_sync', ...): ``d2ldist.kv.create`` (one process, or the
+    parameter server); 'dist' means 'dist_sync'. 'ring' and 'torch': the workers
+    all-reduce the gradients (``AllreduceStore``).
     """
+    from ..kv.worker import ALIASES, REFUSED
     if not isinstance(kvstore, str):
         return kvstore
-    if kvstore not in STORES:
+    if kvstore not in STORES + tuple(ALIASES) + tuple(REFUSED):
         raise ValueError(f'unknown kvstore {kvstore!r}: use one of {", ".join(STORES)}')
     if kvstore in ('ring', 'torch'):
         return AllreduceStore(kvstore)

@@ -44,7 +44,7 @@ are updated from that slice alone. Left so, every worker would evaluate the same
 weights with statistics of its own data, and the workers would report different
 test accuracies. So step 7 also shares the running statistics: it averages them
 over the replicas (on the first device), then over the workers through the store
--- one more key, ``'buffers'``, the floating-point buffers in one flat tensor,
+-- one more key, ``'trainer0.buffers'``, the floating-point buffers in one flat tensor,
 which the servers' optimizer does not touch -- and gives the result to every
 replica. With a synchronous store all workers then hold the same statistics, as
 they hold the same weights, and report the same test accuracy (with dist_async
@@ -52,6 +52,7 @@ neither weights nor statistics are ever quite the same on two workers). Why
 averaging: see the Trainer's docstring.
 """
 import copy
+import itertools
 import time
 from contextlib import contextmanager
 
@@ -74,14 +75,16 @@ STEP_NAMES = {1: 'forward and backward on each device',
 STEP_LABELS = {1: '1 forward, backward', 2: '2 sum on device', 3: '3 copy to CPU',
                4: '4 push', 5: '5 update, pull', 6: '6 copy to device',
                7: '7 to all devices'}
-BUFFERS_KEY = 'buffers'   # the store's key of the BatchNorm statistics of all workers
 
 
 class Trainer:
     """Trains the replicas of net on devices through a key-value store (after gluon.Trainer).
 
     ``net`` itself becomes the replica on ``devices[0]``; the other replicas are
-    deep copies. With a store that runs the optimizer (``set_optimizer``) the
+    deep copies. The arguments are checked at once; the store is filled at the first
+    step (``init()``, as gluon's Trainer does), and each Trainer has keys of its own
+    ('trainer0.0', 'trainer0.1', ...), so Trainers can share a store (updating in the
+    store, they must use the same optimizer: it runs for every key). With a store that runs the optimizer (``set_optimizer``) the
     update happens in the store; otherwise the store only sums the gradients
     and every worker applies the same update to the same sum. ``overlap``: start
     the all-reduce of finished buckets of about ``bucket_cap_mb`` during backward
@@ -111,8 +114,13 @@ class Trainer:
         self.params = [[p for p in r.parameters() if p.requires_grad] for r in self.replicas]
         self.buffers = [list(r.buffers()) for r in self.replicas]
         self.store = create_store(kvstore)
-        self.keys = list(range(len(self.params[0])))
+        self.update_on_kvstore = self._choose_update_on_kvstore(optimizer, update_on_kvstore)
+        # Its own keys: several Trainers may share a store (made in the same order on
+        # every worker, they number themselves alike).
+        self.name = f'trainer{next(Trainer._made)}'
+        self.keys = [f'{self.name}.{i}' for i in range(len(self.params[0]))]
         self.optimizer_params = torch_names(optimizer_params)   # torch.optim's, from here on
+        self._optimizer_name = optimizer
         pin = torch.cuda.is_available() and any(d.type == 'cuda' for d in self.devices)
         # Host copies, one tensor per key, all views of one flat buffer (which a
         # ring can all-reduce in one go): step 3 lands in the gradients, step 5
@@ -127,20 +135,8 @@ class Trainer:
                                                     self.params[0])]
         self._weights = [v.view_as(p) for v, p in zip(self.flat_weights.split(numels),
                                                       self.params[0])]
-        for w, p in zip(self._weights, self.params[0]):
-            w.copy_(p.detach())
-        # Every worker starts from rank 0's weights.
-        self.store.init(self.keys, self._weights)
-        self.store.pull(self.keys, out=self._weights)
-        if self.devices[0].type == 'cpu':   # the device is the host: share the memory
-            for p, w in zip(self.params[0], self._weights):
-                p.data = w
-        self.update_on_kvstore = self._choose_update_on_kvstore(optimizer, update_on_kvstore)
-        if self.update_on_kvstore:
-            # The Trainer scales the gradients (step 2): the servers must not rescale.
-            self.store.set_optimizer(optimizer, **dict(self.optimizer_params, rescale_grad=1.0))
-            self._optimizer = None
-        else:
+        self._optimizer = None   # with update_on_kvstore: the store's, from init()
+        if not self.update_on_kvstore:
             # One tensor for the optimizer: the flat buffer (the update is elementwise,
             # so this is the same step as over each parameter, in a few big operations).
             self._optimizer = create_optimizer(optimizer, self.optimizer_params,
@@ -149,9 +145,36 @@ class Trainer:
         if overlap and hasattr(self.store, 'allreduce_async_') and not self.update_on_kvstore:
             self._start_buckets_in_backward(bucket_cap_mb)
         self._timers = []   # the timed blocks running now, innermost last
+        self._initialized = False
+        self.reset_step_times()
+
+    _made = itertools.count()   # Trainers made in this process
+
+    def init(self):
+        """Put the weights in the store and give every worker rank 0's: at the first step
+        (``train_batch`` calls it before the forward pass), as gluon's Trainer does."""
+        if self._initialized:
+            return
+        self._initialized = True
+        for w, p in zip(self._weights, self.params[0]):
+            w.copy_(p.detach())
+        self.store.init(self.keys, self._weights)
+        self.store.pull(self.keys, out=self._weights)
+        if self.devices[0].type == 'cpu':   # the device is the host: share the memory
+            for p, w in zip(self.params[0], self._weights):
+                p.data = w
+        if self.update_on_kvstore:
+            # The Trainer scales the gradients (step 2): the servers must not rescale.
+            wanted = (self._optimizer_name, dict(self.optimizer_params, rescale_grad=1.0))
+            held = getattr(self.store, 'optimizer', None)
+            if held is None:
+                self.store.set_optimizer(wanted[0], **wanted[1])
+            elif held != wanted:   # (setting it again would reset the other's momenta)
+                raise ValueError(f'the store already runs {held[0]} {held[1]} for another '
+                                 f'Trainer: give this one its own store, the same optimizer, '
+                                 'or update_on_kvstore=False')
         self._init_buffers()
         self._copy_weights_to_devices()
-        self.reset_step_times()
 
     def _start_buckets_in_backward(self, cap_mb):
         """A hook on each parameter of the last replica runs steps 2 to 4 for its gradient."""
@@ -186,7 +209,8 @@ class Trainer:
         """Change the learning rate of the optimizer, wherever it runs (states stay)."""
         self.optimizer_params['lr'] = lr
         if self.update_on_kvstore:
-            self.store.set_learning_rate(lr)
+            if self._initialized:            # (else init() sends it with the optimizer)
+                self.store.set_learning_rate(lr)
         else:
             for group in self._optimizer.param_groups:
                 group['lr'] = lr
@@ -197,6 +221,7 @@ class Trainer:
         batch_size: the number of examples this worker used (the same on every
         worker); the update uses the mean gradient over all workers' examples.
         """
+        self.init()   # (the first step, when train_batch has not done it)
         # Synchronous stores sum all workers' gradients: divide by all examples.
         # An asynchronous store applies each push alone: divide by ours.
         workers = 1 if getattr(self.store, 'is_async', False) else self.store.num_workers
@@ -204,7 +229,8 @@ class Trainer:
         if self._buckets is None:
             # Step 2: sum the replicas' gradients on the first device.
             with self.timed(2):
-                grads = [self._sum_replicas(i).mul_(scale) for i in self.keys]
+                grads = [self._sum_replicas(i).mul_(scale)
+                         for i in range(len(self.keys))]
             # Step 3: copy the sum to the CPU (pinned memory: the copy does not block).
             with self.timed(3):
                 for host_g, g in zip(self._grads, grads):
@@ -294,8 +320,9 @@ class Trainer:
         self.flat_buffers = torch.cat([b0[i].detach().reshape(-1).cpu() for i in self._floats])
         self._host_buffers = [v.view_as(b0[i]) for v, i in zip(
             self.flat_buffers.split([b0[i].numel() for i in self._floats]), self._floats)]
-        self.store.init([BUFFERS_KEY], [self.flat_buffers], optimizer=False)
-        self.store.pull([BUFFERS_KEY], out=[self.flat_buffers])
+        self._buffers_key = f'{self.name}.buffers'   # the BatchNorm statistics of all workers
+        self.store.init([self._buffers_key], [self.flat_buffers], optimizer=False)
+        self.store.pull([self._buffers_key], out=[self.flat_buffers])
         self._pulled_buffers = self.flat_buffers.clone()    # what the store held last
         with torch.no_grad():
             for h, i in zip(self._host_buffers, self._floats):
@@ -317,7 +344,7 @@ class Trainer:
             self.flat_buffers.sub_(self._pulled_buffers)    # servers add each worker's change
         else:
             self.flat_buffers.div_(self.store.num_workers)  # the store sums the N shares
-        self.store.pushpull([BUFFERS_KEY], [self.flat_buffers], out=[self.flat_buffers])
+        self.store.pushpull([self._buffers_key], [self.flat_buffers], out=[self.flat_buffers])
         self._pulled_buffers.copy_(self.flat_buffers)
         for h, i in zip(self._host_buffers, floats):
             buffers[0][i].copy_(h, non_blocking=True)
@@ -367,6 +394,7 @@ def train_batch(X, y, net, loss, trainer, devices):
     """
     if net is not trainer.replicas[0] or list(devices) != trainer.devices:
         raise ValueError("train_batch needs the trainer's net and devices")
+    trainer.init()   # at the first batch: every worker starts from rank 0's weights
     # Step 1: split the batch across the devices; each replica computes the
     # loss and gradients of its slice (on GPUs, all devices work at once).
     with trainer.timed(1):

@@ -157,3 +157,26 @@ def test_servers_follow_mxnet_rescale_grad_and_multi_precision():
     assert abs(up.masters['w'][0].item() - (1 - 1e-3)) < 1e-6
     assert torch.equal(w16, up.masters['w'].half())
     Updater('sgd', lr=0.1, multi_precision=False)              # MXNet scripts pass either
+
+
+def test_mxnet_names_for_kinds_and_pushpull_in_place():
+    """MXNet's type names, broadcast, and pushpull without out (in place)."""
+    for name in ('device', 'local_update_cpu', 'local_allreduce_cpu', 'local_allreduce_device'):
+        store = kv.create(name)
+        assert store.type == name and store.kind == 'local'
+    with pytest.raises(ValueError, match="kvstore 'nccl' is not a parameter server"):
+        kv.create('nccl')
+    with pytest.raises(RuntimeError, match="kvstore 'dist_device_sync' runs in a job"):
+        kv.create('dist_device_sync')                         # known: dist_sync_device
+    store = kv.create('local')
+    out = torch.empty(2)
+    store.broadcast('w', torch.tensor([1.0, 2.0]), out=out)
+    assert out.tolist() == [1.0, 2.0]
+    grad = torch.tensor([3.0, 4.0])
+    store.pushpull('w', grad)                                 # no optimizer: the sum, in place
+    assert grad.tolist() == [3.0, 4.0]
+    store.set_optimizer('sgd', learning_rate=0.5)
+    assert store.optimizer == ('sgd', {'lr': 0.5})
+    w = torch.tensor([3.0, 4.0])
+    store.pushpull('w', w)                                    # weights updated into w
+    assert w.tolist() == [1.5, 2.0]

@@ -263,3 +263,38 @@ def test_overlap_takes_the_same_steps_as_one_step_after_the_other():
     for p, q in zip(nets[0].parameters(), nets[1].parameters()):
         assert torch.allclose(p, q, rtol=1e-5, atol=1e-7), (p - q).abs().max()
     assert_replicas_identical(trainers[0])
+
+
+def test_a_refused_trainer_leaves_nothing_in_the_store():
+    """Arguments are checked before the store is touched, and it is filled at the first step."""
+    store = LocalKVStore()
+    store.is_async = True             # a store that must update on the servers
+    with pytest.raises(ValueError, match='update_on_kvstore=True'):
+        Trainer(small_cnn(), 'sgd', HYPER, kvstore=store, update_on_kvstore=False)
+    assert store._store == {} and store._meta == {}
+    store = LocalKVStore()
+    trainer = Trainer(small_cnn(), 'sgd', HYPER, kvstore=store)
+    assert store._store == {}                          # nothing until the first step
+    X, y = batches(1, 8)[0]
+    train_batch(X, y, trainer.replicas[0], LOSS, trainer, trainer.devices)
+    assert set(store._store) == set(trainer.keys) and trainer.keys[0].endswith('.0')
+
+
+def test_two_trainers_share_a_store():
+    """Each Trainer has its own keys: two nets trained through one store, each as if alone."""
+    store = LocalKVStore()
+    nets = [small_cnn(), small_cnn()]
+    alone = [copy.deepcopy(n) for n in nets]
+    shared = [Trainer(n, 'sgd', HYPER, kvstore=store) for n in nets]
+    own = [Trainer(n, 'sgd', HYPER, kvstore=LocalKVStore()) for n in alone]
+    assert not set(shared[0].keys) & set(shared[1].keys)
+    for X, y in batches(3, 8):
+        for net, trainer in list(zip(nets, shared)) + list(zip(alone, own)):
+            train_batch(X, y, net, LOSS, trainer, trainer.devices)
+    for a, b in zip(nets, alone):
+        for p, q in zip(a.parameters(), b.parameters()):
+            assert torch.equal(p, q)
+    # updating in the store, another optimizer on the same store is refused in one line
+    other = Trainer(small_cnn(), 'sgd', dict(HYPER, lr=0.5), kvstore=store)
+    with pytest.raises(ValueError, match='already runs sgd'):
+        other.init()
