@@ -46,20 +46,45 @@ def test_one_script_on_ring_torch_and_torchrun():
                         sys.executable, EXAMPLE, timeout=180)
     assert torch_.returncode == 0, torch_.stdout[-3000:] + torch_.stderr[-3000:]
     assert close(results(ring.stdout), results(torch_.stdout))
+    out = run_torchrun(EXAMPLE)
+    assert '2 workers' in out
+    assert close(results(ring.stdout), results(out))
+
+
+def run_torchrun(script, workers=2, timeout=180):
+    """torchrun --standalone script; its stdout. Its workers go with it, even on failure."""
     torchrun = str(Path(sys.executable).with_name('torchrun'))
     need(os.path.exists(torchrun), 'torchrun (installed with torch)')
     env = {k: v for k, v in os.environ.items() if not k.startswith('D2L_')}
     env['PYTHONPATH'] = str(ROOT)
-    p = subprocess.Popen([torchrun, '--standalone', '--nproc_per_node=2', str(EXAMPLE)],
+    p = subprocess.Popen([torchrun, '--standalone', f'--nproc_per_node={workers}', str(script)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          cwd=ROOT, start_new_session=True)
     try:
-        out, err = p.communicate(timeout=180)
-    finally:   # torchrun's workers go with it, even when the test fails
+        out, err = p.communicate(timeout=timeout)
+    finally:
         try:
             os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     assert p.returncode == 0, out[-3000:] + err[-3000:]
-    assert '2 workers' in out
-    assert close(results(ring.stdout), results(out))
+    return out
+
+
+DIGITS = ROOT / 'examples' / 'horovod_digits.py'
+
+
+def test_a_horovod_script_runs_unchanged_on_every_backend():
+    """examples/horovod_digits.py, written as Horovod's pytorch_mnist.py (DistributedSampler,
+    set_epoch, lr * size, broadcasts, Compression.none, allreduce(name=...)): the same
+    numbers on d2ldist's ring, on backend torch and under torchrun, and it learns."""
+    outputs = []
+    for env in ([], ['--env', 'D2L_BACKEND=torch']):
+        r = run_launch('-n', 2, '-s', 0, '--timeout', 150, *env, sys.executable, DIGITS,
+                       timeout=200)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        outputs.append(re.findall(r'2 workers, epoch \d: .*', r.stdout))
+    outputs.append(re.findall(r'2 workers, epoch \d: .*', run_torchrun(DIGITS, timeout=200)))
+    assert len(outputs[0]) == 3 and outputs[0] == outputs[1] == outputs[2], outputs
+    accuracy = float(outputs[0][-1].rsplit(' ', 1)[1])
+    assert accuracy > 0.8, outputs[0]
