@@ -6,6 +6,10 @@ Every request carries an ``id`` that its answer repeats, and a list of ``parts``
 
 with, for INIT and PUSH, one data frame per part (the raw bytes of those elements).
 A list of keys travels as ONE message per server, not one per key.
+
+A sparse key's rows travel as ``[key, dtype, shape, start, stop, count]`` with two frames
+per part: the row ids (int64) and, for a push, the ``count`` values of those rows that
+lie in the slice (``placement.row_positions`` says which).
 """
 
 from ..runtime import wire
@@ -18,10 +22,13 @@ LEARNING_RATE = 'kv_lr'     # worker -> server: {lr}: a new learning rate, state
 INFO = 'kv_info'            # worker -> server: what do you hold?
 GET_STATE = 'kv_get_state'  # worker -> server: your optimizer states (a checkpoint)
 SET_STATE = 'kv_set_state'  # worker -> server: entries + frames: restore states
+PUSH_ROWS = 'kv_push_rows'  # worker -> server: row parts + frames, {sync}: sparse gradients
+PULL_ROWS = 'kv_pull_rows'  # worker -> server: row parts + row ids: please send these rows
 ACK = 'kv_ack'              # server -> worker: done (and maybe a few header fields)
 VALUES = 'kv_values'        # server -> worker: parts + frames: the values asked for
 ERROR = 'kv_error'          # server -> worker: {error}: the request was refused
-REQUESTS = (INIT, PUSH, PULL, OPTIMIZER, LEARNING_RATE, INFO, GET_STATE, SET_STATE)
+REQUESTS = (INIT, PUSH, PULL, OPTIMIZER, LEARNING_RATE, INFO, GET_STATE, SET_STATE,
+            PUSH_ROWS, PULL_ROWS)
 ANSWERS = (ACK, VALUES, ERROR)
 
 MAX_PARTS = 1000            # a longer list is sent as several messages (header <= 64 KB)
@@ -67,4 +74,46 @@ def read_parts(msg, with_frames):
             except ValueError as e:
                 raise KVError(f'key {key!r}: {e}') from None
         out.append((key, dtype, shape, start, stop, t))
+    return out
+
+
+def read_row_parts(msg, with_values):
+    """The row parts of a received message as (key, dtype, shape, start, stop, positions,
+    values or None): positions in the slice, checked against the rows and the count."""
+    from .placement import row_positions
+    parts, per = msg.get('parts'), 2 if with_values else 1
+    if not isinstance(parts, list) or len(parts) * per != len(msg.frames):
+        raise KVError('malformed request: row parts do not match the frames')
+    out = []
+    for i, p in enumerate(parts):
+        try:
+            key, dtype, shape, start, stop, count = p
+            shape = [int(n) for n in shape]
+            start, stop, count = int(start), int(stop), int(count)
+        except (TypeError, ValueError):
+            raise KVError(f'malformed part {p!r}'[:200]) from None
+        check_key(key)
+        if not 0 <= start <= stop or dtype not in wire.DTYPES or len(shape) < 1:
+            raise KVError(f'malformed part {p!r}'[:200])
+        try:
+            frame = msg.frames[i * per]
+            rows = wire.unpack({'dtype': 'int64', 'shape': [len(frame) // 8]}, frame)
+        except ValueError as e:
+            raise KVError(f'key {key!r}: {e}') from None
+        if rows.numel() and (rows[0] < 0 or rows[-1] >= shape[0]
+                             or (rows[1:] <= rows[:-1]).any()):
+            raise KVError(f'key {key!r}: row ids must increase within 0..{shape[0] - 1}')
+        row_numel = 1
+        for n in shape[1:]:
+            row_numel *= n
+        positions, _ = row_positions(rows, row_numel, start, stop)
+        if positions.numel() != count:
+            raise KVError(f'key {key!r}: {count} values for {positions.numel()} elements')
+        values = None
+        if with_values:
+            try:
+                values = wire.unpack({'dtype': dtype, 'shape': [count]}, msg.frames[i * 2 + 1])
+            except ValueError as e:
+                raise KVError(f'key {key!r}: {e}') from None
+        out.append((key, dtype, shape, start, stop, positions, values))
     return out

@@ -131,6 +131,26 @@ class Updater:
         else:
             self._update(key, w, grad)
 
+    def update_rows(self, key, w, positions, grad):
+        """Update only ``w[positions]`` (and their optimizer state) from their gradient
+        sum: a sparse key's lazy update, as MXNet's. The other rows, and their momenta,
+        stay as they are -- weight decay included."""
+        if key not in self.states:
+            self.states[key] = self.opt.init_state(w)
+        state = self.states[key]
+        part = {k: (v[positions] if torch.is_tensor(v) else v) for k, v in state.items()}
+        w_part = w[positions]
+        rescale = self.opt.hyper['rescale_grad']
+        self.opt.update(w_part, grad * rescale if rescale != 1 else grad, part)
+        w[positions] = w_part
+        for k, v in part.items():
+            if torch.is_tensor(v):
+                if k not in state:                 # created by this update (a momentum)
+                    state[k] = torch.zeros_like(w)
+                state[k][positions] = v
+            else:
+                state[k] = v
+
     def _update(self, key, w, grad):
         if key not in self.states:
             self.states[key] = self.opt.init_state(w)

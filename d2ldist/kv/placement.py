@@ -8,6 +8,11 @@ are as even as can be (``runtime/split.py``: the first numel % n get one element
 
     key 'fc.weight', 2,000,000 elements, 2 servers  ->  [(0, 0, 1000000), (1, 1000000, 2000000)]
     key 'fc.bias',          10 elements, 2 servers  ->  [(1, 0, 10)]
+
+Rows of a sparse key (``row_positions``) are found in those slices by the same
+arithmetic on both sides, so a worker sends only row ids and the rows' values: row r
+of a value with d elements per row is elements r*d .. (r+1)*d, and a row may straddle
+two servers' slices, each getting its part.
 """
 import os
 import zlib
@@ -31,3 +36,12 @@ def place(key, numel, num_servers, bound=None):
         return [(server, 0, numel)]
     slices = even_slices(numel, num_servers)
     return [(s, start, stop) for s, (start, stop) in enumerate(slices) if start < stop]
+
+
+def row_positions(rows, row_numel, start, stop):
+    """The elements of ``rows`` (int64, increasing) inside the slice start..stop, in
+    order, as (positions in the slice, mask over the rows' rows x row_numel elements)."""
+    import torch                      # (this module stays light: servers import it first)
+    elements = (rows.view(-1, 1) * row_numel + torch.arange(row_numel)).view(-1)
+    mask = (elements >= start) & (elements < stop)
+    return elements[mask] - start, mask

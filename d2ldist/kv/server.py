@@ -14,6 +14,8 @@ messages in its own I/O thread while we add tensors up.
 import os
 from collections import deque
 
+import torch
+
 from ..runtime import protocol
 from . import messages as M
 from .optimizers import Updater
@@ -28,10 +30,11 @@ class Slot:
 
 
 class Round:
-    """The pushes of one key in the current sync round: their sum and who pushed."""
+    """The pushes of one key in the current sync round: their sum and who pushed, and,
+    while only rows were pushed (a sparse key), which elements they touched."""
 
     def __init__(self):
-        self.sum, self.pushed = None, set()
+        self.sum, self.pushed, self.touched = None, set(), None
 
 
 class KVServer:
@@ -64,6 +67,12 @@ class KVServer:
         try:
             if msg.kind == M.PUSH:
                 return self.push(msg, M.read_parts(msg, with_frames=True))
+            if msg.kind == M.PUSH_ROWS:
+                return self.push_rows(msg, M.read_row_parts(msg, with_values=True))
+            if msg.kind == M.PULL_ROWS:
+                parts = M.read_row_parts(msg, with_values=False)
+                self.check([p[:5] + (None,) for p in parts], 'pulled')
+                self.answer_after_round(msg.sender, msg['id'], parts)
             if msg.kind == M.PULL:
                 parts = M.read_parts(msg, with_frames=False)
                 self.check(parts, 'pulled')
@@ -104,10 +113,8 @@ class KVServer:
                 r.sum = grad                             # the message's own memory, no copy
             else:
                 r.sum.add_(grad)                         # in place, while more pushes arrive
-            r.pushed.add(worker)
-            if len(r.pushed) == self.node.num_workers:   # everybody pushed: update once
-                self.update(key, r.sum, accumulate=False)
-                del self.rounds[key]
+            r.touched = None                             # a dense push touches every row
+            if self.pushed(key, r, worker):
                 closed.append(key)
         if msg.get('pull'):
             self.answer_after_round(worker, msg['id'], parts)
@@ -115,6 +122,56 @@ class KVServer:
             self.ack(msg)
         self.round_closed(closed)
         return True
+
+    def push_rows(self, msg, parts):
+        """A sparse key's rows: aggregate them (sync) or apply them (async), touching
+        only those rows; the round remembers which elements were touched."""
+        self.check([p[:5] + (None,) for p in parts], 'pushed')
+        sync, worker = msg.get('sync') is not False, msg.sender
+        if sync and any(worker in self.rounds.get(p[0], Round()).pushed for p in parts):
+            return False
+        closed = []
+        for key, *_, positions, values in parts:
+            if not sync:
+                self.update_rows(key, positions, values, accumulate=True)
+                continue
+            r = self.rounds.setdefault(key, Round())
+            if r.sum is None:
+                r.sum = self.store[key].value.new_zeros(self.store[key].value.shape)
+                r.touched = torch.zeros(r.sum.shape, dtype=torch.bool)
+            r.sum.index_add_(0, positions, values)
+            if r.touched is not None:
+                r.touched[positions] = True
+            if self.pushed(key, r, worker):
+                closed.append(key)
+        self.ack(msg)
+        self.round_closed(closed)
+        return True
+
+    def pushed(self, key, r, worker):
+        """Count the worker's push in the round; when all have pushed, update, True."""
+        r.pushed.add(worker)
+        if len(r.pushed) < self.node.num_workers:
+            return False
+        if r.touched is None:
+            self.update(key, r.sum, accumulate=False)
+        else:                                        # only rows: update only them
+            positions = r.touched.nonzero().view(-1)
+            self.update_rows(key, positions, r.sum[positions], accumulate=False,
+                             total=r.sum)
+        del self.rounds[key]
+        return True
+
+    def update_rows(self, key, positions, grad, accumulate, total=None):
+        """update() for some elements only: the optimizer's lazy update; without one,
+        the value becomes the round's sum (``total``) or, async, adds the rows."""
+        slot = self.store[key]
+        if self.updater is not None and slot.optimizer:
+            self.updater.update_rows(key, self.writable(key), positions, grad)
+        elif accumulate:
+            self.writable(key).index_add_(0, positions, grad)
+        else:
+            slot.value = total
 
     def update(self, key, grad, accumulate):
         """Apply the optimizer; without one (or for a key init'ed with optimizer=False),
@@ -176,9 +233,15 @@ class KVServer:
         return slot.value
 
     def send_values(self, worker, rid, parts):
-        frames = [self.store[p[0]].value for p in parts]
-        self.lent.update(p[0] for p in parts)
-        self.node.send(worker, M.VALUES, {'id': rid, 'parts': [list(p[:5]) for p in parts]},
+        """The values of whole slices; for row parts (7 fields), only those rows'."""
+        if parts and len(parts[0]) == 7:
+            frames = [self.store[p[0]].value[p[5]] for p in parts]   # copies: not lent
+            heads = [list(p[:5]) + [int(p[5].numel())] for p in parts]
+        else:
+            frames = [self.store[p[0]].value for p in parts]
+            self.lent.update(p[0] for p in parts)
+            heads = [list(p[:5]) for p in parts]
+        self.node.send(worker, M.VALUES, {'id': rid, 'parts': heads},
                        [f.numpy().data if f.numel() else b'' for f in frames])
 
     def ack(self, msg, **fields):

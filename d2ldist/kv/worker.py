@@ -14,7 +14,7 @@ import torch
 
 from . import messages as M
 from .optimizers import Updater, torch_names
-from .placement import place
+from .placement import place, row_positions
 
 KINDS = ('local', 'dist_sync', 'dist_async', 'dist_sync_device')
 # MXNet's other names for these kinds. (On one machine MXNet's 'device' and the
@@ -73,17 +73,58 @@ class KVStore:
                    optimizer)
 
     def push(self, key, value):
-        """Push values (a list of device copies is summed first)."""
+        """Push values (a list of device copies is summed first). A sparse tensor (the
+        gradient of ``nn.Embedding(sparse=True)``) sends only its rows, and the store
+        updates only those rows."""
         keys, values = _lists(key, value)
-        self._push(keys, [self._reduce(k, v) for k, v in zip(keys, values)])
+        dense = [(k, v) for k, v in zip(keys, values) if not _sparse(v)]
+        if dense:
+            self._push([k for k, _ in dense], [self._reduce(k, v) for k, v in dense])
+        for k, v in zip(keys, values):
+            if _sparse(v):
+                self._push_rows(k, *self._rows(k, v))
+
+    def row_sparse_pull(self, key, out, row_ids):
+        """Pull only rows ``row_ids`` of the key into ``out`` (its other rows stay as they
+        are): MXNet's row_sparse_pull, for an embedding whose batch used a few rows."""
+        keys, outs = self._outputs(key, out)
+        ids = row_ids if isinstance(key, (list, tuple)) else [row_ids]
+        for k, o, r in zip(keys, outs, ids):
+            rows = torch.as_tensor(r, dtype=torch.int64).view(-1).unique()   # sorted
+            if rows.numel() and not 0 <= int(rows[0]) <= int(rows[-1]) < self._meta[k][0][0]:
+                raise M.KVError(f'key {k!r}: row ids outside 0..{self._meta[k][0][0] - 1}')
+            self._pull_rows(k, o, rows)
+
+    def _rows(self, key, value):
+        """A sparse value (or its device copies) as (row ids, their rows) on the CPU."""
+        total = None
+        for t in _as_list(value):
+            if not _sparse(t) or tuple(t.shape) != self._meta[key][0] \
+                    or t.dtype != self._meta[key][1]:
+                raise M.KVError(f'key {key!r}: pushed {_describe(t.dtype, t.shape)}, '
+                                f'sparse={t.is_sparse}, but the key holds '
+                                f'{_describe(self._meta[key][1], self._meta[key][0])}')
+            t = t.detach().cpu()
+            total = t if total is None else total + t
+        total = total.coalesce()
+        return total.indices()[0].contiguous(), total.values().contiguous()
 
     def pull(self, key, out):
         """Pull the current values into ``out`` (a tensor, or a list of device copies)."""
         self._pull(*self._outputs(key, out))
 
     def pushpull(self, key, value, out=None, priority=0):
-        """Push, then pull the updated values: one round trip (into ``value`` when no ``out``)."""
+        """Push, then pull the updated values: one round trip (into ``value`` when no ``out``).
+        A sparse value: push its rows, then pull those rows into ``out``."""
         keys, values = _lists(key, value)
+        if any(_sparse(v) for v in values):
+            if out is None:
+                raise M.KVError('pushpull of a sparse value needs out= (the dense weights)')
+            self.push(key, value)
+            ids = [self._rows(k, v)[0] if _sparse(v) else torch.arange(self._meta[k][0][0])
+                   for k, v in zip(keys, values)]
+            return self.row_sparse_pull(key, out, ids if isinstance(key, (list, tuple))
+                                        else ids[0])
         _, outs = self._outputs(key, value if out is None else out)
         self._pushpull(keys, [self._reduce(k, v) for k, v in zip(keys, values)], outs)
 
@@ -196,6 +237,18 @@ class LocalKVStore(KVStore):
         for k, o in zip(keys, outs):
             self._fill(k, o, self._store[k])
 
+    def _push_rows(self, key, rows, values):
+        value = self._store[key]
+        positions, _ = row_positions(rows, _numel(value.shape[1:]), 0, value.numel())
+        if self._updater is not None and key not in self._plain:
+            self._updater.update_rows(key, value.view(-1), positions, values.view(-1))
+        else:                           # the value becomes the pushed sum (zero elsewhere)
+            self._store[key] = torch.zeros_like(value).index_put_((rows,), values)
+
+    def _pull_rows(self, key, out, rows):
+        for o in _as_list(out):
+            o[rows] = self._store[key][rows].to(o.device)
+
     def _pushpull(self, keys, values, outs):
         self._push(keys, values)
         self._pull(keys, outs)
@@ -265,6 +318,47 @@ class DistKVStore(KVStore):
     def _pushpull(self, keys, values, outs):
         self._ask(self._messages(M.PUSH, keys, values, sync=self._sync, pull=True),
                   self._receiver(keys, outs))
+
+    def _push_rows(self, key, rows, values):
+        self._ask(self._row_messages(M.PUSH_ROWS, key, rows, values, sync=self._sync))
+
+    def _pull_rows(self, key, out, rows):
+        """Ask each server for its part of the rows; write them into ``out`` only."""
+        first = _as_list(out)[0]
+        staging = first if first.device.type == 'cpu' and first.is_contiguous() \
+            else first.detach().to('cpu', copy=True).contiguous()
+        shape, _ = self._meta[key]
+        at = {}                                   # server -> the positions it will send
+
+        def receive(msg):
+            (_, dtype, _, start, _, count), frame = msg['parts'][0], msg.frames[0]
+            values = M.wire.unpack({'dtype': dtype, 'shape': [int(count)]}, frame)
+            staging.view(-1)[start + at[msg.sender]] = values
+        msgs = self._row_messages(M.PULL_ROWS, key, rows)
+        for server, _, header, _ in msgs:
+            part = header['parts'][0]
+            at[server] = row_positions(rows, _numel(shape[1:]), part[3], part[4])[0]
+        self._ask(msgs, receive)
+        for o in _as_list(out):
+            if o is not staging:
+                o[rows] = staging[rows].to(o.device)
+
+    def _row_messages(self, kind, key, rows, values=None, **header):
+        """One message per server holding some of the rows: their ids (and values)."""
+        shape, dtype = self._meta[key]
+        row_numel = _numel(shape[1:])
+        flat = values.reshape(-1) if values is not None else None
+        msgs = []
+        for s, start, stop in place(key, _numel(shape), self._node.num_servers):
+            positions, mask = row_positions(rows, row_numel, start, stop)
+            if not positions.numel():
+                continue
+            mine = rows[mask.view(-1, row_numel).any(1)].contiguous()   # rows in the slice
+            frames = [_bytes(mine)] + ([_bytes(flat[mask].contiguous())] if flat is not None
+                                       else [])
+            part = [key, M.wire.dtype_name(dtype), list(shape), start, stop, positions.numel()]
+            msgs.append((f'server:{s}', kind, dict(header, parts=[part]), frames))
+        return msgs
 
     def _messages(self, kind, keys, values=None, **header):
         """Cut the keys into their parts and group the parts by server: [(server, kind, header, frames)]."""
@@ -384,6 +478,12 @@ def _lists(key, value):
             raise ValueError(f'a key appears twice in {list(key)!r}'[:200])
         return [M.check_key(k) for k in key], list(value)
     return [M.check_key(key)], [value]
+
+
+def _sparse(value):
+    """Whether a value (or its first device copy) is a sparse tensor."""
+    first = _as_list(value)[0]
+    return isinstance(first, torch.Tensor) and first.is_sparse
 
 
 def _as_list(value):

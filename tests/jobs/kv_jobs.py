@@ -167,3 +167,36 @@ if r == 1:
 for step in range(1000):                         # the others wait for the dead node
     kv.pushpull('w', torch.ones(10), out=out)
 '''
+
+
+# Sparse keys: a 7 x 3 table cut over 2 servers (bound 10): elements 0..10 and 11..20,
+# so row 3 (elements 9..11) straddles the two. Values are multiples of 1/4: exact sums.
+SPARSE = r'''
+import json
+import torch
+import d2ldist
+from d2ldist.kv import messages as M
+
+kv = d2ldist.kv.create('dist_sync')
+r, n = kv.rank, kv.num_workers
+w0 = torch.arange(21, dtype=torch.float32).view(7, 3) / 4
+kv.init('emb', w0)
+rows = {0: [1, 3], 1: [3, 5]}[r]
+grad = torch.sparse_coo_tensor(torch.tensor([rows]), torch.ones(2, 3) * (r + 1), (7, 3),
+                               check_invariants=True)
+kv.push('emb', grad)                           # no optimizer: the value becomes the sum
+summed = torch.empty(7, 3)
+kv.pull('emb', out=summed)
+kv.barrier()
+kv.set_optimizer('sgd', lr=0.5, weight_decay=0.5)
+w = torch.zeros(7, 3)
+kv.pushpull('emb', grad, out=w)                # rows only, and only those rows come back
+out = torch.full((7, 3), -1.0)
+kv.row_sparse_pull('emb', out=out, row_ids=[6, 3])
+# bytes on the wire for 2 of 10,000 rows of 16 values, against the whole table
+kv.init('big', torch.zeros(10000, 16))
+ids, vals = torch.tensor([17, 9000]), torch.ones(2, 16)
+sent = sum(len(f) for m in kv._row_messages(M.PUSH_ROWS, 'big', ids, vals) for f in m[3])
+print('SPARSE ' + json.dumps({'summed': summed.tolist(), 'w': w.tolist(), 'out': out.tolist(),
+                              'sent': sent}), flush=True)
+'''

@@ -111,3 +111,29 @@ def test_dead_node_stops_sync_job(write_script, who, how):
     assert victim in out.split('DYING', 1)[1].replace(':', ' ').split('\n', 1)[1], out[-3000:]
     assert re.search(rf'{victim}.*failed|failed.*{victim}', out), out[-3000:]
     assert wait_no_survivors(p.tag) == []
+
+
+def test_sparse_rows_through_the_servers(write_script):
+    """Sparse pushes (rows only, one row straddling two servers) are summed exactly,
+    updated lazily (only touched rows, weight decay included), row_sparse_pull fills
+    only the rows asked for, and the bytes sent follow the rows, not the table."""
+    out = run_job(write_script, kv_jobs.SPARSE, 2, 2, 'D2L_KVSTORE_BIGARRAY_BOUND=10')
+    got = lines(out, 'SPARSE')
+    assert sorted(got) == [0, 1]
+    pushed = {1: 1.0, 3: 1.0 + 2.0, 5: 2.0}            # rows of worker 0 (x1) and 1 (x2)
+    summed = [[pushed.get(i, 0.0)] * 3 for i in range(7)]
+    for rank, v in got.items():
+        assert v['summed'] == summed
+        # lazy SGD from the sum (rows 1, 3, 5): w - 0.5 * (g + 0.5 * w); rows 0, 2, 4, 6
+        # keep the sum they held (no decay on them); pushpull brings back the rows this
+        # worker pushed (worker 0: 1 and 3, worker 1: 3 and 5), the others stay in out
+        for i in range(7):
+            if i in ({0: (1, 3), 1: (3, 5)}[rank]):
+                expect = [s - 0.5 * (pushed[i] + 0.5 * s) for s in summed[i]]
+                assert v['w'][i] == expect, (i, v['w'][i], expect)
+            else:
+                assert v['w'][i] == [0.0] * 3                       # out untouched
+        assert v['out'][3] == v['w'][3] and v['out'][6] == [0.0] * 3   # row 6: the sum 0
+        assert all(v['out'][i] == [-1.0] * 3 for i in (0, 1, 2, 4, 5))
+        assert v['sent'] == 2 * 8 + 2 * 16 * 4                         # ids + values
+        assert v['sent'] < 10000 * 16 * 4 / 1000

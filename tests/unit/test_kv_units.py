@@ -180,3 +180,38 @@ def test_mxnet_names_for_kinds_and_pushpull_in_place():
     w = torch.tensor([3.0, 4.0])
     store.pushpull('w', w)                                    # weights updated into w
     assert w.tolist() == [1.5, 2.0]
+
+
+def test_sparse_rows_lazy_update_and_row_sparse_pull():
+    """A sparse push updates only its rows (MXNet's lazy update: momentum and weight decay
+    leave the other rows alone), equal to torch.optim on those rows; row_sparse_pull fills
+    only the rows asked for."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    store = kv.create('local')
+    store.init('emb', emb.weight.detach())
+    store.set_optimizer('sgd', lr=0.1, momentum=0.9, weight_decay=0.01)
+    touched = torch.tensor([2, 5, 7])
+    ref = emb.weight.detach()[touched].clone().requires_grad_()
+    opt = torch.optim.SGD([ref], lr=0.1, momentum=0.9, weight_decay=0.01)
+    before = emb.weight.detach().clone()
+    for step in range(3):
+        emb.zero_grad()
+        emb(torch.tensor([[2, 5], [7, 5]])).pow(2).sum().backward()
+        assert emb.weight.grad.is_sparse
+        dense = emb.weight.grad.to_dense()
+        store.push('emb', emb.weight.grad)
+        ref.grad = dense[touched]
+        opt.step()
+        out = torch.full((10, 4), -1.0)
+        store.row_sparse_pull('emb', out=out, row_ids=touched)
+        assert torch.allclose(out[touched], ref.detach(), atol=1e-6)
+        assert (out[[0, 1, 3, 4, 6, 8, 9]] == -1).all()        # only the rows asked for
+        with torch.no_grad():
+            emb.weight[touched] = out[touched]
+    whole = torch.empty(10, 4)
+    store.pull('emb', out=whole)
+    untouched = [0, 1, 3, 4, 6, 8, 9]
+    assert torch.equal(whole[untouched], before[untouched])   # weight decay did not touch them
+    with pytest.raises(kv.KVError, match='row ids outside'):
+        store.row_sparse_pull('emb', out=whole, row_ids=[10])
