@@ -120,6 +120,7 @@ class Van:
         self._peers = {}                       # peer id -> connected DEALER socket
         self._last_seq = {}                    # (sender, session) -> last seq seen
         self._dropped, self._last_log = 0, 0.0
+        self.bytes_sent = self.bytes_received = 0   # data frames only (headers aside)
         # the simulated link (None: the real network only) and the messages held
         # until their simulated delivery time: a heap of (due, arrival, message)
         self.pacer = pacer_from_env() if shaped else None
@@ -180,6 +181,7 @@ class Van:
         with self._lock:
             head = dict(header or {}, kind=kind, seq=next(self._seq),
                         session=self._session, sizes=[f.nbytes for f in frames])
+            self.bytes_sent += sum(head['sizes'])
             head['from'] = self.node_id
             if peer_id in self._shm_peers:   # big frames: copied to shared memory
                 frames, where = self._share(frames)
@@ -242,6 +244,7 @@ class Van:
             msg = self._check(parts[1:])   # parts[0] is ZeroMQ's routing id
             if msg is None:
                 continue
+            self.bytes_received += sum(f.nbytes for f in msg.frames)
             if 'delay' not in msg.header and not self._held:
                 return msg               # the real network only: deliver now
             heapq.heappush(self._held, (self._due(msg), next(self._arrivals), msg))
