@@ -193,10 +193,16 @@ w = torch.zeros(7, 3)
 kv.pushpull('emb', grad, out=w)                # rows only, and only those rows come back
 out = torch.full((7, 3), -1.0)
 kv.row_sparse_pull('emb', out=out, row_ids=[6, 3])
+# MXNet's broadcast (rank 0's value to every worker) and pushpull in place (no out)
+got = torch.zeros(4)
+kv.broadcast('b', torch.full((4,), float(r + 7)), out=got)
+g = torch.full((4,), float(r + 1))
+kv.pushpull('b', g)                            # updated by the servers' sgd, back into g
+mx = {'broadcast': got.tolist(), 'in_place': g.tolist()}
 # bytes on the wire for 2 of 10,000 rows of 16 values, against the whole table
 kv.init('big', torch.zeros(10000, 16))
 ids, vals = torch.tensor([17, 9000]), torch.ones(2, 16)
 sent = sum(len(f) for m in kv._row_messages(M.PUSH_ROWS, 'big', ids, vals) for f in m[3])
 print('SPARSE ' + json.dumps({'summed': summed.tolist(), 'w': w.tolist(), 'out': out.tolist(),
-                              'sent': sent}), flush=True)
+                              'sent': sent, **mx}), flush=True)
 '''

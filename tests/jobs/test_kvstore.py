@@ -136,4 +136,7 @@ def test_sparse_rows_through_the_servers(write_script):
         assert v['out'][3] == v['w'][3] and v['out'][6] == [0.0] * 3   # row 6: the sum 0
         assert all(v['out'][i] == [-1.0] * 3 for i in (0, 1, 2, 4, 5))
         assert v['sent'] == 2 * 8 + 2 * 16 * 4                         # ids + values
+        assert v['broadcast'] == [7.0] * 4                              # rank 0's value
+        # the store runs sgd (lr 0.5, wd 0.5) for every key now: 7 - 0.5 * (3 + 3.5)
+        assert v['in_place'] == [7 - 0.5 * (3 + 0.5 * 7)] * 4
         assert v['sent'] < 10000 * 16 * 4 / 1000
