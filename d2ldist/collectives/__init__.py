@@ -6,7 +6,7 @@
 * ``api.py``     -- allreduce, broadcast, allgather, barrier with Horovod's names, on
   one communication thread; ``torch_backend.py``: the same on torch.distributed;
 * ``staging.py`` -- what a collective is given, as the flat tensor it runs on (and back);
-* ``staging.py`` -- what a collective is given, as the one flat tensor it runs on;
+* ``sync_batchnorm.py`` -- BatchNorm over the batches of all workers;
 * ``buckets.py`` -- gradient buckets whose all-reduce starts during backward;
 * ``distributed_optimizer.py`` -- Horovod's DistributedOptimizer and broadcasts.
 """

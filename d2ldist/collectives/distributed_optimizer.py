@@ -17,11 +17,13 @@ waits for the last buckets, copies the averages back into ``.grad`` and then ste
 (A parameter that gets no gradient -- an unused layer -- holds its bucket, and the
 later ones, back until ``step()``, which counts its gradient as zero.)
 """
+import time
 import warnings
 from contextlib import contextmanager
 
 import torch
 
+from ..runtime import faults
 from . import api, ops
 from .buckets import BUCKET_CAP_MB, Buckets
 from .ops import Average
@@ -130,6 +132,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._buckets, self._hooks = None, []
         self._passes = [0] * len(self._params)   # backward passes since the last step
         self._synchronized, self._should_synchronize = False, True
+        self._computing_since = time.perf_counter()   # for d2l-launch --slow / --fail
         if size() > 1:
             self._make_buckets(bucket_cap_mb)
 
@@ -209,6 +212,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         """Average the gradients over all workers, then take the wrapped optimizer's step."""
+        faults.computed(time.perf_counter() - self._computing_since)
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn('optimizer.step() after optimizer.synchronize() without '
@@ -216,7 +220,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                               'averaged again; wrap step() in skip_synchronize()')
             self.synchronize()
         self._synchronized = False
-        return self.optimizer.step(closure)
+        try:
+            return self.optimizer.step(closure)
+        finally:
+            self._computing_since = time.perf_counter()
 
     def zero_grad(self, set_to_none=True):
         return self.optimizer.zero_grad(set_to_none=set_to_none)

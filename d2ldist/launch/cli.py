@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ..runtime import pacing
+from ..runtime import faults, pacing
 from .job import Job, Terminated
 from .processes import local_specs, port_is_free
 from .progress import Progress
@@ -68,6 +68,13 @@ def build_parser(prog='d2l-launch'):
     p.add_argument('--latency', default=None, metavar='TIME',
                    help='simulate a network: deliver every message TIME after it has '
                    'been sent (0.5ms, 200us, 1s)')
+    p.add_argument('--slow', action='append', default=[], metavar='worker:R=SLOW',
+                   help='make worker R a straggler: each compute step SLOW times as long '
+                   '(3x) or longer by a time (+200ms); repeatable')
+    p.add_argument('--fail', action='append', default=[], metavar='ROLE:R@WHEN',
+                   help='kill worker or server R (SIGKILL, as a crash) after its compute '
+                   'step N (worker:1@step=40) or a time after it joined (server:0@30s); '
+                   'repeatable')
     p.add_argument('--port', type=int, default=None,
                    help="the scheduler's port (default: a free one)")
     p.add_argument('--timeout', type=float, default=None, metavar='SECONDS',
@@ -104,6 +111,7 @@ def parse(argv, prog='d2l-launch'):
         raise UsageError(f'port {args.port} is not free')
     args.env = dict(_name_value(item) for item in args.env)
     args.env.update(_network_env(args.bandwidth, args.latency))
+    args.process_env = _faults(args)
     if args.launcher == 'ssh':   # the program need only exist on the hosts
         args.command = command_of(args.command, args.python or sys.executable, local=False)
     else:
@@ -116,6 +124,30 @@ def _name_value(item):
     if not eq or not name.isidentifier():
         raise UsageError(f'--env takes NAME=VALUE, got {item!r}')
     return name, value
+
+
+def _faults(args):
+    """--slow and --fail as the variables of the processes they name (runtime/faults.py)."""
+    env = {}
+    for option, items, sep, name, parse in (
+            ('--slow', args.slow, '=', 'D2L_SLOW', faults.parse_slow),
+            ('--fail', args.fail, '@', 'D2L_FAIL', faults.parse_fail)):
+        for item in items:
+            target, mark, value = item.partition(sep)
+            role, _, rank = target.partition(':')
+            count = {'worker': args.num_workers, 'server': args.num_servers}.get(role)
+            roles = ('worker',) if option == '--slow' else ('worker', 'server')
+            if not mark or role not in roles or not rank.isdigit() or int(rank) >= count:
+                raise UsageError(f'{option} takes {"worker:R=3x" if sep == "=" else "ROLE:R@step=N"}'
+                                 f' with a rank of this job, got {item!r}')
+            try:
+                kind = parse(value)
+            except ValueError as e:
+                raise UsageError(f'{option} {item}: {e}') from None
+            if option == '--fail' and role == 'server' and kind[0] == 'step':
+                raise UsageError(f'--fail {item}: a server fails at a time (server:0@30s)')
+            env.setdefault((role, int(rank)), {})[name] = value
+    return env
 
 
 def _network_env(bandwidth, latency):
@@ -170,7 +202,7 @@ def make_job(args, out=None, **job_options):
         except ssh.HostError as e:
             raise UsageError(str(e)) from None
     specs = local_specs(args.num_workers, args.num_servers, args.command, secret,
-                        extra_env=args.env)
+                        extra_env=args.env, process_env=args.process_env)
     if args.port:
         specs[0].env['D2L_SCHEDULER_PORT'] = str(args.port)
     return Job(specs, timeout=args.timeout, out=out, **job_options)

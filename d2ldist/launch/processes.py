@@ -74,19 +74,21 @@ def node_argv(role, command, python=sys.executable):
     return [python, '-m', MODULES[role]]
 
 
-def local_specs(num_workers, num_servers, command, secret, extra_env=()):
+def local_specs(num_workers, num_servers, command, secret, extra_env=(), process_env=None):
     """The processes of a job on this machine."""
-    return job_specs(num_workers, num_servers, command, secret, extra_env=extra_env)
+    return job_specs(num_workers, num_servers, command, secret, extra_env=extra_env,
+                     process_env=process_env)
 
 
 def job_specs(num_workers, num_servers, command, secret, hosts=('localhost',), slots=None,
               addresses=None, free_ports=None, extra_env=(), host_env=None,
-              python=sys.executable, remote=False):
+              python=sys.executable, remote=False, process_env=None):
     """The processes of a job: placed on ``hosts``, each with its command and environment.
 
     ``addresses`` maps a host to the address the others reach it at, ``free_ports`` a
     host to a port free there (default: this machine's); ``host_env`` maps a host to
-    variables only its processes get. The scheduler listens on the first host;
+    variables only its processes get, ``process_env`` a (role, rank) to variables only
+    that process gets (--slow, --fail). The scheduler listens on the first host;
     torch.distributed's rendezvous (MASTER_ADDR:MASTER_PORT) is on worker 0's host.
     """
     placed = assign_hosts(num_workers, num_servers, hosts, slots)
@@ -108,6 +110,7 @@ def job_specs(num_workers, num_servers, command, secret, hosts=('localhost',), s
                       cross_rank=list(workers_on).index(host) if role == 'worker' else 0,
                       cross_size=len(workers_on), extra=extra_env)
         env.update((host_env or {}).get(host, {}))
+        env.update((process_env or {}).get((role, rank), {}))
         specs.append(ProcSpec(role, rank, host, node_argv(role, command, python), env, remote))
     return specs
 

@@ -406,7 +406,8 @@ def prepare(args, secret, out=None, **job_options):
                       addresses={label: answers[label][0] for label in labels},
                       free_ports={label: answers[label][1] for label in labels},
                       host_env=host_env, python=python, remote=True,
-                      extra_env={**forwarded_env(), **args.env, 'D2L_JOB_ID': job_id})
+                      extra_env={**forwarded_env(), **args.env, 'D2L_JOB_ID': job_id},
+                      process_env=args.process_env)
     if args.port:
         specs[0].env['D2L_SCHEDULER_PORT'] = str(args.port)
     rule = 'workers by slots' if slots else 'servers and workers round-robin'

@@ -7,5 +7,5 @@
 * ``split.py``     -- cutting n things into k even parts (ring segments, server slices);
 * ``scheduler.py`` -- registration, address book, barriers, liveness (its own process);
 * ``node.py``      -- a node's handle on the job: rank, peers, send/recv, barriers;
-* ``split.py``     -- the one rule for cutting n things into k even parts.
+* ``faults.py``    -- stragglers and failures on demand (d2l-launch --slow, --fail).
 """

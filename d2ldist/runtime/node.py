@@ -15,7 +15,7 @@ import threading
 import time
 from collections import deque
 
-from . import protocol
+from . import faults, protocol
 from . import shm
 from .van import LINGER_SECONDS, Van
 
@@ -102,6 +102,7 @@ class Node:
                          name='d2ldist-heartbeat').start()
         atexit.register(self.stop)
         _report_peer_failures_in_one_line()
+        faults.arm()                 # d2l-launch --fail ROLE:RANK@30s
         return self
 
     def peers(self, role):

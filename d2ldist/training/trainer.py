@@ -59,6 +59,7 @@ from contextlib import contextmanager
 import torch
 
 from ..collectives.buckets import BUCKET_CAP_MB, Buckets
+from ..runtime import faults
 from ..kv.optimizers import ON_SERVERS, torch_names
 from ..kv.worker import sum_copies
 from .devices import split_and_load
@@ -398,6 +399,7 @@ def train_batch(X, y, net, loss, trainer, devices):
     # Step 1: split the batch across the devices; each replica computes the
     # loss and gradients of its slice (on GPUs, all devices work at once).
     with trainer.timed(1):
+        start = time.perf_counter()
         X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
         losses, corrects = [], []
         for replica, X_shard, y_shard in zip(trainer.replicas, X_shards, y_shards):
@@ -411,6 +413,7 @@ def train_batch(X, y, net, loss, trainer, devices):
             l.sum().backward()
             losses.append(l.detach().sum())
             corrects.append((y_hat.argmax(dim=1) == y_shard).sum())
+        faults.computed(time.perf_counter() - start)   # d2l-launch --slow / --fail
     # Steps 2 to 7.
     trainer.step(X.shape[0])
     return sum(float(l) for l in losses), sum(int(c) for c in corrects)
