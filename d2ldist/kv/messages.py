@@ -11,6 +11,7 @@ A sparse key's rows travel as ``[key, dtype, shape, start, stop, count]`` with t
 per part: the row ids (int64) and, for a push, the ``count`` values of those rows that
 lie in the slice (``placement.row_positions`` says which).
 """
+import math
 
 from ..runtime import wire
 
@@ -51,6 +52,28 @@ def check_key(key):
     return key
 
 
+def _fields(p, extra=0):
+    """A part's fields, checked: key, dtype, shape (a list of ints), start, stop and
+    ``extra`` more ints (a row part's count)."""
+    try:
+        key, dtype, shape, start, stop, *more = p
+        shape = [int(n) for n in shape]
+        start, stop, more = int(start), int(stop), [int(x) for x in more]
+    except (TypeError, ValueError):
+        raise KVError(f'malformed part {p!r}'[:200]) from None
+    check_key(key)
+    if not 0 <= start <= stop or dtype not in wire.DTYPES or len(more) != extra:
+        raise KVError(f'malformed part {p!r}'[:200])
+    return (key, dtype, shape, start, stop, *more)
+
+
+def _tensor(key, dtype, numel, frame):
+    try:
+        return wire.unpack({'dtype': dtype, 'shape': [numel]}, frame)
+    except ValueError as e:
+        raise KVError(f'key {key!r}: {e}') from None
+
+
 def read_parts(msg, with_frames):
     """The parts of a received message as (key, dtype, shape, start, stop, tensor or None)."""
     parts = msg.get('parts')
@@ -58,21 +81,8 @@ def read_parts(msg, with_frames):
         raise KVError('malformed request: parts do not match the frames')
     out = []
     for i, p in enumerate(parts):
-        try:
-            key, dtype, shape, start, stop = p
-            shape = [int(n) for n in shape]
-            start, stop = int(start), int(stop)
-        except (TypeError, ValueError):
-            raise KVError(f'malformed part {p!r}'[:200]) from None
-        check_key(key)
-        if not 0 <= start <= stop or dtype not in wire.DTYPES:
-            raise KVError(f'malformed part {p!r}'[:200])
-        t = None
-        if with_frames:
-            try:
-                t = wire.unpack({'dtype': dtype, 'shape': [stop - start]}, msg.frames[i])
-            except ValueError as e:
-                raise KVError(f'key {key!r}: {e}') from None
+        key, dtype, shape, start, stop = _fields(p)
+        t = _tensor(key, dtype, stop - start, msg.frames[i]) if with_frames else None
         out.append((key, dtype, shape, start, stop, t))
     return out
 
@@ -86,34 +96,15 @@ def read_row_parts(msg, with_values):
         raise KVError('malformed request: row parts do not match the frames')
     out = []
     for i, p in enumerate(parts):
-        try:
-            key, dtype, shape, start, stop, count = p
-            shape = [int(n) for n in shape]
-            start, stop, count = int(start), int(stop), int(count)
-        except (TypeError, ValueError):
-            raise KVError(f'malformed part {p!r}'[:200]) from None
-        check_key(key)
-        if not 0 <= start <= stop or dtype not in wire.DTYPES or len(shape) < 1:
-            raise KVError(f'malformed part {p!r}'[:200])
-        try:
-            frame = msg.frames[i * per]
-            rows = wire.unpack({'dtype': 'int64', 'shape': [len(frame) // 8]}, frame)
-        except ValueError as e:
-            raise KVError(f'key {key!r}: {e}') from None
-        if rows.numel() and (rows[0] < 0 or rows[-1] >= shape[0]
-                             or (rows[1:] <= rows[:-1]).any()):
-            raise KVError(f'key {key!r}: row ids must increase within 0..{shape[0] - 1}')
-        row_numel = 1
-        for n in shape[1:]:
-            row_numel *= n
-        positions, _ = row_positions(rows, row_numel, start, stop)
+        key, dtype, shape, start, stop, count = _fields(p, extra=1)
+        frame = msg.frames[i * per]
+        rows = _tensor(key, 'int64', len(frame) // 8, frame)
+        if not shape or rows.numel() and (rows[0] < 0 or rows[-1] >= shape[0]
+                                          or (rows[1:] <= rows[:-1]).any()):
+            raise KVError(f'key {key!r}: row ids must increase within the rows of {shape}')
+        positions, _ = row_positions(rows, math.prod(shape[1:]), start, stop)
         if positions.numel() != count:
             raise KVError(f'key {key!r}: {count} values for {positions.numel()} elements')
-        values = None
-        if with_values:
-            try:
-                values = wire.unpack({'dtype': dtype, 'shape': [count]}, msg.frames[i * 2 + 1])
-            except ValueError as e:
-                raise KVError(f'key {key!r}: {e}') from None
+        values = _tensor(key, dtype, count, msg.frames[i * 2 + 1]) if with_values else None
         out.append((key, dtype, shape, start, stop, positions, values))
     return out

@@ -215,3 +215,34 @@ def test_sparse_rows_lazy_update_and_row_sparse_pull():
     assert torch.equal(whole[untouched], before[untouched])   # weight decay did not touch them
     with pytest.raises(kv.KVError, match='row ids outside'):
         store.row_sparse_pull('emb', out=whole, row_ids=[10])
+
+
+class _Msg(dict):
+    """A received message as read_row_parts sees it: header fields and frames."""
+
+    def __init__(self, parts, frames):
+        super().__init__(parts=parts)
+        self.frames = frames
+
+
+def test_malformed_row_parts_are_refused():
+    """Row ids out of range, not increasing, counts that do not match, wrong frames:
+    each is a KVError (the server answers it and goes on), never a crash."""
+    from d2ldist.kv.messages import read_row_parts
+    ids = lambda *r: bytearray(torch.tensor(r, dtype=torch.int64).numpy().tobytes())
+    vals = lambda n: bytearray(torch.ones(n).numpy().tobytes())
+    good = _Msg([['e', 'float32', [7, 3], 0, 21, 6]], [ids(1, 3), vals(6)])
+    (key, *_, positions, values), = read_row_parts(good, with_values=True)
+    assert key == 'e' and positions.tolist() == [3, 4, 5, 9, 10, 11] and values.numel() == 6
+    for parts, frames in [
+            ([['e', 'float32', [7, 3], 0, 21, 6]], [ids(3, 1), vals(6)]),      # not increasing
+            ([['e', 'float32', [7, 3], 0, 21, 3]], [ids(7), vals(3)]),         # row 7 of 7
+            ([['e', 'float32', [7, 3], 0, 21, 5]], [ids(1, 3), vals(5)]),      # count wrong
+            ([['e', 'float32', [7, 3], 0, 21, 6]], [ids(1, 3), vals(5)]),      # frame short
+            ([['e', 'float32', [7, 3], 0, 21, 6]], [bytearray(7), vals(6)]),    # half an id
+            ([['e', 'float32', [7, 3], 0, 21]], [ids(1), vals(3)]),            # no count
+            ([['e', 'float32', [], 0, 1, 0]], [ids(), vals(0)]),               # no rows
+            ([['e', 'complex', [7, 3], 0, 21, 3]], [ids(1), vals(3)]),         # dtype
+            ('parts', [])]:
+        with pytest.raises(kv.KVError):
+            read_row_parts(_Msg(parts, frames), with_values=True)
