@@ -88,6 +88,11 @@ def _initialize_state(optimizer):
         p.grad = grad
 
 
+def _dense(grad):
+    """A gradient as a dense tensor (sparse_as_dense: embeddings' sparse gradients)."""
+    return grad.to_dense() if grad.is_sparse else grad
+
+
 def metric_average(value, name=None):
     """The average of a number (a loss, an accuracy) over all workers, for logging."""
     return api.allreduce(torch.tensor(float(value), dtype=torch.float64), op=Average).item()
@@ -169,8 +174,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._passes[i] += 1
         if self._passes[i] < self.backward_passes_per_step:
             return
-        g = self._params[i].grad
-        self._slots[i].copy_(g.to_dense() if g.is_sparse else g)
+        self._slots[i].copy_(_dense(self._params[i].grad))
         self._buckets.ready(i)
 
     def _start(self, b, indices):
@@ -189,7 +193,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for i in self._buckets.missing():       # gradients that never came count 0,
             g = self._params[i].grad            # fewer passes than asked count as they are
             if g is not None and self._passes[i] > 0:
-                self._slots[i].copy_(g.to_dense() if g.is_sparse else g)
+                self._slots[i].copy_(_dense(g))
             else:
                 self._slots[i].zero_()
         self._buckets.wait()

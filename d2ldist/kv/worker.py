@@ -120,11 +120,15 @@ class KVStore:
         if any(_sparse(v) for v in values):
             if out is None:
                 raise M.KVError('pushpull of a sparse value needs out= (the dense weights)')
-            self.push(key, value)
-            ids = [self._rows(k, v)[0] if _sparse(v) else torch.arange(self._meta[k][0][0])
-                   for k, v in zip(keys, values)]
-            return self.row_sparse_pull(key, out, ids if isinstance(key, (list, tuple))
-                                        else ids[0])
+            _, outs = self._outputs(key, out)
+            for k, v, o in zip(keys, values, outs):
+                if _sparse(v):
+                    rows, rows_values = self._rows(k, v)
+                    self._push_rows(k, rows, rows_values)
+                    self._pull_rows(k, o, rows)
+                else:
+                    self._pushpull([k], [self._reduce(k, v)], [o])
+            return
         _, outs = self._outputs(key, value if out is None else out)
         self._pushpull(keys, [self._reduce(k, v) for k, v in zip(keys, values)], outs)
 

@@ -156,7 +156,6 @@ class Trainer:
         (``train_batch`` calls it before the forward pass), as gluon's Trainer does."""
         if self._initialized:
             return
-        self._initialized = True
         for w, p in zip(self._weights, self.params[0]):
             w.copy_(p.detach())
         self.store.init(self.keys, self._weights)
@@ -176,6 +175,7 @@ class Trainer:
                                  'or update_on_kvstore=False')
         self._init_buffers()
         self._copy_weights_to_devices()
+        self._initialized = True
 
     def _start_buckets_in_backward(self, cap_mb):
         """A hook on each parameter of the last replica runs steps 2 to 4 for its gradient."""
