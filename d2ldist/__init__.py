@@ -34,7 +34,7 @@ _LAZY = {
         'allreduce_async', 'allgather_async', 'broadcast_async', 'poll', 'synchronize',
         'grouped_allreduce', 'grouped_allreduce_', 'grouped_allreduce_async',
         'grouped_allreduce_async_', 'broadcast_object', 'allgather_object',
-        'reducescatter', 'alltoall', 'Compression')},
+        'reducescatter', 'alltoall', 'Compression', 'join')},
     'SyncBatchNorm': 'collectives.sync_batchnorm',
     'Sum': 'collectives.ops', 'Average': 'collectives.ops',
     'Min': 'collectives.ops', 'Max': 'collectives.ops', 'Product': 'collectives.ops',
@@ -53,7 +53,7 @@ _LAZY = {
     'evaluate_accuracy': 'training.loop', 'train': 'training.loop',
 }
 _LAZY_MODULES = ('kv', 'horovod')
-_NOT_YET = ('join', 'elastic', 'ProcessSet', 'add_process_set', 'Adasum', 'start_timeline',
+_NOT_YET = ('elastic', 'ProcessSet', 'add_process_set', 'Adasum', 'start_timeline',
             'stop_timeline')   # (collectives/api.py: NOT_YET says why)
 
 

@@ -15,8 +15,8 @@ from .collectives.api import (Compression, Handle, allgather, allgather_async,  
                               allreduce_async_, broadcast, broadcast_, broadcast_async,
                               broadcast_async_, broadcast_object, grouped_allreduce,
                               grouped_allreduce_, grouped_allreduce_async,
-                              grouped_allreduce_async_, poll, reducescatter, alltoall,
-                              synchronize)
+                              grouped_allreduce_async_, join, poll, reducescatter,
+                              alltoall, synchronize)
 from .collectives.distributed_optimizer import (DistributedOptimizer,  # noqa: F401
                                                 broadcast_optimizer_state,
                                                 broadcast_parameters, metric_average)

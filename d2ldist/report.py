@@ -28,6 +28,8 @@ step_times    object  seconds per batch spent in each step, by name, in order
                       (e.g. the seven steps of multi-machine training)
 time          float   when the worker reported (its clock, Unix seconds; set by
                       ``report()``): rates use it, not the time the line arrived
+waiting       str     what the worker has waited for too long and who is missing
+                      (the hang detector, ``runtime/hang.py``); '' when it goes on
 ============  ======  =========================================================
 
 Every field is optional. A reader ignores fields it does not know and values of
@@ -42,7 +44,7 @@ import time
 PREFIX = '@d2l/1 '
 FIELDS = {'epoch': int, 'num_epochs': int, 'batch': int, 'num_batches': int,
           'loss': float, 'acc': float, 'test_acc': float, 'samples': int,
-          'step_times': dict, 'time': float}
+          'step_times': dict, 'time': float, 'waiting': str}
 MAX_LINE = 1 << 16
 
 
@@ -79,6 +81,8 @@ def _clean(record):
         value = record.get(name)
         if kind is dict:
             value = _steps(value)
+        elif kind is str:
+            value = value[:500] if isinstance(value, str) else None
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
             value = None
         elif kind is int:
@@ -125,6 +129,8 @@ def format_progress(r, rate=None):
             parts.append(f'{name} {r[name]:.3f}')
     if rate is not None:
         parts.append(f'{rate:.0f} samples/s')
+    if r.get('waiting'):
+        parts.append('-- waiting too long (see its log line)')
     return ' '.join(parts) or 'progress'
 
 

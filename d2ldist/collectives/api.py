@@ -21,8 +21,9 @@ import threading
 
 import torch
 
+from ..runtime import timeline
 from ..runtime.split import even_sizes, even_slices
-from ..runtime.wire import DTYPES
+from ..runtime.wire import DTYPES, dtype_name
 from . import ops, world
 from .staging import staged
 from .ops import Average, Max, Min, Product, Sum  # noqa: F401  (re-exported)
@@ -68,7 +69,9 @@ class _Engine:
         while True:
             handle, fn, args = self.queue.get()
             try:
-                handle._finish(fn(*args))
+                with timeline.span(fn.__name__.strip('_'), 'comm', bytes=sum(
+                        a.nbytes for a in args if isinstance(a, torch.Tensor))):
+                    handle._finish(fn(*args))
             except BaseException as e:   # the caller's wait() raises it
                 handle._finish(error=e)
 
@@ -273,7 +276,10 @@ def alltoall(tensor, splits=None, name=None):
     if splits.numel() != N or int(splits.sum()) != tensor.shape[0] or (splits < 0).any():
         raise ValueError(f'alltoall: splits must be {N} counts adding up to {tensor.shape[0]}')
     everything = allgather(tensor.detach())
-    counts = allgather(splits.view(1, N)).view(N, N)        # counts[i, j]: i sends to j
+    counts = allgather(splits.view(1, N))                   # counts[i, j]: i sends to j
+    if counts.shape[0] != N:                                # (a worker in join(): no rows)
+        raise RuntimeError('alltoall: a worker has called join(); all must take part')
+    counts = counts.view(N, N)
     starts = torch.cat([torch.zeros(1, dtype=torch.int64), counts.sum(1).cumsum(0)])
     parts = []
     for i in range(N):
@@ -284,14 +290,12 @@ def alltoall(tensor, splits=None, name=None):
 
 # Horovod's names d2ldist does not have yet: using one says so, in one line.
 NOT_YET = {
-    'join': 'workers with uneven numbers of batches: give every worker the same number '
-            '(SplitSampler pads the last batch)',
     'elastic': 'elastic training (workers joining and leaving) is out of scope for now',
     'ProcessSet': 'process sets are out of scope for now: collectives run over all workers',
     'add_process_set': 'process sets are out of scope for now',
     'Adasum': 'Adasum is out of scope for now: use op=Average',
-    'start_timeline': 'a timeline comes from the launcher (issue: see inside a running job)',
-    'stop_timeline': 'a timeline comes from the launcher (issue: see inside a running job)',
+    'start_timeline': 'the timeline comes from the launcher: d2l-launch --timeline FILE',
+    'stop_timeline': 'the timeline comes from the launcher: d2l-launch --timeline FILE',
 }
 
 
@@ -327,6 +331,14 @@ def synchronize(handle):
 def barrier():
     """Wait until every worker has reached this point."""
     _submit('barrier').wait()
+
+
+def join(device=-1):
+    """This worker is out of data (Horovod's join): until every worker has called join(),
+    it takes part in the collectives the others still call, with nothing of its own
+    (RingBackend.join says how). Returns, on every worker, the rank of the last worker
+    to call it. ``device`` is accepted, not needed."""
+    return _submit('join').wait()
 
 
 def _check_root(root_rank):
@@ -389,6 +401,37 @@ def _call(name, tensor, detail):
     return f'{name}({detail}, {str(tensor.dtype).replace("torch.", "")}, {list(tensor.shape)})'
 
 
+# -- hvd.join(): what a worker out of data needs to take part in a collective ----------
+_STAND_INS = ('allreduce_', 'reducescatter', 'broadcast_', 'allgather')   # its methods
+
+
+def _describe(method, tensor, **args):
+    """The backend ``method`` called on ``tensor`` with ``args``, as JSON for _stand_in."""
+    return {'method': method, 'dtype': dtype_name(tensor.dtype), 'shape': list(tensor.shape),
+            **args}
+
+
+def _stand_in(replay, size):
+    """(method, tensor, args) for a worker in join() to take part in the collective
+    ``replay`` describes: the op's identity to reduce, zeros to pass a broadcast on, no
+    rows to gather; ValueError if it describes none."""
+    what = replay if isinstance(replay, dict) else {}
+    method, shape = what.get('method'), what.get('shape')
+    dtype = DTYPES.get(str(what.get('dtype')))
+    if method not in _STAND_INS or dtype is None or not isinstance(shape, list) \
+            or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise ValueError(f'no collective described: {str(replay)[:200]}')
+    if method == 'allgather':
+        return method, torch.zeros((0, *shape[1:]), dtype=dtype), ()
+    if method == 'broadcast_':
+        root = what.get('root')
+        if not isinstance(root, int) or not 0 <= root < size:
+            raise ValueError(f'no broadcast root {root!r} among {size} workers')
+        return method, torch.zeros(shape, dtype=dtype), (root,)
+    op = ops.get(what.get('op'))
+    return method, torch.full(shape, ops.identity(op, dtype), dtype=dtype), (op,)
+
+
 # -- d2ldist's own backend -------------------------------------------------------------
 class RingBackend:
     """The collectives on d2ldist's ring (alone when there is no job)."""
@@ -406,7 +449,8 @@ class RingBackend:
         self._check(tensor)
         if self.ring is not None:
             with staged(tensor, 'cpu') as flat:
-                self.ring.allreduce_(flat, op, _call('allreduce', tensor, op.name))
+                self.ring.allreduce_(flat, op, _call('allreduce', tensor, op.name),
+                                     _describe('allreduce_', tensor, op=op.name))
                 ops.finish_(flat, op, self.size)
         return tensor
 
@@ -414,7 +458,8 @@ class RingBackend:
         self._check(tensor)
         if self.ring is not None:
             with staged(tensor, 'cpu') as flat:
-                self.ring.broadcast_(flat, root, _call('broadcast', tensor, f'root {root}'))
+                self.ring.broadcast_(flat, root, _call('broadcast', tensor, f'root {root}'),
+                                     _describe('broadcast_', tensor, root=root))
         return tensor
 
     def allgather(self, tensor):
@@ -426,7 +471,8 @@ class RingBackend:
         N, r = self.size, self.rank
         info = torch.zeros(3 * N, dtype=torch.int64)
         info[3 * r:3 * r + 3] = torch.tensor([rows, row, self.dtypes.index(tensor.dtype)])
-        self.ring.allgather_(info, [(3 * i, 3 * i + 3) for i in range(N)], 'allgather')
+        self.ring.allgather_(info, [(3 * i, 3 * i + 3) for i in range(N)], 'allgather',
+                             _describe('allgather', tensor))
         info = info.view(N, 3)
         if (info[:, 1:] != info[r, 1:]).any():
             other = int((info[:, 1:] != info[r, 1:]).any(1).nonzero()[0])
@@ -452,7 +498,8 @@ class RingBackend:
         row = math.prod(tensor.shape[1:])
         seg = [(a * row, b * row) for a, b in even_slices(tensor.shape[0], self.size)]
         flat = tensor.detach().reshape(-1).to('cpu', copy=True)
-        self.ring.reducescatter_(flat, seg, op, _call('reducescatter', tensor, op.name))
+        self.ring.reducescatter_(flat, seg, op, _call('reducescatter', tensor, op.name),
+                                 _describe('reducescatter', tensor, op=op.name))
         out = flat[seg[self.rank][0]:seg[self.rank][1]].view(rows[1] - rows[0],
                                                               *tensor.shape[1:])
         return ops.finish_(out, op, self.size).to(tensor.device)
@@ -460,6 +507,20 @@ class RingBackend:
     def barrier(self):
         if self.node is not None:
             self.node.barrier('worker')
+
+    def join(self):
+        """hvd.join() on the ring: until every worker has joined, this one gives the
+        op's identity to the others' all-reduces and reduce-scatters (zeros for Sum and
+        Average, as Horovod's joined ranks; Average still divides by all workers, as
+        Horovod's), passes their broadcasts on (one from a worker in join() fails: it has
+        no data), and gives no rows to an allgather (it has none; the others get theirs --
+        Horovod refuses an allgather then); a barrier counts it as there. Alone: 0."""
+        return 0 if self.ring is None else self.ring.join(self._take_part)
+
+    def _take_part(self, replay):
+        """Take part, with nothing of our own, in the collective ``replay`` describes."""
+        method, tensor, args = _stand_in(replay, self.size)
+        getattr(self, method)(tensor, *args)
 
     def _check(self, tensor):
         if tensor.dtype not in self.dtypes:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ..runtime import faults
+from ..runtime import faults, timeline
 from . import api, ops
 from .buckets import BUCKET_CAP_MB, Buckets
 from .ops import Average
@@ -216,17 +216,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         """Average the gradients over all workers, then take the wrapped optimizer's step."""
-        faults.computed(time.perf_counter() - self._computing_since)
+        computed = time.perf_counter() - self._computing_since
+        now = time.time()                # since the last step: data, forward, backward
+        timeline.record('compute', 'step', now - computed, now)
+        faults.computed(computed)
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn('optimizer.step() after optimizer.synchronize() without '
                               'optimizer.skip_synchronize(): the gradients are not '
                               'averaged again; wrap step() in skip_synchronize()')
-            self.synchronize()
+            with timeline.span('synchronize', 'step'):
+                self.synchronize()
         self._synchronized = False
         try:
-            return self.optimizer.step(closure)
+            with timeline.span('update', 'step'):
+                return self.optimizer.step(closure)
         finally:
+            timeline.next_step()
             self._computing_since = time.perf_counter()
 
     def zero_grad(self, set_to_none=True):

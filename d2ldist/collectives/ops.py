@@ -55,6 +55,22 @@ def get(op):
     raise ValueError(f'unknown reduction {op!r}: use one of {", ".join(OPS)}')
 
 
+def identity(op, dtype):
+    """The value that leaves ``op``'s result as it is: what a worker that has joined
+    (``hvd.join``) contributes. 0 for Sum and Average (Horovod's joined ranks give zeros;
+    Average still divides by all workers), 1 for Product, the largest value for Min and
+    the smallest for Max."""
+    if op in (Sum, Average):
+        return False if dtype == torch.bool else 0
+    if op is Product:
+        return True if dtype == torch.bool else 1
+    if dtype == torch.bool:
+        return op is Min
+    if dtype.is_floating_point:
+        return float('inf') if op is Min else float('-inf')
+    return torch.iinfo(dtype).max if op is Min else torch.iinfo(dtype).min
+
+
 def finish_(tensor, op, size):
     """The last touch after the reduction: Average divides the sum by ``size``."""
     if op is Average and size > 1 and tensor.dtype != torch.bool:

@@ -13,15 +13,22 @@ Segments are cut into chunks of ``CHUNK_BYTES``; a chunk is passed on to the rig
 as soon as it has been reduced, so that while one chunk is on the wire the next
 is being received and added (pipelining), and the ZeroMQ I/O thread sends while
 Python adds.
+
+A worker out of data calls ``join()`` (Horovod's): it has no collective of its own
+to call, so it learns each one the others call from the first chunk that reaches it
+-- every chunk describes its call -- and takes part with zeros, until all have joined.
 """
 import os
+import time
 
 import torch
 
+from ..runtime import hang, protocol
 from ..runtime.split import even_slices
 
 RING = 'ring'             # the message kind of the ring's chunks
 DISAGREE = 'ring_disagree'   # to every worker: two workers called different collectives
+JOINED = 'ring_joined'       # to every other worker: {round}: this one called join()
 # Measured with benchmarks/allreduce.py --chunk-sweep (loopback, 2 busy cores): CPU
 # time per 64 MB all-reduce with 4 workers, chunks of 256 KB / 1 / 2 / 4 / 8 MB:
 # 212 / 139 / 124 / 106 / 91 ms; with 2 workers 93 / 73 / 66 / 58 / 63 ms. Each
@@ -46,14 +53,18 @@ class Ring:
         self.chunk_bytes = int(chunk_bytes or os.environ.get('D2L_RING_CHUNK', CHUNK_BYTES))
         self.calls = 0        # collectives so far: every chunk says which call it is from
         self._sent = []       # trackers of chunks ZeroMQ may still be reading
+        self.joins = 0        # join() rounds ended (every worker calls join() once a round)
+        self.joined = {}      # worker id -> the round in which it called join()
+        self._replay = self._root = None
 
-    def allreduce_(self, flat, op, call='allreduce'):
+    def allreduce_(self, flat, op, call='allreduce', replay=None):
         """Reduce the 1-D contiguous CPU tensor ``flat`` across all workers, in place.
 
         ``call`` says what the caller asked for (op, dtype, shape): every chunk carries
-        it, and a worker that receives another call than its own stops the job."""
+        it, and a worker that receives another call than its own stops the job. Every
+        chunk also carries ``replay``: what a worker in join() needs to take part."""
         N, r = self.size, self.rank
-        seg = self._begin(flat, even_slices(flat.numel(), N), call)   # first n % N longer
+        seg = self._begin(flat, even_slices(flat.numel(), N), call, replay)  # first n%N longer
         # Reduce-scatter, shown for N = 3 workers and segments a, b, c. At step s,
         # worker r sends segment r-s to the right and adds segment r-s-1 from the left:
         #
@@ -80,7 +91,7 @@ class Ring:
         self._end()
         return flat
 
-    def reducescatter_(self, flat, seg, op, call='reducescatter'):
+    def reducescatter_(self, flat, seg, op, call='reducescatter', replay=None):
         """The first half of allreduce_: afterwards worker r holds ``flat[seg[r][0]:seg[r][1]]``
         reduced over all workers (the rest of ``flat`` holds partial sums).
 
@@ -88,7 +99,7 @@ class Ring:
         segments are the asked ones turned by one: ring segment j is seg[j-1]."""
         N, r = self.size, self.rank
         turned = [seg[(j - 1) % N] for j in range(N)]
-        self._begin(flat, turned, call)
+        self._begin(flat, turned, call, replay)
         for k, (a, b) in enumerate(self.chunks(turned[r])):
             self._send(flat[a:b], 'rs', r, k)
         for s in range(N - 1):
@@ -97,14 +108,16 @@ class Ring:
         self._end()
         return flat
 
-    def broadcast_(self, flat, root, call='broadcast'):
+    def broadcast_(self, flat, root, call='broadcast', replay=None):
         """Copy ``flat`` of worker ``root`` into ``flat`` of every worker.
 
         The data goes down a pipelined chain root -> root+1 -> ... -> root-1; then a
         token goes once round the ring, from the last one to the root and on, so that
         no worker returns before every one has checked the call: one that names another
         root is seen by its right neighbour, and all hear of it."""
-        whole = self._begin(flat, [(0, flat.numel())], call)[0]
+        whole = self._begin(flat, [(0, flat.numel())], call, replay)[0]
+        self._root = root
+        self._check_root()                         # (a root in join() has nothing to send)
         last = self.right == f'worker:{root}'      # the end of the chain
         if self.rank == root:
             for k, (a, b) in enumerate(self.chunks(whole)):
@@ -119,10 +132,10 @@ class Ring:
         self._end()
         return flat
 
-    def allgather_(self, flat, seg, call='allgather'):
+    def allgather_(self, flat, seg, call='allgather', replay=None):
         """Worker i holds ``flat[seg[i][0]:seg[i][1]]``; afterwards every worker holds all."""
         N, r = self.size, self.rank
-        self._begin(flat, seg, call)
+        self._begin(flat, seg, call, replay)
         for k, (a, b) in enumerate(self.chunks(seg[r])):
             self._send(flat[a:b], 'ag', r, k)
         for s in range(N - 1):   # the all-gather phase of allreduce_, starting one earlier
@@ -133,10 +146,12 @@ class Ring:
 
     # -- chunks -----------------------------------------------------------------------
     def chunks(self, segment):
-        """Cut a segment (start, end) into chunks of at most chunk_bytes; none if empty."""
+        """Cut a segment (start, end) into chunks of at most chunk_bytes; one empty chunk
+        if it is empty, so that every step sends something: a worker in join() learns of
+        a collective from the first chunk its left neighbour sends, whatever the sizes."""
         a, b = segment
         step = max(1, self.chunk_bytes // self._itemsize)
-        return [(i, min(i + step, b)) for i in range(a, b, step)]
+        return [(i, min(i + step, b)) for i in range(a, b, step)] or [(a, a)]
 
     # -- one chunk on the wire -------------------------------------------------------
     def _relay(self, flat, phase, j, combine, forward):
@@ -151,14 +166,19 @@ class Ring:
     def _send(self, x, phase, j, k):
         frame = x.view(torch.uint8).numpy()
         head = {'n': self.calls, 'call': self._call, 'numel': self._numel, 'phase': phase,
-                'seg': j, 'k': k}
+                'seg': j, 'k': k, 'replay': self._replay, 'joins': self.joins}
         self._sent += self.node.send(self.right, RING, head, [frame], track=True)
 
     def _recv(self, phase, j, k, dtype, numel):
         """The next chunk from the left, checked to be the one expected, as a tensor."""
-        msg = self.node.recv([RING, DISAGREE])
+        msg = self.node.recv([RING, DISAGREE, JOINED], wait=self._wait)
+        if msg.kind == JOINED:                # another worker called join(): note, wait on
+            self._note_joined(msg)
+            self._check_root()
+            return self._recv(phase, j, k, dtype, numel)
         if msg.kind == DISAGREE:              # another worker saw two different calls
-            raise RuntimeError(f'{self.node.id} stops: {str(msg.get("error"))[:600]}')
+            raise hang.Disagree(f'{self.node.id.replace(":", " ")} stops: '
+                                f'{str(msg.get("error"))[:600]}')
         mine, theirs = self._call, str(msg.get('call'))[:200]
         if msg.sender == self.left and theirs != mine:
             self._disagree(f'{self.node.id} and {self.left} called different collectives '
@@ -174,7 +194,7 @@ class Ring:
                 f'{want} of {mine} from {self.left}, got {got} from {msg.sender}: the '
                 'workers must call the same collectives in the same order on tensors '
                 'of the same size')
-        if numel == 0:                        # (the broadcast's token)
+        if numel == 0:                        # (the broadcast's token, an empty chunk)
             return torch.empty(0, dtype=dtype)
         return torch.frombuffer(msg.frames[0], dtype=dtype)
 
@@ -184,13 +204,19 @@ class Ring:
         for peer in self.node.peers('worker'):
             if peer != self.node.id:
                 self.node.send(peer, DISAGREE, {'error': error})
-        raise RuntimeError(error)
+        raise hang.Disagree(error)
 
-    def _begin(self, flat, segs, call):
+    def _begin(self, flat, segs, call, replay=None):
         """Start a collective on ``flat`` cut into ``segs``; returns segs."""
         self.calls += 1
         self._numel, self._itemsize, self._segs = flat.numel(), flat.element_size(), segs
         self._call = call
+        self._replay, self._root = replay, None       # (for join(); broadcast_ sets root)
+        self.node.counters['ring'] = self.calls       # the heartbeats tell the scheduler
+        left = self.left.replace(':', ' ')
+        self._wait = hang.Wait(f'in {call} (collective {self.calls}) for {left}',
+                               [('scheduler', {'counter': 'ring', 'n': self.calls})],
+                               span=f'wait for {left}')
         return segs
 
     def _end(self):
@@ -198,3 +224,64 @@ class Ring:
         for tracker in self._sent:
             tracker.wait()
         self._sent = []
+
+    # -- join(): a worker out of data takes part in the others' collectives ---------------
+    def join(self, take_part):
+        """Take part in the collectives the other workers call, with nothing of this
+        worker's own: ``take_part(replay)`` for each, with the description its first
+        chunk carries; until every worker has joined. Returns the last one's rank."""
+        for peer in self.node.peers('worker'):
+            if peer != self.node.id:
+                self.node.send(peer, JOINED, {'round': self.joins + 1})
+        self.node.send('scheduler', protocol.JOIN)
+        later = []          # chunks from a worker that has left join() (the news is slower)
+        while True:         # (waiting here is no hang: the heartbeats say where it is)
+            self.node.doing = ("in join(), taking part in the others' collectives",
+                               time.monotonic())
+            msg = self.node.recv([RING, DISAGREE, JOINED, protocol.BARRIER_DONE,
+                                  protocol.JOIN_DONE])
+            if msg.kind == protocol.JOIN_DONE:
+                self.node.doing = None
+                for chunk in reversed(later):      # for this worker's next collective
+                    self.node.put_back(chunk)
+                return self._all_joined(msg)
+            if msg.kind == RING and msg.get('joins') != self.joins:
+                later.append(msg)
+            else:
+                self._serve(msg, take_part)
+
+    def _serve(self, msg, take_part):
+        """One message to a worker in join(): a collective begins, a note, a barrier."""
+        if msg.kind == RING:                       # a collective's first chunk: take part
+            self.node.put_back(msg)                # (the collective itself reads it)
+            try:
+                take_part(msg.get('replay'))
+            except ValueError as e:
+                self._disagree(f'{self.node.id} in join() cannot take part in '
+                               f'{str(msg.get("call"))[:200]}: {e}')
+        elif msg.kind == JOINED:
+            self._note_joined(msg)
+        elif msg.kind == protocol.BARRIER_DONE:    # the scheduler counted this one there
+            self.node.passed_barrier(msg.get('group'), msg.get('n'))
+        else:
+            raise hang.Disagree(f'{self.node.id.replace(":", " ")} stops: '
+                                f'{str(msg.get("error"))[:600]}')
+
+    def _all_joined(self, msg):
+        """The scheduler's word that every worker has joined: the last one's rank."""
+        self.joins += 1
+        if msg.get('error') or not isinstance(msg.get('last'), int):
+            raise RuntimeError(f'join(): {str(msg.get("error"))[:600]}')
+        return msg.get('last')
+
+    def _note_joined(self, msg):
+        """Another worker has called join() (in round ``msg['round']``)."""
+        self.joined[msg.sender] = msg.get('round')
+
+    def _check_root(self):
+        """A broadcast from a worker in join() fails: it has no data to send."""
+        root = self._root
+        if root is not None and self.joined.get(f'worker:{root}') == self.joins + 1:
+            self.calls -= 1                        # it never began: nothing was sent
+            raise RuntimeError(f'broadcast from worker {root}, which has called join() '
+                               '(it is out of data): broadcast from a worker still training')

@@ -5,15 +5,32 @@ torchrun sets (and d2l-launch sets too): MASTER_ADDR, MASTER_PORT, RANK, WORLD_S
 LOCAL_RANK. Under Slurm without torchrun, SLURM_PROCID / SLURM_NTASKS /
 SLURM_LOCALID stand in for RANK / WORLD_SIZE / LOCAL_RANK (MASTER_ADDR and
 MASTER_PORT must still be exported by the batch script).
+
+Hangs and calls that disagree, with what torch.distributed offers (d2ldist's own
+detector, ``runtime/hang.py``, cannot see inside gloo or NCCL):
+
+* ``--hang-fail SECONDS`` becomes the process group's timeout: a collective that does
+  not complete fails after it, with gloo's message, which names no rank ('Timed out
+  waiting ... for recv operation'); a ``barrier()`` on gloo becomes a monitored
+  barrier: rank 0 fails naming the ranks that did not come ('Ranks 1 failed to pass
+  monitoredBarrier in 2000 ms'), the other ranks time out without names;
+* ``--env TORCH_DISTRIBUTED_DEBUG=DETAIL``: before each collective torch compares the
+  ranks' calls (operation, shapes, dtypes) and fails naming both ranks and their calls
+  ('Detected mismatch between collectives on ranks. Rank 1 is running collective:
+  ... TensorShape=[4] ..., but Rank 0 is running collective: ... TensorShape=[2]'),
+  at the price of one more small collective per call;
+* ``--hang-warn``: no warning; torch.distributed has none to give.
 """
 import atexit
 import glob
 import os
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from ..runtime import hang
 from ..runtime.split import even_slices
 from . import ops
 from .staging import staged
@@ -79,7 +96,9 @@ class TorchBackend:
             cuda = torch.cuda.is_available()
             if cuda:   # one GPU per process: the local rank picks it
                 torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
-            dist.init_process_group('nccl' if cuda else 'gloo', init_method='env://')
+            _, fail = hang.thresholds()     # --hang-fail: a collective gives up after it
+            dist.init_process_group('nccl' if cuda else 'gloo', init_method='env://',
+                                    timeout=timedelta(seconds=fail) if fail else None)
             # Ours to end: a group left to the interpreter's finalization can abort the
             # process (gloo's threads still hold tensors; 'terminate called without an
             # active exception', seen on a loaded machine).
@@ -133,4 +152,15 @@ class TorchBackend:
         return out[a:b].clone()
 
     def barrier(self):
-        dist.barrier()
+        """With --hang-fail on gloo, rank 0 names the ranks that did not come (monitored
+        barrier); otherwise a plain barrier."""
+        _, fail = hang.thresholds()
+        if fail and dist.get_backend() == 'gloo':
+            dist.monitored_barrier(timeout=timedelta(seconds=fail), wait_all_ranks=True)
+        else:
+            dist.barrier()
+
+    def join(self):
+        """hvd.join(): on the ring only; torch.distributed has its own way."""
+        raise NotImplementedError('join() needs the ring backend; with torch.distributed use '
+                                  "DDP's torch.distributed.algorithms.Join context manager")

@@ -16,7 +16,7 @@ from collections import deque
 
 import torch
 
-from ..runtime import protocol
+from ..runtime import protocol, timeline
 from . import messages as M
 from .optimizers import Updater
 
@@ -37,6 +37,10 @@ class Round:
         self.sum, self.pushed, self.touched = None, set(), None
 
 
+class Answered(Exception):
+    """A request refused, its error already sent."""
+
+
 class KVServer:
     """The parameter server's state and its loop."""
 
@@ -48,6 +52,7 @@ class KVServer:
         self.deferred = {}     # worker -> deque of its requests that must wait for a round
         self.updater = None    # the optimizer, once a worker sets one
         self.lent = set()      # keys whose value the van may still be sending
+        self.nth = {}          # n -> (first worker, its keys, workers seen): sync push n
 
     def serve(self):
         """Answer requests until the scheduler says the job is over."""
@@ -55,12 +60,18 @@ class KVServer:
             msg = self.node.recv()                     # raises PeerFailed if a node died
             if msg.kind == protocol.SHUTDOWN:
                 return
+            if msg.kind == protocol.WHO:               # a worker has waited long (hang.py)
+                self.who(msg)
+                continue
             if msg.kind not in M.REQUESTS:
                 continue
             queue = self.deferred.setdefault(msg.sender, deque())
-            if queue or not self.handle(msg):          # keep each worker's order
-                queue.append(msg)
-            self.retry_deferred()
+            with timeline.span(msg.kind[3:], 'server', worker=msg.sender,
+                               bytes=sum(memoryview(f).nbytes for f in msg.frames)):
+                if queue or not self.handle(msg):      # keep each worker's order
+                    queue.append(msg)
+                self.retry_deferred()
+            timeline.tick()
 
     def handle(self, msg):
         """Answer one request; False if it must wait until a round closes."""
@@ -91,6 +102,8 @@ class KVServer:
                 self.get_state(msg)
             elif msg.kind == M.SET_STATE:
                 self.set_state(msg)
+        except Answered:
+            pass
         except (M.KVError, KeyError, TypeError, ValueError) as e:   # refuse it, go on serving
             error = str(e) if isinstance(e, M.KVError) else f'malformed request ({e!r})'[:300]
             self.node.send(msg.sender, M.ERROR, {'id': msg.get('id'), 'error': error})
@@ -103,6 +116,8 @@ class KVServer:
         sync, worker = msg.get('sync') is not False, msg.sender
         if sync and any(worker in self.rounds.get(p[0], Round()).pushed for p in parts):
             return False                                 # its second push waits for the round
+        if sync:
+            self.agree(msg, parts)
         closed = []
         for key, *_, grad in parts:
             if not sync:
@@ -130,6 +145,8 @@ class KVServer:
         sync, worker = msg.get('sync') is not False, msg.sender
         if sync and any(worker in self.rounds.get(p[0], Round()).pushed for p in parts):
             return False
+        if sync:
+            self.agree(msg, parts)
         closed = []
         for key, *_, positions, values in parts:
             if not sync:
@@ -209,6 +226,51 @@ class KVServer:
                 while queue and self.handle(queue[0]):
                     queue.popleft()
                     progress = True
+
+    # -- calls that disagree, and waits that last ---------------------------------------------
+    def agree(self, msg, parts):
+        """Sync pushes are numbered per worker and server: every worker's n-th push here
+        must carry the same keys. If not, the rounds can never close: fail every worker
+        waiting here, naming both sides, instead of hanging."""
+        n, keys = msg.get('n'), [p[0] for p in parts]
+        if not isinstance(n, int):
+            return
+        first, firsts_keys, seen = self.nth.setdefault(n, (msg.sender, keys, set()))
+        seen.add(msg.sender)
+        if keys != firsts_keys:
+            (a, keys_a), (b, keys_b) = sorted([(first, firsts_keys), (msg.sender, keys)],
+                                              key=lambda p: int(p[0].split(':')[1]))
+            error = (f'push {n} of {a.replace(":", " ")} carried keys {keys_a!r}, push {n} '
+                     f'of {b.replace(":", " ")} keys {keys_b!r}; in dist_sync every worker '
+                     'must push the same keys in the same order')[:600]
+            for worker, rid, *_ in self.waiting + [[msg.sender, msg.get('id')]]:
+                self.node.send(worker, M.ERROR, {'id': rid, 'error': error, 'disagree': True})
+            self.waiting.clear()
+            raise Answered()
+        if len(seen) == self.node.num_workers:
+            del self.nth[n]
+
+    def who(self, msg):
+        """Answer a worker that has waited long: who has not pushed into the rounds
+        its request ``id`` waits for (hang.py)."""
+        question = msg.get('question')
+        rid = question.get('request') if isinstance(question, dict) else None
+        keys = set()
+        for worker, r, _, waits in self.waiting:
+            if worker == msg.sender and r == rid:
+                keys |= waits
+        for m in self.deferred.get(msg.sender, ()):
+            if m.get('id') == rid and isinstance(m.get('parts'), list):
+                keys |= {p[0] for p in m['parts'] if isinstance(p, list) and p
+                         and msg.sender in getattr(self.rounds.get(p[0]), 'pushed', ())}
+        missing = {}
+        for key in sorted(keys, key=str):
+            for w in self.node.peers('worker'):
+                if w not in getattr(self.rounds.get(key), 'pushed', {w}):
+                    missing.setdefault(w, []).append(key)
+        self.node.send(msg.sender, protocol.WHO_ANSWER, {'id': msg.get('id'), 'missing': [
+            [w, {'note': f'has not pushed {", ".join(map(repr, ks[:3]))} to '
+                         f'{self.node.id.replace(":", " ")}'}] for w, ks in missing.items()]})
 
     # -- helpers ----------------------------------------------------------------------------
     def check(self, parts, what):

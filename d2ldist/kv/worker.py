@@ -12,6 +12,7 @@ import itertools
 
 import torch
 
+from ..runtime import hang, timeline
 from . import messages as M
 from .optimizers import Updater, torch_names
 from .placement import place, row_positions
@@ -282,6 +283,7 @@ class DistKVStore(KVStore):
                                f'd2l-launch -s 1 (or more)')
         self.rank, self.num_workers = node.rank, node.num_workers
         self._sync = kind != 'dist_async'
+        self._pushes = {}        # server -> sync pushes sent to it (it checks they agree)
 
     def _set_optimizer(self, name, hyper):
         """Let the servers update the weights with this optimizer (chosen by name)."""
@@ -289,7 +291,7 @@ class DistKVStore(KVStore):
         if self.rank == 0:
             self._ask([(s, M.OPTIMIZER, {'name': name, 'hyper': hyper}, [])
                        for s in self._node.peers('server')])
-        self.barrier()
+        self.barrier('kv.set_optimizer')
 
     def set_learning_rate(self, lr):
         """A new learning rate on the servers; the optimizer's states (momentum, ...) stay.
@@ -303,28 +305,39 @@ class DistKVStore(KVStore):
         if self.rank == 0:
             self._ask([(s, M.LEARNING_RATE, {'lr': lr}, []) for s in self._node.peers('server')])
 
-    def barrier(self):
+    def barrier(self, what='barrier()'):
         """Wait until every worker has reached this point."""
-        self._node.barrier('worker')
+        self._node.barrier('worker', what)
 
     # -- requests, one message per server ----------------------------------------------------
     def _init(self, keys, values, optimizer):
         if self.rank == 0:
             self._ask(self._messages(M.INIT, keys, values, optimizer=optimizer))
-        self.barrier()
+        self.barrier(f'kv.init({_keys(keys)})')
 
     def _push(self, keys, values):
-        self._ask(self._messages(M.PUSH, keys, values, sync=self._sync, pull=False))
+        self._ask(self._numbered(self._messages(M.PUSH, keys, values, sync=self._sync,
+                                                pull=False)), what='push')
 
     def _pull(self, keys, outs):
-        self._ask(self._messages(M.PULL, keys), self._receiver(keys, outs))
+        self._ask(self._messages(M.PULL, keys), self._receiver(keys, outs), what='pull')
 
     def _pushpull(self, keys, values, outs):
-        self._ask(self._messages(M.PUSH, keys, values, sync=self._sync, pull=True),
-                  self._receiver(keys, outs))
+        self._ask(self._numbered(self._messages(M.PUSH, keys, values, sync=self._sync,
+                                                pull=True)),
+                  self._receiver(keys, outs), what='pushpull')
 
     def _push_rows(self, key, rows, values):
-        self._ask(self._row_messages(M.PUSH_ROWS, key, rows, values, sync=self._sync))
+        self._ask(self._numbered(self._row_messages(M.PUSH_ROWS, key, rows, values,
+                                                    sync=self._sync)), what='push rows')
+
+    def _numbered(self, msgs):
+        """Sync pushes carry their number per server, which checks that every worker's
+        n-th push to it carries the same keys (server.agree)."""
+        if self._sync:
+            for server, _, header, _ in msgs:
+                header['n'] = self._pushes[server] = self._pushes.get(server, 0) + 1
+        return msgs
 
     def _pull_rows(self, key, out, rows):
         """Ask each server for its part of the rows; write them into ``out`` only."""
@@ -342,7 +355,7 @@ class DistKVStore(KVStore):
         for server, _, header, _ in msgs:
             part = header['parts'][0]
             at[server] = row_positions(rows, _numel(shape[1:]), part[3], part[4])[0]
-        self._ask(msgs, receive)
+        self._ask(msgs, receive, what='pull rows')
         for o in _as_list(out):
             if o is not staging:
                 o[rows] = staging[rows].to(o.device)
@@ -355,8 +368,8 @@ class DistKVStore(KVStore):
         msgs = []
         for s, start, stop in place(key, _numel(shape), self._node.num_servers):
             positions, mask = row_positions(rows, row_numel, start, stop)
-            if not positions.numel():
-                continue
+            if not positions.numel() and not header.get('sync'):
+                continue      # (a sync push goes to every server: each counts N pushes)
             mine = rows[mask.view(-1, row_numel).any(1)].contiguous()   # rows in the slice
             frames = [_bytes(mine)] + ([_bytes(flat[mask].contiguous())] if flat is not None
                                        else [])
@@ -400,24 +413,33 @@ class DistKVStore(KVStore):
                     self._fill(key, o, staging)
         return receive
 
-    def _ask(self, msgs, on_values=None):
+    def _ask(self, msgs, on_values=None, what='request'):
         """Send the requests and wait for every answer; raise the first error a server sends."""
-        waiting = {}
-        for server, kind, header, frames in msgs:
-            rid = next(self._ids)
-            self._node.send(server, kind, dict(header, id=rid), frames)
-            waiting[rid] = server
-        answers = []
-        while waiting:
-            msg = self._node.recv([M.ACK, M.VALUES, M.ERROR])
-            if waiting.pop(msg.get('id'), None) is None:
-                continue                                    # the answer to a request that failed
-            if msg.kind == M.ERROR:
-                raise M.KVError(f'{msg.sender.replace(":", " ")}: {msg.get("error")}')
-            if msg.kind == M.VALUES and on_values is not None:
-                on_values(msg)
-            answers.append(msg)
-        return answers
+        keys = _keys([p[0] for _, _, header, _ in msgs for p in header.get('parts', [])])
+        with timeline.span(what, 'comm', keys=keys,
+                           bytes=sum(len(f) for *_, frames in msgs for f in frames)):
+            waiting = {}
+            for server, kind, header, frames in msgs:
+                rid = next(self._ids)
+                self._node.send(server, kind, dict(header, id=rid), frames)
+                waiting[rid] = server
+            answers = []
+            while waiting:                   # (a long wait: ask the servers who is missing)
+                servers = sorted(set(waiting.values()))
+                wait = hang.Wait(f'for the answer to {what} of {keys} from '
+                                 f'{", ".join(s.replace(":", " ") for s in servers)}',
+                                 [(s, {'request': rid}) for rid, s in waiting.items()],
+                                 span='wait for servers')
+                msg = self._node.recv([M.ACK, M.VALUES, M.ERROR], wait=wait)
+                if waiting.pop(msg.get('id'), None) is None:
+                    continue                                # the answer to a request that failed
+                if msg.kind == M.ERROR:
+                    error = f'{msg.sender.replace(":", " ")}: {msg.get("error")}'
+                    raise hang.Disagree(error) if msg.get('disagree') else M.KVError(error)
+                if msg.kind == M.VALUES and on_values is not None:
+                    on_values(msg)
+                answers.append(msg)
+            return answers
 
     # -- looking inside the servers -----------------------------------------------------------
     def server_info(self):
@@ -462,7 +484,7 @@ class DistKVStore(KVStore):
                         else:
                             entries.append([key, name, None, v])
             self._ask([(s, M.SET_STATE, {'entries': e}, f) for s, (e, f) in msgs.items()])
-        self.barrier()
+        self.barrier('kv.load_optimizer_states')
 
     def _slice_on(self, key, server):
         shape, _ = self._meta[key]
@@ -482,6 +504,13 @@ def _lists(key, value):
             raise ValueError(f'a key appears twice in {list(key)!r}'[:200])
         return [M.check_key(k) for k in key], list(value)
     return [M.check_key(key)], [value]
+
+
+def _keys(keys):
+    """A short text of a list of keys: "'w', 'b' and 60 more"."""
+    keys = list(dict.fromkeys(keys))
+    text = ', '.join(map(repr, keys[:3]))
+    return text + (f' and {len(keys) - 3} more' if len(keys) > 3 else '')
 
 
 def _sparse(value):

@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ..runtime import faults, pacing
+from ..runtime import faults, hang, pacing, timeline
 from .job import Job, Terminated
 from .processes import local_specs, port_is_free
 from .progress import Progress
@@ -75,6 +75,17 @@ def build_parser(prog='d2l-launch'):
                    help='kill worker or server R (SIGKILL, as a crash) after its compute '
                    'step N (worker:1@step=40) or a time after it joined (server:0@30s); '
                    'repeatable')
+    p.add_argument('--hang-warn', default=None, metavar='SECONDS',
+                   help='a process that has waited this long for others (a collective, a '
+                   'barrier, a sync round) says for what and who is missing (default: 30)')
+    p.add_argument('--hang-fail', default=None, metavar='SECONDS',
+                   help='... and after this long the job fails with that message '
+                   '(default: wait on)')
+    p.add_argument('--timeline', default=None, metavar='FILE',
+                   help='record what every worker and server does (steps, collectives, '
+                   'push/pull, waits) into FILE, a Chrome trace (Perfetto, chrome://tracing)')
+    p.add_argument('--timeline-steps', default=None, metavar='FIRST-LAST',
+                   help='with --timeline: record only these training steps (20-40)')
     p.add_argument('--port', type=int, default=None,
                    help="the scheduler's port (default: a free one)")
     p.add_argument('--timeout', type=float, default=None, metavar='SECONDS',
@@ -111,6 +122,7 @@ def parse(argv, prog='d2l-launch'):
         raise UsageError(f'port {args.port} is not free')
     args.env = dict(_name_value(item) for item in args.env)
     args.env.update(_network_env(args.bandwidth, args.latency))
+    args.env.update(_watch_env(args))
     args.process_env = _faults(args)
     if args.launcher == 'ssh':   # the program need only exist on the hosts
         args.command = command_of(args.command, args.python or sys.executable, local=False)
@@ -147,6 +159,30 @@ def _faults(args):
             if option == '--fail' and role == 'server' and kind[0] == 'step':
                 raise UsageError(f'--fail {item}: a server fails at a time (server:0@30s)')
             env.setdefault((role, int(rank)), {})[name] = value
+    return env
+
+
+def _watch_env(args):
+    """--hang-warn, --hang-fail and --timeline as the processes read them (runtime/hang.py,
+    runtime/timeline.py)."""
+    env = {}
+    try:
+        for option, name, value in (('--hang-warn', 'D2L_HANG_WARN', args.hang_warn),
+                                    ('--hang-fail', 'D2L_HANG_FAIL', args.hang_fail)):
+            if value is not None:
+                env[name] = repr(hang.parse_seconds(value, option))
+        if args.timeline_steps is not None:
+            if args.timeline is None:
+                raise ValueError('--timeline-steps needs --timeline FILE')
+            timeline.parse_window(args.timeline_steps)
+            env['D2L_TIMELINE_STEPS'] = args.timeline_steps
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.timeline is not None:
+        folder = Path(args.timeline).resolve().parent
+        if not folder.is_dir():
+            raise UsageError(f'--timeline {args.timeline}: no folder {folder}')
+        env['D2L_TIMELINE'] = '1'
     return env
 
 
@@ -216,8 +252,10 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGTERM, _terminate)
     progress = Progress()          # the job's model, and report lines as progress lines
+    args = None
     try:
-        job = make_job(parse(argv), out=progress, on_line=progress.on_line,
+        args = parse(argv)
+        job = make_job(args, out=progress, on_line=progress.on_line,
                        on_state=progress.model.on_state)
         return job.run()
     except UsageError as e:
@@ -227,6 +265,16 @@ def main(argv=None):
         return 130
     except Terminated:
         return 143
+    finally:
+        if args is not None and args.timeline:   # also, and above all, when the job failed
+            write_timeline(progress.model.trace, args.timeline, sys.stdout)
+
+
+def write_timeline(trace, path, out):
+    """Write the job's timeline file and say so in one line."""
+    spans = trace.write(path)
+    out.write(f'd2l-launch: timeline of {spans} spans written to {path} (open it in '
+              'Perfetto or chrome://tracing, or d2ldist.timeline.plot)\n')
 
 
 if __name__ == '__main__':

@@ -23,6 +23,7 @@ import sys
 import time
 from collections import deque
 
+from ..runtime.timeline import PREFIX as TIMELINE
 from .guard import GRACE
 
 # After the last worker, how long the servers and the scheduler get to leave by themselves
@@ -197,8 +198,9 @@ class Job:
         return lines
 
     def _emit(self, p, line):
-        self.log.append((p.label, line))
         shown = self.on_line(p, line)
+        if shown is not None or not line.startswith(TIMELINE):   # (spans: not kept twice)
+            self.log.append((p.label, line))
         if shown is not None:
             p.tail.append(shown)           # hidden lines (progress reports) are not news
             self.out.write(f'[{p.label}] {shown}\n')

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..report import Rate, format_progress, fraction_done, parse_report
+from ..runtime.timeline import PREFIX as TIMELINE
+from .timeline import Trace
 
 FINAL = ('finished', 'failed', 'stopped')
 MAX_POINTS = 1000    # history points kept per worker (halved when full)
@@ -96,6 +98,7 @@ class JobModel:
         self.version = 0          # bumped by every change: views redraw when it moves
         self.plot_version = 0     # bumped when a curve or step time changes
         self._rates = {}
+        self.trace = Trace()      # the processes' timeline spans (d2l-launch --timeline)
 
     def add(self, spec):
         """A process of the job (a ``ProcSpec``): its row, in the state 'starting'."""
@@ -114,6 +117,8 @@ class JobModel:
 
     def on_line(self, proc, line):
         """Job's on_line hook: a report feeds the model and is hidden (None); other lines pass."""
+        if self.trace.on_line(proc.label, line):    # spans for --timeline: kept, hidden
+            return None
         r = parse_report(line)
         if r is None:
             return line
@@ -214,7 +219,7 @@ class Progress:
     def on_line(self, proc, line):
         """Job's on_line hook: the model takes a report (None hides it), other lines pass."""
         shown = self.model.on_line(proc, line)
-        if shown is None:
+        if shown is None and not line.startswith(TIMELINE):   # a report, not spans
             self._show(self.model.rows[proc.label])
         return shown
 

@@ -108,6 +108,9 @@ class Dashboard:
         if 'batch' in r:
             detail.append(f"batch {r['batch']}/{r.get('num_batches', '?')}")
         c['detail'].value = f"<span style='white-space:nowrap'>{' · '.join(detail)}</span>"
+        if r.get('waiting'):          # the hang detector's line (runtime/hang.py)
+            c['detail'].value += (f"<br><span class='d2l-waiting' style='color:#ef6c00'>"
+                                  f"{html.escape(r['waiting'])}</span>")
         c['rate'].value = '' if row.rate is None else f'{row.rate:,.0f}'
         c['loss'].value = f"{r['loss']:.4f}" if 'loss' in r else ''
         acc = [f"{r['acc']:.3f}"] if 'acc' in r else []

@@ -211,13 +211,23 @@ def _png(fig):
 
 
 # -- into the notebook ---------------------------------------------------------------------
-def outputs(model):
-    """The final form as display bundles: the summary, then the figure if there is one."""
+def outputs(model, timeline=None):
+    """The final form as display bundles: the summary, then the figure if there is one,
+    then the last steps of the ``timeline`` file if one was written."""
     bundles = [{'text/plain': summary(model)}]
     try:
         png = figure(model)
+        drawn = _timeline(timeline) if timeline and model.trace.count else None
     except ImportError:                   # no matplotlib: the text says it all
-        png = None
+        png = drawn = None
     if png is not None:
         bundles.append({'image/png': png, 'text/plain': caption(model)})
+    if drawn is not None:
+        bundles.append({'image/png': drawn._repr_png_(), 'text/plain': repr(drawn)})
     return bundles
+
+
+def _timeline(path):
+    """The last steps of a timeline file, drawn (``d2ldist/timeline.py``)."""
+    from .timeline import plot
+    return plot(path, steps=3)

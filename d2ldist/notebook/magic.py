@@ -108,6 +108,7 @@ class LaunchMagics(Magics):
             args = cli.parse(arg_split(line), prog='%launch')
         except cli.UsageError as e:
             raise UsageError(f'%launch: {e}') from None
+        self._args = args
         out = _Out(sys.stdout)
         try:        # ssh: checks the hosts and syncs the directory first
             job = cli.make_job(args, out=out, on_line=lambda p, t: on_line(p, t),
@@ -151,12 +152,16 @@ class LaunchMagics(Magics):
         raise JobFailed(f'the job {message}; it was stopped')
 
     def _finish(self, job, model, view, handle, outcome, message=''):
-        """The job ended: the dashboard goes, its final form follows the log."""
+        """The job ended: the dashboard goes, its final form follows the log (and the
+        timeline of its last steps, with --timeline)."""
         model.finish(outcome, message)
         self.shell.user_ns['_launch'] = LaunchResult(job, model)
+        path = self._args.timeline
+        if path:
+            cli.write_timeline(model.trace, path, sys.stdout)
         sys.stdout.flush()
         view.finish(handle)
-        for bundle in final.outputs(model):
+        for bundle in final.outputs(model, timeline=path):
             display(bundle, raw=True)
 
 

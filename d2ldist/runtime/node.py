@@ -3,10 +3,13 @@
 Every server and worker makes one ``Node``. ``start()`` registers with the scheduler
 and waits for the address book; from then on the node can send to any peer by id
 (``'worker:1'``, ``'server:0'``), receive, and wait at barriers. A background thread
-sends the scheduler a heartbeat every second; if the scheduler announces that a peer
-failed, the next ``recv`` raises ``PeerFailed`` instead of waiting forever.
+sends the scheduler a heartbeat every second (with what the node is waiting for, for
+the hang detector); if the scheduler announces that a peer failed, the next ``recv``
+raises ``PeerFailed`` instead of waiting forever, and a wait that lasts too long says
+who is missing (``hang.py``).
 """
 import atexit
+import itertools
 import os
 import secrets
 import socket
@@ -15,9 +18,10 @@ import threading
 import time
 from collections import deque
 
-from . import faults, protocol
+from . import faults, hang, protocol, timeline
 from . import shm
 from .van import LINGER_SECONDS, Van
+from ..report import report
 
 
 _current = None   # this process's node, once it has joined the job
@@ -59,6 +63,9 @@ class Node:
         self._stash = deque()     # messages received while waiting for others
         self._barriers = {}       # group -> barriers this node has entered
         self._stopped = threading.Event()
+        self.doing = None         # (what, since) while in a watched wait (hang.py)
+        self.counters = {}        # e.g. {'ring': collectives started}: sent with heartbeats
+        self._questions = itertools.count(1)
         self._receiving = 0       # threads inside recv() now (ZeroMQ sockets are not
         self._count_lock = threading.Lock()   # thread-safe: stop() must not join them)
 
@@ -103,7 +110,25 @@ class Node:
         atexit.register(self.stop)
         _report_peer_failures_in_one_line()
         faults.arm()                 # d2l-launch --fail ROLE:RANK@30s
+        if timeline.ENABLED:
+            self.sync_clock()
         return self
+
+    def sync_clock(self, exchanges=5):
+        """Put the timeline on the scheduler's clock: of a few exchanges, the offset
+        of the one with the shortest round trip (off by at most half of it)."""
+        best = None
+        for i in range(exchanges):
+            sent = time.time()
+            self.send('scheduler', protocol.CLOCK, {'id': i})
+            msg = self._recv([protocol.CLOCK], timeout=2.0)
+            got = time.time()
+            if msg is None or not isinstance(msg.get('time'), float):
+                continue
+            if best is None or got - sent < best[1]:
+                best = (msg['time'] - (sent + got) / 2, got - sent)
+        if best is not None:
+            timeline.set_clock(best[0], best[1] / 2)
 
     def peers(self, role):
         """The ids of the nodes with ``role``, in rank order."""
@@ -113,15 +138,74 @@ class Node:
     def send(self, peer, kind, header=None, frames=(), track=False):
         return self.van.send(peer, kind, header, frames, track=track)
 
-    def recv(self, kinds=None, timeout=None):
-        """The next message of one of ``kinds`` (others wait in a stash for later)."""
+    def recv(self, kinds=None, timeout=None, wait=None):
+        """The next message of one of ``kinds`` (others wait in a stash for later).
+
+        ``wait``: what this node is waiting for (a ``hang.Wait``): watched by the hang
+        detector, and a span on the timeline."""
         with self._count_lock:
             self._receiving += 1
         try:
-            return self._recv(kinds, timeout)
+            if wait is None or timeout is not None:
+                return self._recv(kinds, timeout)
+            return self._watched(kinds, wait)
         finally:
             with self._count_lock:
                 self._receiving -= 1
+
+    def _watched(self, kinds, wait):
+        """_recv that names who is missing after D2L_HANG_WARN s, and raises hang.Hang
+        after D2L_HANG_FAIL s."""
+        start, wall = time.monotonic(), time.time()
+        warn, fail = hang.thresholds()
+        deadlines = sorted(t for t in (warn, fail) if t)
+        self.doing, warned = (wait.what, start), False
+        try:
+            while True:
+                left = deadlines[0] - (time.monotonic() - start) if deadlines else None
+                msg = self._recv(kinds, None if left is None else max(left, 0.0))
+                if msg is not None:
+                    timeline.waited(wait.span, wall, what=wait.what)
+                    if warned and self.role == 'worker':
+                        report(waiting='')               # the dashboard's warning goes
+                    return msg
+                waited = deadlines.pop(0)
+                line = (f'{self.id.replace(":", " ")} has waited {waited:g} s '
+                        f'{wait.what}: {hang.sentence(self.missing(wait))}')
+                if waited == fail:
+                    raise hang.Hang(line)
+                print(f'd2ldist: {line}', flush=True)
+                warned = True
+                if self.role == 'worker':
+                    report(waiting=line)
+        finally:
+            self.doing = None
+
+    def missing(self, wait):
+        """Ask whoever knows who has not arrived: [(node, what it is doing)]."""
+        found = {}
+        for peer, question in wait.questions:
+            for node, doing in self.ask(peer, question):
+                found.setdefault(node, {}).update(doing if isinstance(doing, dict) else {})
+        unknown = [n for n, d in found.items() if 'what' not in d and 'state' not in d]
+        if unknown:     # a server knows who is missing; the scheduler knows what they do
+            for node, doing in self.ask('scheduler', {'nodes': unknown}):
+                if node in found and isinstance(doing, dict):
+                    found[node] = {**doing, **found[node]}
+        return sorted(found.items())
+
+    def ask(self, peer, question, timeout=2.0):
+        """One WHO question to ``peer``: its list of [node, doing] (empty if no answer)."""
+        qid = next(self._questions)
+        self.send(peer, protocol.WHO, {'id': qid, 'question': question})
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self._recv([protocol.WHO_ANSWER], max(0.0, deadline - time.monotonic()))
+            if msg is None:
+                return []
+            if msg.get('id') == qid and isinstance(msg.get('missing'), list):
+                return [(str(m[0]), m[1]) for m in msg['missing']
+                        if isinstance(m, list) and len(m) == 2]
 
     def _recv(self, kinds, timeout):
         for msg in self._stash:
@@ -143,14 +227,31 @@ class Node:
                 return msg
             self._stash.append(msg)
 
-    def barrier(self, group='worker'):
-        """Wait until every node of ``group`` ('worker', 'server' or 'all') is here."""
+    def put_back(self, msg):
+        """Return a message just received: the next recv of its kind gets it first."""
+        self._stash.appendleft(msg)
+
+    def barrier(self, group='worker', what='barrier()'):
+        """Wait until every node of ``group`` ('worker', 'server' or 'all') is here.
+
+        ``what`` names the call (e.g. 'kv.init'): the scheduler fails every node of the
+        group at once if two of them enter their n-th barrier from different calls."""
         n = self._barriers[group] = self._barriers.get(group, 0) + 1   # numbered per group
-        self.van.send('scheduler', protocol.BARRIER, {'group': group, 'n': n})
+        self.van.send('scheduler', protocol.BARRIER, {'group': group, 'n': n, 'what': what})
+        wait = hang.Wait(f'in {group} barrier {n} ({what})',
+                         [('scheduler', {'barrier': [group, n]})], span='barrier')
         while True:
-            msg = self.recv([protocol.BARRIER_DONE])
+            msg = self.recv([protocol.BARRIER_DONE, protocol.BARRIER_DISAGREE], wait=wait)
+            if msg.kind == protocol.BARRIER_DISAGREE:
+                raise hang.Disagree(str(msg.get('error'))[:600])
             if msg.get('group') == group and msg.get('n') == n:
                 return
+
+    def passed_barrier(self, group, n):
+        """Count barrier n of ``group`` as passed without entering it (a worker in
+        hvd.join(): the scheduler counted it as there)."""
+        if isinstance(group, str) and isinstance(n, int):
+            self._barriers[group] = max(self._barriers.get(group, 0), n)
 
     def _heartbeat(self):
         """Tell the scheduler every second that this node is alive (own socket)."""
@@ -158,7 +259,10 @@ class Node:
         van.connect('scheduler', self.scheduler)
         interval = float(os.environ.get('D2L_HEARTBEAT_INTERVAL', '1'))
         while not self._stopped.wait(interval):
-            van.send('scheduler', protocol.HEARTBEAT)
+            doing = self.doing
+            van.send('scheduler', protocol.HEARTBEAT, {
+                'what': doing and doing[0], 'counters': dict(self.counters),
+                'for': doing and round(time.monotonic() - doing[1], 1)})
         van.close()
 
     def stop(self):
@@ -187,11 +291,12 @@ class Node:
 
 
 def _report_peer_failures_in_one_line():
-    """Let an uncaught PeerFailed end the process with its message, not a traceback."""
+    """Let an uncaught PeerFailed, Hang or Disagree end the process with its message (one
+    line that says what happened where), not a traceback."""
     previous = sys.excepthook
 
     def hook(kind, value, tb):
-        if issubclass(kind, PeerFailed):
+        if issubclass(kind, (PeerFailed, hang.Hang, hang.Disagree)):
             print(f'd2ldist: {value}', file=sys.stderr, flush=True)
         else:
             previous(kind, value, tb)

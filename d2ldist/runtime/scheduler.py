@@ -1,11 +1,14 @@
 """The scheduler: node bookkeeping for one job (after ps-lite's scheduler node).
 
-It does four things and nothing else:
+It does four things and nothing else (and tells the time, for the timeline):
 1. registration: every server and worker says who it is and where it listens; once
    all have come, each gets the address book (who is where);
-2. barriers over a group (``worker``, ``server`` or ``all``);
+2. barriers over a group (``worker``, ``server`` or ``all``), checked to be the same
+   call on every node, and hvd.join() (a worker out of data counts as there);
 3. liveness: every node sends a heartbeat each second; one that falls silent, or
-   dies, is announced to everybody else, so that nobody waits for it forever;
+   dies, is announced to everybody else, so that nobody waits for it forever; the
+   heartbeats say what each node waits for, so that a node that has waited too long
+   can ask who is missing (``hang.py``);
 4. the end: when every worker has said goodbye, the servers are told to shut down.
 
 Run as ``python -m d2ldist.runtime.scheduler`` by the launcher; the environment says the job's
@@ -33,7 +36,10 @@ class Scheduler:
         self.book_sent = False
         self.last_seen = {}      # node id -> time of its last message
         self.finished = set()    # nodes that said goodbye
-        self.barriers = {}       # (group, n) -> node ids that arrived
+        self.barriers = {}       # (group, n) -> {node id that arrived: from which call}
+        self.doing = {}          # node id -> its last heartbeat: what it waits for, counters
+        self.failed = set()      # nodes announced as failed
+        self.joined = []         # workers in hvd.join(), in the order they called it
 
     def members(self, group):
         return [n for n in self.nodes if group == 'all' or n.startswith(group + ':')]
@@ -57,12 +63,22 @@ class Scheduler:
         """Act on one message; True when the job is over."""
         if msg.kind == protocol.REGISTER:
             self.register(msg)
+        elif msg.kind == protocol.HEARTBEAT and msg.sender in self.nodes:
+            self.heard(msg)
         elif msg.kind == protocol.BARRIER and msg.sender in self.nodes:
-            self.barrier(msg.sender, msg.get('group'), msg.get('n'))
+            self.barrier(msg.sender, msg.get('group'), msg.get('n'), str(msg.get('what'))[:200])
+        elif msg.kind == protocol.WHO and msg.sender in self.nodes:
+            self.van.send(msg.sender, protocol.WHO_ANSWER, {
+                'id': msg.get('id'), 'missing': self.missing(msg.sender, msg.get('question'))})
+        elif msg.kind == protocol.CLOCK and msg.sender in self.nodes:
+            self.van.send(msg.sender, protocol.CLOCK, {'id': msg.get('id'), 'time': time.time()})
         elif msg.kind == protocol.FAILED and msg.sender in self.nodes:
             self.fail(msg.sender, str(msg.get('reason', 'failed'))[:200])
+        elif msg.kind == protocol.JOIN and msg.sender in self.members('worker'):
+            self.join(msg.sender)
         elif msg.kind == protocol.GOODBYE and msg.sender in self.nodes:
             self.finished.add(msg.sender)
+            self.end_join()
             self.van.send(msg.sender, protocol.FAREWELL)
             if self.book_sent and set(self.members('worker')) <= self.finished:
                 for server in self.members('server'):
@@ -97,15 +113,96 @@ class Scheduler:
                 self.last_seen[n] = time.monotonic()   # heartbeats start with the book
             self.book_sent = True
 
-    def barrier(self, node, group, n):
+    def barrier(self, node, group, n, what):
+        """A node entered barrier n of a group: all there, let them go; called from
+        another place than the first one (``what``), fail them all, naming both."""
         if group not in GROUPS or not isinstance(n, int):
             return
-        arrived = self.barriers.setdefault((group, n), set())
-        arrived.add(node)
-        if arrived >= set(self.members(group)):
+        arrived = self.barriers.setdefault((group, n), {})
+        first = next(iter(arrived.items()), None)
+        arrived[node] = what
+        if first is not None and first[1] != what:
+            (a, from_a), (b, from_b) = sorted([first, (node, what)], key=_by_rank)
+            error = (f'{group} barrier {n}: {a.replace(":", " ")} entered it from {from_a}, '
+                     f'{b.replace(":", " ")} from {from_b}; every node of the group must '
+                     'call the same barriers in the same order')
+            print(f'd2ldist: {error}', flush=True)
+            for member in self.members(group):
+                self.van.send(member, protocol.BARRIER_DISAGREE, {'error': error})
+        elif set(arrived) | set(self.joined) >= set(self.members(group)):
             for member in self.members(group):
                 self.van.send(member, protocol.BARRIER_DONE, {'group': group, 'n': n})
             del self.barriers[(group, n)]
+
+    def join(self, worker):
+        """A worker called hvd.join(): it counts as there at barriers (it takes part in
+        the others' collectives); once all have joined, each learns who came last."""
+        if worker not in self.joined:
+            self.joined.append(worker)
+        for (group, n), arrived in list(self.barriers.items()):   # the ones it held up
+            if group != 'server':
+                self.barrier(worker, group, n, next(iter(arrived.values())))
+        self.end_join()
+
+    def end_join(self):
+        """Let the workers in hvd.join() go: all have joined (who came last?), or one
+        ended without joining (an error: they would wait for it forever)."""
+        workers = self.members('worker')
+        gone = [w for w in workers if w in self.finished and w not in self.joined]
+        if self.joined and gone:
+            waiting = ', '.join(j.replace(':', ' ') for j in self.joined)
+            error = (f'{gone[0].replace(":", " ")} ended without calling join() while '
+                     f'{waiting} waited in it: every worker must call hvd.join()')
+            for worker in self.joined:
+                self.van.send(worker, protocol.JOIN_DONE, {'error': error})
+        elif self.joined and set(self.joined) >= set(workers):
+            last = int(self.joined[-1].split(':')[1])
+            for worker in workers:
+                self.van.send(worker, protocol.JOIN_DONE, {'last': last})
+        else:
+            return
+        self.joined = []
+
+    def heard(self, msg):
+        """A heartbeat: what the node is waiting for (if anything), and its counters."""
+        what, counters = msg.get('what'), msg.get('counters')
+        self.doing[msg.sender] = {
+            'what': str(what)[:200] if what else None,
+            'for': float(msg.get('for')) if isinstance(msg.get('for'), (int, float)) else 0.0,
+            'counters': counters if isinstance(counters, dict) else {},
+            'at': time.monotonic()}
+
+    def missing(self, asker, question):
+        """Who has not arrived where ``asker`` waits: [[node, what it is doing]]."""
+        if not isinstance(question, dict):
+            return []
+        if 'barrier' in question:
+            group, n = (list(question['barrier']) + [None, None])[:2]
+            arrived = self.barriers.get((group, n)) if group in GROUPS else None
+            nodes = [m for m in self.members(group) if m not in arrived
+                     and m not in self.joined] if arrived else []
+        elif 'counter' in question:             # e.g. the ring's collectives: started fewer
+            name, n = str(question['counter']), question.get('n')
+            nodes = [m for m in self.members('worker') if m != asker and isinstance(n, int)
+                     and self.counter(m, name) < n]
+        else:
+            nodes = [str(m) for m in question.get('nodes') or [] if str(m) in self.nodes]
+        return [[m, self.describe(m, question.get('counter'))] for m in nodes]
+
+    def counter(self, node, name):
+        value = self.doing.get(node, {}).get('counters', {}).get(name, 0)
+        return value if isinstance(value, int) else 0
+
+    def describe(self, node, counter=None):
+        """What ``node`` is doing, as its last heartbeat said (see hang.describe)."""
+        if node in self.finished:
+            return {'state': 'failed' if node in self.failed else 'finished'}
+        d = self.doing.get(node, {})
+        described = {'what': d.get('what'),
+                     'for': d.get('for', 0) + time.monotonic() - d.get('at', time.monotonic())}
+        if counter:
+            described['counter'] = self.counter(node, str(counter))
+        return described
 
     def silent_node(self):
         """A registered node that has stopped sending heartbeats, if any."""
@@ -123,6 +220,13 @@ class Scheduler:
             if other != node and other not in self.finished:
                 self.van.send(other, protocol.FAILED, {'node': node, 'reason': reason})
         self.finished.add(node)
+        self.failed.add(node)
+
+
+def _by_rank(pair):
+    """(node id, ...) in role and rank order: 'server:0' < 'worker:0' < 'worker:10'."""
+    role, _, rank = pair[0].partition(':')
+    return role, int(rank) if rank.isdigit() else 0
 
 
 def main():

@@ -54,12 +54,12 @@ averaging: see the Trainer's docstring.
 import copy
 import itertools
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
 from ..collectives.buckets import BUCKET_CAP_MB, Buckets
-from ..runtime import faults
+from ..runtime import faults, timeline
 from ..kv.optimizers import ON_SERVERS, torch_names
 from ..kv.worker import sum_copies
 from .devices import split_and_load
@@ -146,6 +146,7 @@ class Trainer:
         if overlap and hasattr(self.store, 'allreduce_async_') and not self.update_on_kvstore:
             self._start_buckets_in_backward(bucket_cap_mb)
         self._timers = []   # the timed blocks running now, innermost last
+        self.last_batch_end = None   # when train_batch last ended (for the timeline)
         self._initialized = False
         self.reset_step_times()
 
@@ -357,7 +358,8 @@ class Trainer:
         start = time.perf_counter()
         self._timers.append(0.0)          # the time of the blocks nested in this one
         try:
-            yield
+            with timeline.span(STEP_LABELS[step], 'step') if enabled and count else nullcontext():
+                yield
         finally:
             for d in set(self.devices):
                 if enabled and d.type == 'cuda':
@@ -396,6 +398,9 @@ def train_batch(X, y, net, loss, trainer, devices):
     if net is not trainer.replicas[0] or list(devices) != trainer.devices:
         raise ValueError("train_batch needs the trainer's net and devices")
     trainer.init()   # at the first batch: every worker starts from rank 0's weights
+    timeline.next_step()
+    if trainer.last_batch_end is not None:   # (d2l-launch --timeline: the time between)
+        timeline.record('between steps', 'data', trainer.last_batch_end, time.time())
     # Step 1: split the batch across the devices; each replica computes the
     # loss and gradients of its slice (on GPUs, all devices work at once).
     with trainer.timed(1):
@@ -416,4 +421,5 @@ def train_batch(X, y, net, loss, trainer, devices):
         faults.computed(time.perf_counter() - start)   # d2l-launch --slow / --fail
     # Steps 2 to 7.
     trainer.step(X.shape[0])
+    trainer.last_batch_end = time.time()
     return sum(float(l) for l in losses), sum(int(c) for c in corrects)

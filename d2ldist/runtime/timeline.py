@@ -1,0 +1,133 @@
+"""The timeline: what every process did, and when (``d2l-launch --timeline FILE``).
+
+Each process records *spans* -- a name, a category, a start and a duration -- of what
+it does: the seven steps of each batch and the time between two batches
+(``training/trainer.py``; a Horovod script's compute, synchronize and update), each
+collective and each push or pull with its bytes, each wait for another node
+(``Node.recv``), and on a server each request it handles. Every step (or second) it prints the new spans as one line
+``@d2l/timeline {...}`` on its stdout: the launcher reads every process's output
+anyway, locally and over ssh, and merges the spans into one Chrome trace-event file
+(``launch/timeline.py``).
+
+Clocks: the hosts' clocks differ. When a node joins, it asks the scheduler for its
+time a few times, as NTP does, and keeps the offset of the exchange with the
+shortest round trip: every span is on the scheduler's clock, to within half that
+round trip (each lane's ``clock_error_us`` in the file).
+
+Off unless ``D2L_TIMELINE=1`` (set by ``--timeline``); then a span costs two clock
+reads and a small dict. ``D2L_TIMELINE_STEPS=20-40`` records steps 20 to 40 only.
+"""
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+PREFIX = '@d2l/timeline '
+MAX_EVENTS = 100_000      # per process; past it, nothing more is recorded
+MIN_WAIT = 100e-6         # shorter waits are not worth a span (seconds)
+FLUSH_EVERY = 1.0         # print the spans at least this often (seconds)
+
+
+def parse_window(text):
+    """'20-40' -> (20, 40), '7' -> (7, 7), None or '' -> None: the steps to record."""
+    if not text:
+        return None
+    first, _, last = str(text).partition('-')
+    try:
+        window = int(first), int(last or first)
+    except ValueError:
+        window = (0, -1)
+    if not 1 <= window[0] <= window[1]:
+        raise ValueError(f'timeline steps take FIRST-LAST (20-40), got {text!r}')
+    return window
+
+
+ENABLED = os.environ.get('D2L_TIMELINE') == '1'
+_window = (parse_window(os.environ.get('D2L_TIMELINE_STEPS'))   # (workers count steps;
+           if ENABLED and os.environ.get('D2L_ROLE') == 'worker' else None)  # servers: all)
+_lock = threading.Lock()
+_events, _recorded, _step = [], 0, 0
+_offset, _error = 0.0, None      # seconds to add to time.time(); half the best round trip
+_last_flush = time.monotonic()
+
+
+def recording():
+    """Whether spans are recorded now (on, within the window, below the cap)."""
+    return ENABLED and _recorded < MAX_EVENTS and (
+        _window is None or _window[0] <= _step <= _window[1])
+
+
+def next_step():
+    """A training step begins (train_batch; DistributedOptimizer.step)."""
+    global _step
+    _step += 1
+    tick()
+
+
+def tick():
+    """Print the spans if many have piled up or a second has passed."""
+    if ENABLED and (len(_events) > 500 or time.monotonic() - _last_flush > FLUSH_EVERY):
+        flush()
+
+
+@contextmanager
+def span(name, cat, **args):
+    """Record the block as a span (when recording)."""
+    if not recording():
+        yield
+        return
+    start = time.time()
+    try:
+        yield
+    finally:
+        _add(name, cat, start, time.time(), args)
+
+
+def waited(name, start, **args):
+    """A wait that began at ``start`` (time.time()) has just ended."""
+    now = time.time()
+    if now - start >= MIN_WAIT and recording():
+        _add(name, 'wait', start, now, args)
+
+
+def record(name, cat, start, end, **args):
+    """A span that is over: from ``start`` to ``end`` (time.time())."""
+    if recording():
+        _add(name, cat, start, end, args)
+
+
+def _add(name, cat, start, end, args):
+    """One span, on the scheduler's clock, in microseconds."""
+    global _recorded
+    event = {'name': name, 'cat': cat, 'ts': round((start + _offset) * 1e6, 1),
+             'dur': round((end - start) * 1e6, 1), 'tid': threading.current_thread().name,
+             'args': dict(args, step=_step)}
+    with _lock:
+        _events.append(event)
+        _recorded += 1
+
+
+def set_clock(offset, error):
+    """The offset to the scheduler's clock (seconds) and its error bound."""
+    global _offset, _error
+    _offset, _error = offset, error
+
+
+def flush():
+    """Print the spans recorded since the last flush as one line."""
+    global _events, _last_flush
+    with _lock:
+        batch, _events = _events, []
+    _last_flush = time.monotonic()
+    if batch:
+        clock = None if _error is None else round(_error * 1e6, 1)
+        sys.stdout.write(PREFIX + json.dumps({'events': batch, 'clock_error_us': clock},
+                                             separators=(',', ':')) + '\n')
+        sys.stdout.flush()
+
+
+if ENABLED:
+    atexit.register(flush)
