@@ -203,6 +203,17 @@ mx = {'broadcast': got.tolist(), 'in_place': g.tolist()}
 kv.init('big', torch.zeros(10000, 16))
 ids, vals = torch.tensor([17, 9000]), torch.ones(2, 16)
 sent = sum(len(f) for m in kv._row_messages(M.PUSH_ROWS, 'big', ids, vals) for f in m[3])
+# a sync round where one worker's rows all lie on server 0 (rows 0..2: elements 0..8):
+# it still pushes (no rows) to server 1, so both rounds close with both workers' pushes
+kv.init('emb2', torch.zeros(7, 3))
+first = {0: [0], 1: [0, 6]}[r]
+for ids in (first, [6]):
+    g2 = torch.sparse_coo_tensor(torch.tensor([ids]), torch.ones(len(ids), 3) * (r + 1),
+                                 (7, 3))
+    kv.pushpull('emb2', g2, out=torch.zeros(7, 3))
+w2 = torch.empty(7, 3)
+kv.pull('emb2', out=w2)
 print('SPARSE ' + json.dumps({'summed': summed.tolist(), 'w': w.tolist(), 'out': out.tolist(),
-                              'sent': sent, **mx}), flush=True)
+                              'sent': sent, 'one_server': w2[:, 0].tolist(), **mx}),
+      flush=True)
 '''

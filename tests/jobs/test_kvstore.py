@@ -140,3 +140,6 @@ def test_sparse_rows_through_the_servers(write_script):
         # the store runs sgd (lr 0.5, wd 0.5) for every key now: 7 - 0.5 * (3 + 3.5)
         assert v['in_place'] == [7 - 0.5 * (3 + 0.5 * 7)] * 4
         assert v['sent'] < 10000 * 16 * 4 / 1000
+        # sgd (lr 0.5, wd 0.5) from 0: row 0 after step 1 (1 + 2); row 6 after steps 1 (2)
+        # and 2 (1 + 2), each round closed by both workers' pushes
+        assert v['one_server'] == [-1.5, 0, 0, 0, 0, 0, -1.0 - 0.5 * (3 - 0.5)]
