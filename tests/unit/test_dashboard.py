@@ -158,6 +158,34 @@ def test_progress_columns_come_with_the_first_report():
     assert view.cells['worker 1']['bar'].value == 0.5
 
 
+def test_a_worker_waiting_too_long_shows_on_its_row_until_it_goes_on():
+    pytest.importorskip('ipywidgets')
+    from d2ldist.notebook.dashboard import Dashboard
+    model = job_model(Clock())
+    view = Dashboard(model)
+    line = 'worker 0 has waited 30 s in barrier 3: worker 1 has not arrived (<it>)'
+    model.add_report('worker 0', {'epoch': 1, 'num_epochs': 2, 'waiting': line})
+    view.refresh(force=True)
+    assert "class='d2l-waiting'" in view.cells['worker 0']['detail'].value
+    assert '(&lt;it&gt;)' in view.cells['worker 0']['detail'].value        # escaped
+    assert 'waiting too long' in model.text()
+    model.add_report('worker 0', {'waiting': ''})
+    view.refresh(force=True)
+    assert 'd2l-waiting' not in view.cells['worker 0']['detail'].value
+
+
+def test_timeline_lines_are_kept_for_the_file_and_never_shown():
+    model, out = job_model(Clock()), io.StringIO()
+    progress = Progress(out=out, tty=False, model=model)
+    spec = local_specs(1, 0, ['true'], 's')[1]
+    proc = Proc(spec)
+    line = '@d2l/timeline ' + json.dumps({'events': [
+        {'name': 'push', 'cat': 'comm', 'ts': 1.0, 'dur': 2.0, 'tid': 'MainThread',
+         'args': {'step': 1}}]})
+    assert progress.on_line(proc, line) is None and out.getvalue() == ''
+    assert model.trace.count == 1 and spec.label == 'worker 0'
+
+
 class Handle:
     def update(self, obj, raw=False):
         self.shown = obj
