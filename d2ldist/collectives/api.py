@@ -127,12 +127,24 @@ def _scaled_allreduce_(tensor, op, prescale_factor, postscale_factor):
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0):
-    """Start reducing ``tensor`` in place across workers; returns a Handle."""
+                     postscale_factor=1.0, compression=None):
+    """Start reducing ``tensor`` in place across workers; returns a Handle.
+
+    (``compression``, not Horovod's here: what DistributedOptimizer's buckets go through.)"""
     op = _reduction(average, op)
+    if compression not in (None, NoneCompressor):
+        return _run(_compressed_allreduce_, tensor, compression, op, prescale_factor,
+                    postscale_factor)
     if prescale_factor == 1.0 and postscale_factor == 1.0:
         return _submit('allreduce_', tensor, op)
     return _run(_scaled_allreduce_, tensor, op, prescale_factor, postscale_factor)
+
+
+def _compressed_allreduce_(tensor, compression, op, prescale_factor, postscale_factor):
+    """Horovod's way: compress, reduce the compressed tensor, decompress into ``tensor``."""
+    wire, ctx = compression.compress(tensor)
+    _scaled_allreduce_(wire, op, prescale_factor, postscale_factor)
+    return tensor.copy_(compression.decompress(wire, ctx)) if wire is not tensor else tensor
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -151,10 +163,13 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None,
               prescale_factor=1.0, postscale_factor=1.0):
-    """The reduction of ``tensor`` across all workers, as a new tensor (differentiable)."""
-    if compression is not None and getattr(compression, 'name', 'none') != 'none':
-        raise NotImplementedError('allreduce: compression is not supported yet')
+    """The reduction of ``tensor`` across all workers, as a new tensor (differentiable);
+    ``compression=Compression.fp16``: through 16 bits, back in the tensor's dtype."""
     op = _reduction(average, op)
+    if compression not in (None, NoneCompressor):
+        wire, ctx = compression.compress(tensor)
+        return compression.decompress(allreduce(wire, op=op, prescale_factor=prescale_factor,
+                                                postscale_factor=postscale_factor), ctx)
     if tensor.requires_grad and torch.is_grad_enabled():
         return _AllreduceGrad.apply(tensor, op, prescale_factor, postscale_factor)
     return allreduce_(tensor.detach().clone(), op=op, prescale_factor=prescale_factor,
@@ -187,9 +202,12 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None,
 
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
                       prescale_factor=1.0, postscale_factor=1.0):
-    """The reductions of a list of tensors, as new tensors."""
-    return grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                   postscale_factor).wait()
+    """The reductions of a list of tensors, as new tensors (through ``compression``)."""
+    compression = compression or NoneCompressor
+    wires, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
+    summed = grouped_allreduce_async(list(wires), average, name, op, prescale_factor,
+                                     postscale_factor).wait()
+    return [compression.decompress(t, ctx) for t, ctx in zip(summed, ctxs)]
 
 
 def broadcast_async_(tensor, root_rank=0, name=None):
@@ -299,18 +317,39 @@ NOT_YET = {
 }
 
 
-class _Compressions:
-    """Horovod's ``Compression``: ``Compression.none`` only, so far; another one says so."""
+class NoneCompressor:
+    """Horovod's Compression.none: the tensor as it is."""
+    name = 'none'
 
-    class none:
-        name = 'none'
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
 
-    def __getattr__(self, name):
-        raise NotImplementedError(f'hvd.Compression.{name}: not in d2ldist yet (only '
-                                  'Compression.none)')
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
 
 
-Compression = _Compressions()
+class FP16Compressor:
+    """Horovod's Compression.fp16: floating-point tensors travel (and are summed) in
+    16 bits, and come back in their own dtype; others as they are."""
+    name = 'fp16'
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating_point:
+            return tensor.type(torch.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tensor.type(ctx)
+
+
+class Compression:
+    """Horovod's gradient compression: ``Compression.none``, ``Compression.fp16``."""
+    none = NoneCompressor
+    fp16 = FP16Compressor
 
 
 def not_yet(name):

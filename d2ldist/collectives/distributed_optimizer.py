@@ -104,16 +104,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
     Horovod's keywords: ``backward_passes_per_step`` (accumulate that many backward
     passes locally, then all-reduce once), ``op`` and ``gradient_predivide_factor``
     (divide before the sum, multiply after), ``sparse_as_dense`` (sparse gradients
-    are always made dense here). ``compression`` takes only none for now, and
-    ``groups`` / ``num_groups`` are accepted but the buckets are made by size
-    (``bucket_cap_mb``, like DDP's)."""
+    are always made dense here), ``compression`` (``Compression.fp16``: each bucket
+    through 16 bits). ``groups`` / ``num_groups`` are accepted but the buckets are made
+    by size (``bucket_cap_mb``, like DDP's)."""
 
     def __init__(self, optimizer, named_parameters=None, compression=None,
                  backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                  num_groups=0, groups=None, sparse_as_dense=False,
                  bucket_cap_mb=BUCKET_CAP_MB):
-        if compression is not None and getattr(compression, 'name', 'none') != 'none':
-            raise NotImplementedError('DistributedOptimizer: no gradient compression yet')
+        self.compression = compression
         if int(backward_passes_per_step) < 1:
             raise ValueError('backward_passes_per_step must be 1 or more')
         self.optimizer, self.op = optimizer, ops.get(op)
@@ -180,7 +179,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _start(self, b, indices):
         f = self._predivide
         return api.allreduce_async_(self._buffers[b], op=self.op, prescale_factor=1 / f,
-                                    postscale_factor=f)
+                                    postscale_factor=f, compression=self.compression)
 
     @torch.no_grad()
     def synchronize(self):

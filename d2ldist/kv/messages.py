@@ -5,7 +5,9 @@ Every request carries an ``id`` that its answer repeats, and a list of ``parts``
     [key, dtype, shape, start, stop]   # elements start..stop of the flattened value of key
 
 with, for INIT and PUSH, one data frame per part (the raw bytes of those elements).
-A list of keys travels as ONE message per server, not one per key.
+A list of keys travels as ONE message per server, not one per key. A compressed PUSH
+says how (``codec``: {'type': '2bit', 'threshold': 0.5}) and which parts (``coded``:
+their indices); their frames hold the codec's bytes (``runtime/compression.py``).
 
 A sparse key's rows travel as ``[key, dtype, shape, start, stop, count]`` with two frames
 per part: the row ids (int64) and, for a push, the ``count`` values of those rows that
@@ -13,7 +15,7 @@ lie in the slice (``placement.row_positions`` says which).
 """
 import math
 
-from ..runtime import wire
+from ..runtime import compression, wire
 
 INIT = 'kv_init'            # worker -> server: parts + frames, {optimizer}: initial values
 PUSH = 'kv_push'            # worker -> server: parts + frames, {sync, pull}: gradients
@@ -75,14 +77,28 @@ def _tensor(key, dtype, numel, frame):
 
 
 def read_parts(msg, with_frames):
-    """The parts of a received message as (key, dtype, shape, start, stop, tensor or None)."""
-    parts = msg.get('parts')
+    """The parts of a received message as (key, dtype, shape, start, stop, tensor or None);
+    the parts listed in ``coded`` are decoded with the message's ``codec``."""
+    parts, coded = msg.get('parts'), msg.get('coded') or []
     if not isinstance(parts, list) or (with_frames and len(parts) != len(msg.frames)):
         raise KVError('malformed request: parts do not match the frames')
+    try:
+        codec = compression.create(msg.get('codec')) if coded else None
+    except ValueError as e:
+        raise KVError(str(e)) from None
+    if coded and (codec is None or not isinstance(coded, list)):
+        raise KVError('malformed request: coded parts without a codec')
     out = []
     for i, p in enumerate(parts):
         key, dtype, shape, start, stop = _fields(p)
-        t = _tensor(key, dtype, stop - start, msg.frames[i]) if with_frames else None
+        t = None
+        if with_frames and i in coded:
+            try:
+                t = codec.decode(msg.frames[i], stop - start, wire.DTYPES[dtype])
+            except ValueError as e:
+                raise KVError(f'key {key!r}: {e}') from None
+        elif with_frames:
+            t = _tensor(key, dtype, stop - start, msg.frames[i])
         out.append((key, dtype, shape, start, stop, t))
     return out
 

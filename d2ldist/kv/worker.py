@@ -12,7 +12,7 @@ import itertools
 
 import torch
 
-from ..runtime import hang, timeline
+from ..runtime import compression, hang, timeline
 from . import messages as M
 from .optimizers import Updater, torch_names
 from .placement import place, row_positions
@@ -53,6 +53,9 @@ class KVStore:
         self._meta = {}          # key -> (shape, dtype) given at init
         self.optimizer = None    # (name, hyperparameters) of the last set_optimizer
         self._pinned = {}        # ('push' or 'pull', key) -> pinned CPU buffer for CUDA
+        self._plain = set()      # keys the optimizer does not update (never compressed)
+        self._codec = None       # gradient compression (runtime/compression.py), if any
+        self.gradient_compression = None
 
     rank, num_workers = 0, 1
 
@@ -70,6 +73,8 @@ class KVStore:
             if k in self._meta:
                 raise M.KVError(f'key {k!r} is already initialised')
             self._meta[k] = (tuple(v.shape), v.dtype)
+            if not optimizer:
+                self._plain.add(k)
         self._init(keys, [self._to_cpu(k, _first(v)) for k, v in zip(keys, values)],
                    optimizer)
 
@@ -137,6 +142,18 @@ class KVStore:
         """Initialise keys with rank 0's ``value`` and pull it into ``out`` on every worker."""
         self.init(key, value)
         self.pull(key, out=out)
+
+    def set_gradient_compression(self, compression_params):
+        """Compress what later pushes send (MXNet's): ``{'type': '2bit', 'threshold':
+        0.5}`` (add ``'error_feedback': False`` to drop the residual), ``{'type': 'fp16'}``
+        or ``'bf16'``; ``None`` for none. Pulls, sparse rows and keys made with
+        ``optimizer=False`` travel whole (``runtime/compression.py``)."""
+        self._codec = compression.create(compression_params)
+        self.gradient_compression = self._codec and self._codec.params
+
+    def _coded(self, key):
+        """The codec for a push of ``key`` (None: whole)."""
+        return None if key in self._plain else self._codec
 
     def set_optimizer(self, name, **hyper):
         """Update the values with this optimizer on every push: a name and numbers, in
@@ -214,7 +231,6 @@ class LocalKVStore(KVStore):
     def __init__(self, kind='local'):
         super().__init__(kind)
         self._store, self._updater = {}, None
-        self._plain = set()      # keys the optimizer does not update
 
     def _set_optimizer(self, name, hyper):
         self._updater = Updater(name, **hyper)
@@ -228,11 +244,12 @@ class LocalKVStore(KVStore):
     def _init(self, keys, values, optimizer):
         for k, v in zip(keys, values):
             self._store[k] = v.clone()
-            if not optimizer:
-                self._plain.add(k)
 
     def _push(self, keys, values):
         for k, v in zip(keys, values):
+            codec = self._coded(k)
+            if codec is not None:             # what the servers would get
+                v = codec.decode(codec.encode(k, v), v.numel(), v.dtype).view_as(v)
             if self._updater is not None and k not in self._plain:
                 self._updater(k, self._store[k], v)
             else:
@@ -317,14 +334,14 @@ class DistKVStore(KVStore):
 
     def _push(self, keys, values):
         self._ask(self._numbered(self._messages(M.PUSH, keys, values, sync=self._sync,
-                                                pull=False)), what='push')
+                                                pull=False, coded=True)), what='push')
 
     def _pull(self, keys, outs):
         self._ask(self._messages(M.PULL, keys), self._receiver(keys, outs), what='pull')
 
     def _pushpull(self, keys, values, outs):
         self._ask(self._numbered(self._messages(M.PUSH, keys, values, sync=self._sync,
-                                                pull=True)),
+                                                pull=True, coded=True)),
                   self._receiver(keys, outs), what='pushpull')
 
     def _push_rows(self, key, rows, values):
@@ -377,22 +394,30 @@ class DistKVStore(KVStore):
             msgs.append((f'server:{s}', kind, dict(header, parts=[part]), frames))
         return msgs
 
-    def _messages(self, kind, keys, values=None, **header):
-        """Cut the keys into their parts and group the parts by server: [(server, kind, header, frames)]."""
+    def _messages(self, kind, keys, values=None, coded=False, **header):
+        """Cut the keys into their parts and group the parts by server: [(server, kind,
+        header, frames)]. ``coded``: compress the values of the keys that may be."""
         by_server = {}
         for i, k in enumerate(keys):
             shape, dtype = self._meta[k]
             flat = values[i].view(-1) if values is not None else None
+            codec = self._coded(k) if coded else None
             for s, start, stop in place(k, _numel(shape), self._node.num_servers):
-                parts, frames = by_server.setdefault(s, ([], []))
+                parts, frames, codes = by_server.setdefault(s, ([], [], []))
                 parts.append([k, M.wire.dtype_name(dtype), list(shape), start, stop])
-                if flat is not None:
+                if codec is not None:                     # its own residual per slice
+                    codes.append(len(parts) - 1)
+                    frames.append(_bytes(codec.encode((k, start), flat[start:stop])))
+                elif flat is not None:
                     frames.append(_bytes(flat[start:stop]))
         msgs = []
-        for s, (parts, frames) in sorted(by_server.items()):
+        for s, (parts, frames, codes) in sorted(by_server.items()):
             for c in range(0, len(parts), M.MAX_PARTS):      # a huge list: a few messages
-                msgs.append((f'server:{s}', kind, dict(header, parts=parts[c:c + M.MAX_PARTS]),
-                             frames[c:c + M.MAX_PARTS]))
+                head = dict(header, parts=parts[c:c + M.MAX_PARTS])
+                mine = [i - c for i in codes if c <= i < c + M.MAX_PARTS]
+                if mine:                                     # which parts, and how
+                    head.update(codec=self._codec.params, coded=mine)
+                msgs.append((f'server:{s}', kind, head, frames[c:c + M.MAX_PARTS]))
         return msgs
 
     def _receiver(self, keys, outs):

@@ -36,6 +36,7 @@ parameter server ('dist_sync', 'dist_async', 'dist_sync_device'); here
 ``AllreduceStore`` for 'ring' (d2ldist's ring) and 'torch' (torch.distributed).
 """
 from ..collectives.staging import staged
+from ..runtime import compression
 from ..kv.optimizers import OPTIMIZERS
 
 
@@ -88,15 +89,20 @@ class AllreduceStore:
                 getattr(self._backend, method)(*args))
         self.rank, self.num_workers = self._backend.rank, self._backend.size
         self._values = {}
+        self._codec = None        # fp16 / bf16 on the wire (set_gradient_compression)
+        self._plain = set()       # keys that are not gradients: never compressed
+        self.gradient_compression = None
 
     def init(self, keys, values, optimizer=True):
         """Give every worker rank 0's values (a broadcast), and remember them.
 
-        (``optimizer`` is for stores that run one; here pushpull only ever sums.)
+        (``optimizer=False``: not gradients, so never compressed; pushpull only sums.)
         """
         with staged(values, 'cpu') as flat:
             self._collective('broadcast_', flat, 0).wait()
         self._values.update(zip(keys, values))
+        if not optimizer:
+            self._plain.update(keys)
 
     def pull(self, keys, out):
         """Copy the values (the same on every worker since init) into out."""
@@ -104,23 +110,48 @@ class AllreduceStore:
             if o is not self._values[k]:
                 o.copy_(self._values[k])
 
+    def set_gradient_compression(self, compression_params):
+        """Gradients through 16 bits: ``{'type': 'fp16'}`` or ``'bf16'`` (each hop of the
+        ring adds in 16 bits, as Horovod's Compression.fp16). 2-bit needs servers: a
+        ring adds on the way, and a sum of codes is no code."""
+        codec = compression.create(compression_params)
+        if codec is not None and codec.name == '2bit':
+            raise ValueError(f"2-bit compression needs a parameter server (kvstore "
+                             f"'dist_sync'); kvstore {self.type!r} takes fp16 or bf16")
+        self._codec, self.gradient_compression = codec, codec and codec.params
+
     def pushpull(self, keys, values, out):
-        """Sum values over all workers into out: one all-reduce of the flat buffer."""
-        from ..collectives import ops
+        """Sum values over all workers into out: one all-reduce of the flat buffer
+        (through the codec, unless the keys were made with ``optimizer=False``)."""
         with staged(values, 'cpu') as flat:
-            self._collective('allreduce_', flat, ops.Sum).wait()
+            self._sum(flat, coded=not self._plain.intersection(keys)).wait()
         for v, o in zip(values, out):
             if o is not v:
                 o.copy_(v)
 
     def allreduce_async_(self, tensor):
-        """Start summing a contiguous tensor over all workers, in place; ``.wait()`` for it.
+        """Start summing a contiguous tensor of gradients over all workers, in place;
+        ``.wait()`` for it.
 
         The Trainer starts one per bucket of gradients during backward. 'ring' runs it on
         the communication thread, so backward goes on meanwhile; 'torch' finishes it here.
         """
+        return self._sum(tensor, coded=True)
+
+    def _sum(self, tensor, coded):
+        from ..collectives import api, ops
+        if self._codec is None or not coded:
+            return self._collective('allreduce_', tensor, ops.Sum)
+        if self.type == 'ring':
+            return api._run(self._sum_coded_, tensor)
+        return _Done(self._sum_coded_(tensor))
+
+    def _sum_coded_(self, tensor):
+        """The sum through 16 bits: cast, all-reduce, cast back into ``tensor``."""
         from ..collectives import ops
-        return self._collective('allreduce_', tensor, ops.Sum)
+        wire = tensor.to(self._codec.dtype)
+        self._backend.allreduce_(wire, ops.Sum)
+        return tensor.copy_(wire)
 
     def barrier(self):
         self._collective('barrier').wait()

@@ -89,7 +89,10 @@ class Trainer:
     update happens in the store; otherwise the store only sums the gradients
     and every worker applies the same update to the same sum. ``overlap``: start
     the all-reduce of finished buckets of about ``bucket_cap_mb`` during backward
-    (stores with ``allreduce_async_``: 'ring', 'torch').
+    (stores with ``allreduce_async_``: 'ring', 'torch'). ``compression_params``
+    (gluon's): the gradients through 2 bits (``{'type': '2bit', 'threshold': 0.5}``,
+    parameter servers) or 16 (``{'type': 'fp16'}``, every store; see
+    ``runtime/compression.py``).
 
     BatchNorm statistics (step 7) are averaged over all replicas of all workers
     rather than broadcast from rank 0 (DistributedDataParallel's way): the mean of
@@ -107,7 +110,7 @@ class Trainer:
 
     def __init__(self, net, optimizer='sgd', optimizer_params=None, kvstore='local',
                  devices=None, update_on_kvstore=None, overlap=True,
-                 bucket_cap_mb=BUCKET_CAP_MB):
+                 bucket_cap_mb=BUCKET_CAP_MB, compression_params=None):
         self.devices = list(devices) if devices else [next(net.parameters()).device]
         optimizer = optimizer.lower()
         self.replicas = [net.to(self.devices[0])] + [
@@ -115,6 +118,8 @@ class Trainer:
         self.params = [[p for p in r.parameters() if p.requires_grad] for r in self.replicas]
         self.buffers = [list(r.buffers()) for r in self.replicas]
         self.store = create_store(kvstore)
+        if compression_params is not None:   # gluon's: {'type': '2bit', 'threshold': 0.5}
+            self.store.set_gradient_compression(compression_params)
         self.update_on_kvstore = self._choose_update_on_kvstore(optimizer, update_on_kvstore)
         # Its own keys: several Trainers may share a store (made in the same order on
         # every worker, they number themselves alike).
