@@ -52,7 +52,7 @@ _LAZY = {
     'Trainer': 'training.trainer', 'train_batch': 'training.trainer',
     'evaluate_accuracy': 'training.loop', 'train': 'training.loop',
 }
-_LAZY_MODULES = ('kv', 'horovod')
+_LAZY_MODULES = ('kv', 'horovod', 'timeline')
 _NOT_YET = ('elastic', 'ProcessSet', 'add_process_set', 'Adasum', 'start_timeline',
             'stop_timeline')   # (collectives/api.py: NOT_YET says why)
 

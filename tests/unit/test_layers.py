@@ -113,7 +113,10 @@ PUBLIC = {
         'load_data_cifar10', 'load_data_digits', 'resnet18', 'cpu', 'try_gpu',
         'try_all_gpus', 'split_and_load', 'parse_devices', 'AllreduceStore',
         'create_store', 'Trainer', 'train_batch', 'evaluate_accuracy', 'train',
-        'load_ipython_extension', 'Product'] + HOROVOD_MORE,
+        'load_ipython_extension', 'Product', 'timeline'] + HOROVOD_MORE,
+    'd2ldist.timeline': ['load', 'plot', 'breakdown', 'last_steps'],
+    'd2ldist.runtime.compression': ['create'],
+    'd2ldist.runtime.hang': ['Hang', 'Disagree'],
     'd2ldist.kv': ['create', 'place', 'KVError', 'KVStore'],
     'd2ldist.horovod': [
         'init', 'rank', 'size', 'local_rank', 'local_size', 'barrier', 'allreduce',
