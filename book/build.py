@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TITLE = 'Multi-Machine Training, Taught by Code That Runs'
 CHAPTERS = ['multi_machine_training', 'parameter_server_scratch', 'ring_allreduce_scratch',
-            'multimachine_resnet18', 'scaling']      # the book's order (README's list)
+            'multimachine_resnet18', 'scaling', 'inside_a_job']      # the book's order (README's list)
 EXTERNAL = {'sec_resnet': ('the ResNet section of Dive into Deep Learning',
                            'https://d2l.ai/chapter_convolutional-modern/resnet.html')}
 LABEL = re.compile(r'^:label:`([^`]+)`\s*$', re.M)

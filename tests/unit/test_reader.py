@@ -26,8 +26,9 @@ MAX_BYTES = 300_000
 
 
 def launches(cell):
-    """How many %launch lines a cell runs for sure (a line of its own, not under an if)."""
-    return len(re.findall(r'^%launch ', cell.source, re.M))
+    """How many %launch lines a cell runs for sure: a line of its own, or the first line
+    of a try block (a job meant to fail, its JobFailed caught), not under an if."""
+    return len(re.findall(r'^(?:try:\n[ \t]+)?%launch ', cell.source, re.M))
 
 
 def as_markdown(cell):
