@@ -9,6 +9,7 @@
 is dist_sync that sums a worker's own device copies on the device, not on the CPU.
 """
 import itertools
+import time
 
 import torch
 
@@ -441,30 +442,31 @@ class DistKVStore(KVStore):
     def _ask(self, msgs, on_values=None, what='request'):
         """Send the requests and wait for every answer; raise the first error a server sends."""
         keys = _keys([p[0] for _, _, header, _ in msgs for p in header.get('parts', [])])
-        with timeline.span(what, 'comm', keys=keys,
-                           bytes=sum(len(f) for *_, frames in msgs for f in frames)):
-            waiting = {}
-            for server, kind, header, frames in msgs:
-                rid = next(self._ids)
-                self._node.send(server, kind, dict(header, id=rid), frames)
-                waiting[rid] = server
-            answers = []
-            while waiting:                   # (a long wait: ask the servers who is missing)
-                servers = sorted(set(waiting.values()))
-                wait = hang.Wait(f'for the answer to {what} of {keys} from '
-                                 f'{", ".join(s.replace(":", " ") for s in servers)}',
-                                 [(s, {'request': rid}) for rid, s in waiting.items()],
-                                 span='wait for servers')
-                msg = self._node.recv([M.ACK, M.VALUES, M.ERROR], wait=wait)
-                if waiting.pop(msg.get('id'), None) is None:
-                    continue                                # the answer to a request that failed
-                if msg.kind == M.ERROR:
-                    error = f'{msg.sender.replace(":", " ")}: {msg.get("error")}'
-                    raise hang.Disagree(error) if msg.get('disagree') else M.KVError(error)
-                if msg.kind == M.VALUES and on_values is not None:
-                    on_values(msg)
-                answers.append(msg)
-            return answers
+        start, waiting = time.time(), {}
+        for server, kind, header, frames in msgs:
+            rid = next(self._ids)
+            self._node.send(server, kind, dict(header, id=rid), frames)
+            waiting[rid] = server
+        answers = []
+        while waiting:                   # (a long wait: ask the servers who is missing)
+            servers = sorted(set(waiting.values()))
+            wait = hang.Wait(f'for the answer to {what} of {keys} from '
+                             f'{", ".join(s.replace(":", " ") for s in servers)}',
+                             [(s, {'request': rid}) for rid, s in waiting.items()],
+                             span='wait for servers')
+            msg = self._node.recv([M.ACK, M.VALUES, M.ERROR], wait=wait)
+            if waiting.pop(msg.get('id'), None) is None:
+                continue                                # the answer to a request that failed
+            if msg.kind == M.ERROR:
+                error = f'{msg.sender.replace(":", " ")}: {msg.get("error")}'
+                raise hang.Disagree(error) if msg.get('disagree') else M.KVError(error)
+            if msg.kind == M.VALUES and on_values is not None:
+                on_values(msg)
+            answers.append(msg)
+        timeline.record(what, 'comm', start, time.time(), keys=keys,   # (--timeline)
+                        sent=sum(len(f) for *_, frames in msgs for f in frames),
+                        received=sum(memoryview(f).nbytes for m in answers for f in m.frames))
+        return answers
 
     # -- looking inside the servers -----------------------------------------------------------
     def server_info(self):

@@ -195,8 +195,8 @@ class Scheduler:
 
     def describe(self, node, counter=None):
         """What ``node`` is doing, as its last heartbeat said (see hang.describe)."""
-        if node in self.finished:
-            return {'state': 'failed' if node in self.failed else 'finished'}
+        if node in self.finished:      # (its script ended, well or not, or it died)
+            return {'state': 'failed' if node in self.failed else 'ended'}
         d = self.doing.get(node, {})
         described = {'what': d.get('what'),
                      'for': d.get('for', 0) + time.monotonic() - d.get('at', time.monotonic())}

@@ -76,8 +76,10 @@ def test_timeline_has_the_spans_of_every_worker_and_server(tmp_path, workers, se
                 e['cat'] == 'wait' for e in comm if e['name'] == left)
         else:
             assert all(steps.count(name) == 4 for name in STEPS)
-            pushed = [e for e in training if e['cat'] == 'comm' and e['name'] == 'push']
-            assert sum(e['args']['bytes'] for e in pushed) == 4 * 4 * params
+            comm = [e for e in training if e['cat'] == 'comm']
+            assert sum(e['args']['sent'] for e in comm if e['name'] == 'push') == 16 * params
+            assert sum(e['args']['received'] for e in comm if e['name'] == 'pull') \
+                == 16 * params                          # 4 steps of the float32 weights
             assert any(e['name'] == 'wait for servers' for e in training)
         assert abs(data['otherData']['clock_error_us'][f'worker {w}']) < 50_000
     for s in range(servers):
