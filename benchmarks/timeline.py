@@ -12,7 +12,17 @@ change between the two jobs is the noise floor of the measurement. The table giv
 images/s of each, the change the timeline makes, and the ratio to DDP in the same
 job. The target: at most 3 % fewer images/s with the timeline on.
 
-Measured on this 2-core machine (see the issue for the figures of each run).
+Measured on this 2-core machine, --rounds 3 (other work running now and then):
+
+      kind  images/s    traced   change   vs DDP  traced vs DDP
+ dist_sync     946.7     983.9     3.9%    0.95x          1.02x
+      ring    1034.5    1016.8    -1.7%    1.04x          1.05x
+       ddp     996.4     963.9    -3.3%    1.00x          1.00x
+
+The changes are within the noise (DDP's own, untraced, is 3.3 %). Where the cost is:
+a span takes 3 us to record and 1.4 us to print (timeline.py, measured alone); a
+step of this job records about 25 in a worker (1,122 spans for 2 x 2 processes and
+~20 steps), 0.1 ms against a step of about 65 ms: 0.2 %.
 """
 import argparse
 import json
