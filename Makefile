@@ -8,7 +8,7 @@ NBVAL   = --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.c
 # pass nbval under them too (nbval compares only what any CPU prints).
 OTHER_CPU = ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: venv demo test test-fast test-jobs test-system notebooks book benchmarks clean
+.PHONY: venv demo test test-fast test-jobs test-system notebooks figures book benchmarks clean
 
 venv: $(VENV)/.installed
 
@@ -41,7 +41,12 @@ test-system: venv
 notebooks: venv
 	$(PY) notebooks/run.py
 
-# the chapters as a static site, no kernel and no network needed: build/book/index.html
+# the chapters' diagrams: notebooks/figures/*.svg, redrawn by the script beside them
+figures: venv
+	$(PY) notebooks/figures/draw.py
+
+# the chapters (answers.ipynb last) as a static site, no kernel and no network needed:
+# build/book/index.html
 book: venv
 	$(PY) book/build.py
 

@@ -11,12 +11,19 @@ that, each chapter gets the book's markup that d2l's own tool would give it:
 * d2l's cross-references: ``:label:`sec_x``` after a heading anchors it, and
   ``:numref:`sec_x``` becomes a link, 'Section 3' (EXTERNAL: labels of Dive into
   Deep Learning's own chapters);
-* a caption under every figure a code cell drew: 'Figure 3.2', and the figure's words
-  when it has some (a finished ``%launch`` says what its figure shows);
+* every figure numbered in one sequence, 'Figure 3.1', 'Figure 3.2', ...: a diagram, a
+  markdown image on a line of its own (``![caption](figures/x.svg)``, its words the
+  caption, then ``:label:`fig_x``` for ``:numref:``; the file is embedded in the page),
+  and each figure a code cell drew, captioned by its cell's metadata
+  (``{"d2l": {"caption": ..., "label": ...}}``) or by its own words (a finished
+  ``%launch`` says what its figure shows);
 * math as MathML, which browsers draw themselves (latex2mathml), instead of MathJax;
 * no nbval markers (``# NBVAL_SKIP``) in the code.
 """
 import argparse
+import base64
+import html
+import mimetypes
 import re
 import sys
 from pathlib import Path
@@ -31,7 +38,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TITLE = 'Multi-Machine Training, Taught by Code That Runs'
 CHAPTERS = ['multi_machine_training', 'parameter_server_scratch', 'ring_allreduce_scratch',
-            'multimachine_resnet18', 'scaling', 'inside_a_job']      # the book's order (README's list)
+            'multimachine_resnet18', 'scaling', 'inside_a_job',
+            'answers']      # the book's order (README's list); the exercises' answers last
 EXTERNAL = {'sec_resnet': ('the ResNet section of Dive into Deep Learning',
                            'https://d2l.ai/chapter_convolutional-modern/resnet.html')}
 LABEL = re.compile(r'^:label:`([^`]+)`\s*$', re.M)
@@ -39,6 +47,8 @@ NUMREF = re.compile(r':numref:`([^`]+)`')
 HEADING = re.compile(r'^(#{1,2}) (.*)$')
 NBVAL = re.compile(r'^# *NBVAL_\w+ *\n', re.M)
 PLAIN_FIGURE = re.compile(r'^<(Figure|matplotlib)\b')   # a figure's repr, not words
+IMAGE = re.compile(r'^!\[([^\]]*)\]\(([^)\s]+)\)\s*$')   # a figure: an image, a line of its own
+INLINE = re.compile(r'(`[^`]+`|\$[^$]+\$)')              # code and math in a caption
 
 
 # -- the markup ----------------------------------------------------------------------------
@@ -110,19 +120,73 @@ def _link(label, refs):
     raise SystemExit(f'book: :numref:`{label}` names no :label: of any chapter')
 
 
-def number_figures(nb, chapter):
-    """Every PNG a code cell shows gets 'Figure 3.k' and its words as a caption."""
-    k = 0
-    for cell in (c for c in nb.cells if c.cell_type == 'code'):
+def number_figures(nb, chapter, href='', chapters_dir=ROOT / 'notebooks'):
+    """Number the chapter's figures in order, 'Figure 3.1', 'Figure 3.2', ..., and caption
+    them: a markdown image on a line of its own becomes the image (embedded, the file is
+    chapters_dir/its path) with its words as caption; each PNG a code cell shows gets the
+    caption of the cell's metadata d2l.caption (its first figure), else its own words.
+    Returns {label: (where it points, 'Figure 3.2')} for :numref:."""
+    refs, numbers = {}, iter(range(1, 10 ** 6))
+
+    def number(label):
+        k = next(numbers)
+        anchor = label or f'fig-{chapter}-{k}'
+        if label:
+            refs[label] = (f'{href}#{label}', f'Figure {chapter}.{k}')
+        return f'Figure {chapter}.{k}', anchor
+
+    for cell in nb.cells:
+        if cell.cell_type == 'markdown':
+            lines, source = [], list(markdown_lines(cell.source))
+            for i, (line, prose) in enumerate(source):
+                image = IMAGE.match(line) if prose else None
+                if prose and LABEL.match(line) and i and IMAGE.match(source[i - 1][0]):
+                    continue                                    # the figure's label: used
+                if not image:
+                    lines.append(line)
+                    continue
+                below = LABEL.match(source[i + 1][0]) if i + 1 < len(source) else None
+                figure, anchor = number(below and below.group(1))
+                lines += ['', figure_html(image.group(1), Path(chapters_dir) / image.group(2),
+                                          figure, anchor), '']
+            cell.source = '\n'.join(lines)
+            continue
+        if cell.cell_type != 'code':
+            continue
         cell.source = NBVAL.sub('', cell.source)
+        given = cell.metadata.get('d2l', {})
         for out in cell.get('outputs', []):
             if 'image/png' not in out.get('data', {}):
                 continue
-            k += 1
             words = out.data.get('text/plain', '')
-            caption = '' if not words or PLAIN_FIGURE.match(words) else words
-            out.metadata['d2l_figure'] = {'number': f'Figure {chapter}.{k}',
-                                          'id': f'fig-{chapter}-{k}', 'caption': caption}
+            caption = given.get('caption') or ('' if not words or PLAIN_FIGURE.match(words)
+                                               else words)
+            figure, anchor = number(given.get('label'))
+            out.metadata['d2l_figure'] = {'number': figure, 'id': anchor, 'caption': caption,
+                                          'caption_html': caption_html(caption)}
+            given = {}                                          # the metadata's: the first
+    return refs
+
+
+def caption_html(words):
+    """A caption as HTML: its words, with `code` and $math$ (as MathML)."""
+    parts = INLINE.split(words)
+    return ''.join(html.escape(p, quote=False) if i % 2 == 0 else
+                   f'<code>{html.escape(p[1:-1], quote=False)}</code>' if p.startswith('`') else
+                   mathml(p[1:-1]) for i, p in enumerate(parts))
+
+
+def figure_html(words, path, figure, anchor):
+    """A diagram on the page: the image itself (no file to ship), its number, its caption."""
+    if not path.is_file():
+        raise SystemExit(f'book: {figure} shows {path}, which does not exist')
+    if not words.strip():
+        raise SystemExit(f'book: {figure} ({path.name}) has no caption: ![caption]({path.name})')
+    kind = 'image/svg+xml' if path.suffix == '.svg' else mimetypes.guess_type(path.name)[0]
+    data = base64.b64encode(path.read_bytes()).decode('ascii')
+    return (f'<div class="d2l-figure d2l-diagram"><div class="d2l-image"><img src="data:{kind};'
+            f'base64,{data}" alt="{html.escape(words)}"></div><p class="d2l-caption" id="{anchor}">'
+            f'<b>{figure}</b>&ensp;{caption_html(words)}</p></div>')
 
 
 # -- the pages -----------------------------------------------------------------------------
@@ -179,6 +243,7 @@ def build(chapters_dir, out):
     titles, refs = [], {}
     for number, (name, nb) in enumerate(zip(CHAPTERS, nbs), 1):
         titles.append((name, number_headings(nb, number)))
+        refs.update(number_figures(nb, number, f'{name}.html', chapters_dir))
         refs.update(collect_labels(nb, f'{name}.html'))
     out.mkdir(parents=True, exist_ok=True)
     ex = exporter()
@@ -188,7 +253,6 @@ def build(chapters_dir, out):
                              {'title': TITLE, 'prev': None, 'next': links[0]}))
     for i, (name, nb) in enumerate(zip(CHAPTERS, nbs)):
         resolve(nb, refs)
-        number_figures(nb, i + 1)
         book = {'title': TITLE, 'prev': links[i - 1] if i else None,
                 'next': links[i + 1] if i + 1 < len(links) else None}
         pages.append(out / f'{name}.html')

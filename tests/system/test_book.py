@@ -3,7 +3,8 @@
 The site is built from notebooks/ (or D2L_CHAPTERS=DIR, a re-executed copy) by
 book/build.py. The test opens index.html with no server, follows the table of contents
 to every chapter, saves a screenshot of each under test-artifacts/, and checks what a
-reader sees there: the chapter's number in its headings, numbered figures that load,
+reader sees there: the chapter's number in its headings, numbered and captioned figures
+(plots and diagrams, in one sequence) that load,
 math drawn, every finished %launch as its summary (never a dashboard caught
 'starting'), no raw d2l markup, no error, and nothing fetched from anywhere.
 """
@@ -93,11 +94,12 @@ def check_chapter(page, number):
         '.jp-MarkdownOutput', 'els => els.map(e => { const c = e.cloneNode(true); '
         'c.querySelectorAll("code, pre").forEach(x => x.remove()); return c.innerText; })')
     assert not any('$' in p for p in prose)                  # math was drawn, as MathML
-    figures = page.eval_on_selector_all(
-        '.jp-OutputArea img', 'els => els.map(e => [e.naturalWidth, '
+    figures = page.eval_on_selector_all(      # plots and diagrams, in the order of the page
+        '.jp-OutputArea img, .d2l-diagram img', 'els => els.map(e => [e.naturalWidth, '
         'e.parentElement.nextElementSibling ? e.parentElement.nextElementSibling.innerText : ""])')
     for k, (width, caption) in enumerate(figures, 1):
         assert width > 100 and caption.startswith(f'Figure {number}.{k}'), (k, width, caption)
+        assert len(caption.split(maxsplit=2)) == 3, f'Figure {number}.{k} has no caption'
     for cell in page.query_selector_all('.jp-CodeCell'):
         check_launch(cell)
 
@@ -105,7 +107,8 @@ def check_chapter(page, number):
 def check_launch(cell):
     """A cell that ran %launch shows one finished summary per launch, and no live state."""
     code = cell.query_selector('.jp-InputArea-editor')
-    launches = len(re.findall(r'^%launch ', code.inner_text() if code else '', re.M))
+    launches = len(re.findall(r'^(?:try:\n[ \t\xa0]+)?%launch ', code.inner_text() if code else '',
+                              re.M))      # (as tests/unit/test_reader.py counts them)
     outputs = cell.query_selector('.jp-OutputArea')
     shown = outputs.inner_text() if outputs else ''
     assert len(SUMMARY.findall(shown)) == launches, shown[:2000]

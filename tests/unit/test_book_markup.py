@@ -1,4 +1,6 @@
 """The book's markup (book/build.py): numbers, d2l's cross-references, captions, math."""
+import re
+
 import nbformat
 import pytest
 
@@ -53,9 +55,101 @@ def test_figures_are_numbered_with_their_words():
                                                 'text/plain': '%launch x.py: loss of each worker'})])]
     book.number_figures(nb, 4)
     first, second = (o.metadata['d2l_figure'] for o in nb.cells[0].outputs)
-    assert first == {'number': 'Figure 4.1', 'id': 'fig-4-1', 'caption': ''}
+    assert first == {'number': 'Figure 4.1', 'id': 'fig-4-1', 'caption': '', 'caption_html': ''}
     assert second['number'] == 'Figure 4.2' and second['caption'] == '%launch x.py: loss of each worker'
     assert nb.cells[0].source == 'plot()'                     # no nbval markers in the book
+
+
+def test_diagrams_and_plots_are_numbered_in_one_sequence(tmp_path):
+    (tmp_path / 'figures').mkdir()
+    (tmp_path / 'figures' / 'ring.svg').write_text('<svg xmlns="http://www.w3.org/2000/svg"/>')
+    png = 'iVBORw0KGgo='
+    nb = chapter('# Rings\n\nAs :numref:`fig_ring` and :numref:`fig_times` show:\n\n'
+                 '![The ring, with `N` = 4 & $2(N-1)$ steps.](figures/ring.svg)\n:label:`fig_ring`\n\nMore.')
+    nb.cells.append(nbformat.v4.new_code_cell('plot()', outputs=[nbformat.v4.new_output(
+        'display_data', {'image/png': png, 'text/plain': '<Figure size 640x480 with 1 Axes>'})],
+        metadata={'d2l': {'caption': 'Times of $m$ workers.', 'label': 'fig_times'}}))
+    refs = book.number_figures(nb, 3, 'three.html', tmp_path)
+    assert refs == {'fig_ring': ('three.html#fig_ring', 'Figure 3.1'),
+                    'fig_times': ('three.html#fig_times', 'Figure 3.2')}
+    diagram = nb.cells[0].source
+    assert ':label:' not in diagram and diagram.split('</p></div>')[1].strip() == 'More.'
+    assert '<img src="data:image/svg+xml;base64,' in diagram and 'id="fig_ring"><b>Figure 3.1</b>' in diagram
+    assert '<code>N</code> = 4 &amp; <math' in diagram                 # the caption's markup
+    plot = nb.cells[1].outputs[0].metadata['d2l_figure']
+    assert plot['number'] == 'Figure 3.2' and plot['id'] == 'fig_times'
+    assert plot['caption'] == 'Times of $m$ workers.' and '<math' in plot['caption_html']
+    book.resolve(nb, refs)
+    assert nb.cells[0].source.startswith('# Rings\n\nAs [Figure 3.1](three.html#fig_ring) and '
+                                         '[Figure 3.2](three.html#fig_times) show:')
+
+
+def test_a_figure_without_its_file_or_caption_stops_the_build(tmp_path):
+    with pytest.raises(SystemExit, match='does not exist'):
+        book.number_figures(chapter('![A ring.](figures/nowhere.svg)'), 1, 'one.html', tmp_path)
+    (tmp_path / 'x.svg').write_text('<svg/>')
+    with pytest.raises(SystemExit, match='no caption'):
+        book.number_figures(chapter('![](x.svg)'), 1, 'one.html', tmp_path)
+
+
+# -- the chapters' own figures ---------------------------------------------------------------
+FIGURES = ROOT / 'notebooks' / 'figures'
+
+
+def chapter_figures():
+    """(chapter, figure) per figure of every chapter: ('diagram', alt, path, label) for a
+    markdown image, ('plot', caption, cell index) for a figure a code cell drew."""
+    found = []
+    for name in book.CHAPTERS:
+        nb = nbformat.read(ROOT / 'notebooks' / f'{name}.ipynb', as_version=4)
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type == 'markdown':
+                lines = [line for line, prose in book.markdown_lines(cell.source) if prose]
+                for j, line in enumerate(lines):
+                    image = book.IMAGE.match(line)
+                    label = book.LABEL.match(lines[j + 1]) if image and j + 1 < len(lines) else None
+                    if image:
+                        found.append((name, ('diagram', image.group(1), image.group(2),
+                                             label and label.group(1))))
+            elif cell.cell_type == 'code':
+                for k, out in enumerate(o for o in cell.get('outputs', [])
+                                        if 'image/png' in o.get('data', {})):
+                    words = out.data.get('text/plain', '')
+                    caption = (cell.metadata.get('d2l', {}).get('caption') if k == 0 else None) or \
+                        ('' if book.PLAIN_FIGURE.match(words) else words)
+                    found.append((name, ('plot', caption, i)))
+    return found
+
+
+def test_every_figure_of_the_chapters_is_there_captioned_and_referenced():
+    prose = ' '.join(c.source for name in book.CHAPTERS for c in nbformat.read(
+        ROOT / 'notebooks' / f'{name}.ipynb', as_version=4).cells if c.cell_type == 'markdown')
+    diagrams = []
+    for name, figure in chapter_figures():
+        if figure[0] == 'plot':
+            assert figure[1].strip(), (f'{name}, cell {figure[2]}: a figure without a caption; give '
+                                       'the cell metadata {"d2l": {"caption": "...", "label": "fig_..."}}')
+            continue
+        _, words, path, label = figure
+        assert (ROOT / 'notebooks' / path).is_file(), f'{name}: {path} does not exist'
+        assert words.strip(), f'{name}: {path} has no caption: ![caption]({path})'
+        assert label and label.startswith('fig_'), f'{name}: {path} needs a :label:`fig_...` line under it'
+        assert f':numref:`{label}`' in prose, f'{name}: no prose says :numref:`{label}`'
+        diagrams.append((ROOT / 'notebooks' / path).resolve())
+    drawn = sorted(FIGURES.glob('*.svg'))
+    assert drawn and sorted(set(diagrams)) == drawn                      # none missing, none unused
+
+
+def test_the_diagrams_are_what_draw_py_draws(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('draw', FIGURES / 'draw.py')
+    draw = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(draw)
+    for path in draw.draw(tmp_path):
+        assert path.read_bytes() == (FIGURES / path.name).read_bytes(), \
+            f'{path.name} is not what draw.py draws: make figures'
+        assert b'<title>' in path.read_bytes() and b'http' not in path.read_bytes().replace(
+            b'xmlns="http://www.w3.org/2000/svg"', b'')                 # nothing to fetch
 
 
 def test_math_becomes_mathml_and_code_keeps_its_dollars():
@@ -63,3 +157,15 @@ def test_math_becomes_mathml_and_code_keeps_its_dollars():
                                                        '$$T = \\frac{S}{B}$$')
     assert '<math' in html and 'display="block"' in html and '<mfrac>' in html
     assert '<code>$n</code>' in html
+
+
+def test_every_exercise_has_a_hint():
+    """Each numbered item of a chapter's Exercises says 'Hint:' (answers.ipynb answers them)."""
+    for name in book.CHAPTERS:
+        nb = nbformat.read(ROOT / 'notebooks' / f'{name}.ipynb', as_version=4)
+        for cell in (c for c in nb.cells if c.cell_type == 'markdown' and '## Exercises' in c.source):
+            section = cell.source.split('## Exercises', 1)[1].split('\n## ', 1)[0]
+            items = re.split(r'^\d+\. ', section, flags=re.M)[1:]
+            assert items, f'{name}: an Exercises section without numbered exercises'
+            for k, item in enumerate(items, 1):
+                assert 'Hint:' in item, f'{name}, exercise {k} has no hint: {item[:80]!r}'
