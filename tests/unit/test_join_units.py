@@ -9,8 +9,8 @@ from d2ldist.collectives import ops
 from d2ldist.collectives.api import RingBackend, _call, _describe, _stand_in
 from d2ldist.collectives.ring import Ring
 from d2ldist.runtime import protocol
-from d2ldist.runtime.scheduler import Scheduler
 from d2ldist.runtime.wire import DTYPES
+from fakes import message, scheduler
 
 
 @pytest.mark.parametrize('dtype', list(DTYPES.values()))
@@ -60,25 +60,6 @@ def test_alone_join_returns_0_and_torch_says_what_to_use():
     from d2ldist.collectives.torch_backend import TorchBackend
     with pytest.raises(NotImplementedError, match='torch.distributed.algorithms.Join'):
         TorchBackend.__new__(TorchBackend).join()
-
-
-class FakeVan:
-    def __init__(self):
-        self.sent = []
-
-    def send(self, peer, kind, header=None):
-        self.sent.append((peer, kind, header))
-
-
-def scheduler(workers=3):
-    s = Scheduler(FakeVan(), workers, 0)
-    s.nodes = {f'worker:{r}': f'tcp://w{r}' for r in range(workers)}
-    s.book_sent = True
-    return s
-
-
-def message(kind, sender, **header):
-    return SimpleNamespace(kind=kind, sender=sender, get=header.get)
 
 
 def test_the_scheduler_counts_joined_workers_at_barriers_and_names_the_last():

@@ -12,9 +12,9 @@ from d2ldist.launch import cli
 from d2ldist.launch.timeline import Trace
 from d2ldist.report import format_progress, parse_report
 from d2ldist.runtime import hang, protocol, timeline
-from d2ldist.runtime.scheduler import Scheduler
 from d2ldist.runtime.van import Message
 from d2ldist.timeline import breakdown, load, plot
+from fakes import FakeVan, message, scheduler
 
 
 @pytest.mark.parametrize('argv,error', [
@@ -62,25 +62,6 @@ def test_the_hang_line_names_the_missing_and_what_they_do():
                          ('worker:2', {'state': 'failed'})])
     assert two == ("worker 1 (has not pushed 'w' to server 0; it is waiting in worker "
                    "barrier 3 (kv.init) for 12 s); worker 2 (it has failed) have not arrived")
-
-
-class FakeVan:
-    def __init__(self):
-        self.sent = []
-
-    def send(self, peer, kind, header=None, frames=()):
-        self.sent.append((peer, kind, header))
-
-
-def message(kind, sender, **header):
-    return Message(kind, sender, header, [])
-
-
-def scheduler(workers=3):
-    s = Scheduler(FakeVan(), workers, 0)
-    s.nodes = {f'worker:{r}': f'tcp://w{r}' for r in range(workers)}
-    s.book_sent = True
-    return s
 
 
 def test_barriers_from_different_calls_fail_every_member_naming_both_in_rank_order():
