@@ -17,16 +17,18 @@ JOB = ROOT / 'tests' / 'jobs' / 'compression_job.py'
 EPOCHS = 8
 
 
+def by_rank(stdout, tag):
+    """The JSON each worker printed after ``tag``, by its rank."""
+    found = [json.loads(line.split(tag, 1)[1]) for line in stdout.splitlines() if tag in line]
+    return {v['rank']: v for v in found}
+
+
 def run(kvstore, params, servers=2):
     r = run_launch('-n', 2, '-s', servers, '--timeout', 150, sys.executable, JOB, kvstore,
                    json.dumps(params), EPOCHS, timeout=180)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert wait_no_survivors(r.tag) == []
-    results = {}
-    for line in r.stdout.splitlines():
-        if 'RESULT ' in line:
-            got = json.loads(line.split('RESULT ', 1)[1])
-            results[got['rank']] = got
+    results = by_rank(r.stdout, 'RESULT ')
     assert sorted(results) == [0, 1]
     assert results[0]['acc'] == results[1]['acc']           # the same weights everywhere
     return results
@@ -85,11 +87,7 @@ def test_horovod_fp16_compression_through_allreduce_and_the_optimizer(write_scri
     r = run_launch('-n', 2, '-s', 0, '--timeout', 60, sys.executable, write_script(HOROVOD),
                    timeout=90)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    got = {}
-    for line in r.stdout.splitlines():
-        if 'HVD ' in line:
-            v = json.loads(line.split('HVD ', 1)[1])
-            got[v['rank']] = v
+    got = by_rank(r.stdout, 'HVD ')
     assert sorted(got) == [0, 1]
     for v in got.values():
         # the average in fp16 (1/3 rounds to 0.33325, 1000.5 is exact), back in float32
