@@ -41,6 +41,7 @@ import scaling
 
 sys.path.insert(0, str(ROOT / 'tests' / 'system'))
 from netns_hosts import NetnsHosts  # noqa: E402
+from d2ldist import cost  # noqa: E402
 from d2ldist.runtime import pacing  # noqa: E402
 
 WORKERS = ['hostA', 'hostB']
@@ -86,11 +87,11 @@ def rows_for(rate, got, args):
     """The table's rows for one link rate: (method, ms, fraction, what the fraction is)."""
     m = len(WORKERS)
     shapes = scaling.resnet18_shapes(args.scale)
-    nbytes = 4 * sum(scaling.numel(s) for s in shapes)
+    nbytes = 4 * sum(cost.numel(s) for s in shapes)
     bound = max(1, scaling.BIGARRAY_BOUND // args.scale)
     rows = []
     for n in (1, m):
-        model = scaling.model_ps(shapes, m, n, rate, 0.0, bound)
+        model = cost.ps_time_placed(shapes, m, n, rate, 0.0, bound)
         t = got[n]['ps']
         rows.append((f'PS n={n}', t, model / t, f'of its model ({model * 1e3:.0f} ms)'))
     for method in ('ring', 'gloo'):

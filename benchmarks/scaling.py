@@ -15,13 +15,9 @@ d2ldist/runtime/pacing.py). For m workers it times one synchronous step of commu
 
 One job per (m, n); the ring and gloo run in the n = m job (its servers sit idle).
 
-The model, for S gradient bytes and bandwidth B per outgoing link (incoming links
-are not limited), with latency L:
-
-* PS, n servers holding L_j bytes each (S/n when even): every worker sends its S
-  bytes, server by server, in S/B; server j then answers m workers, m L_j / B:
-      T = max_j (L_0 + ... + L_j + m L_j) / B + 2 L   =  (1 + m/n) S/B + 2L  (even)
-* ring: 2(N-1) steps, each sending S/N bytes:  T = 2(N-1)/N S/B + 2(N-1) L.
+The model is the book's one cost model, ``d2ldist/cost.py`` (M bytes, B per outgoing
+link, alpha a message): PS ``(1 + m/n) M/B + 2 alpha`` with even shares (``ps_time_placed``
+uses the real placement), ring ``2(N-1) (M/(N B) + alpha)``.
 
 Scaling efficiency (as in the Horovod paper) needs a compute time: each step computes
 for ``--compute-ms`` and then communicates (no overlap), so
@@ -37,42 +33,16 @@ import time
 from common import ROOT, launch, resnet18_shapes, worker_command   # benchmarks/common.py
 
 sys.path.insert(0, str(ROOT))
-from d2ldist.runtime import pacing  # noqa: E402 (light: no torch)
+from d2ldist import cost  # noqa: E402 (light: no torch)
+from d2ldist.runtime import pacing  # noqa: E402
 
 BIGARRAY_BOUND = 1_000_000      # MXNet's: a value this big is split over all servers
 
 
-def numel(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-# -- the model ---------------------------------------------------------------------------
-def server_loads(shapes, n, bound):
-    """Bytes each of n servers holds (float32), by the parameter server's own placement."""
-    from d2ldist.kv.placement import place
-    loads = [0] * n
-    for key, shape in enumerate(shapes):
-        for s, start, stop in place(key, numel(shape), n, bound):
-            loads[s] += 4 * (stop - start)
-    return loads
-
-
-def model_ps(shapes, m, n, rate, latency, bound):
-    """Seconds of one pushpull step: workers push server by server, then servers answer."""
-    loads, sent, worst = server_loads(shapes, n, bound), 0, 0.0
-    for load in loads:
-        if load:
-            sent += load
-            worst = max(worst, (sent + m * load) / rate)
-    return worst + 2 * latency
-
-
-def model_ring(nbytes, N, rate, latency):
-    """Seconds of one ring all-reduce: 2(N-1) steps of S/N bytes."""
-    return 2 * (N - 1) * (nbytes / N / rate + latency)
+# -- the model: d2ldist/cost.py (the book's one cost model) ------------------------------
+numel = cost.numel
+model_ps = cost.ps_time_placed        # (shapes, m, n, B, alpha, bound)
+model_ring = cost.ring_time           # (M, N, B, alpha)
 
 
 # -- inside the job: what each worker runs --------------------------------------------------

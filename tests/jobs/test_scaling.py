@@ -23,6 +23,7 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / 'benchmarks'))
 import scaling  # noqa: E402
+from d2ldist import cost  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -38,7 +39,7 @@ def times():
                           '--job-timeout', '90'])
     rate = scaling.pacing.parse_bandwidth(BANDWIDTH)
     shapes = scaling.resnet18_shapes(SCALE)
-    nbytes = 4 * sum(scaling.numel(s) for s in shapes)
+    nbytes = 4 * sum(cost.numel(s) for s in shapes)
     bound = scaling.BIGARRAY_BOUND // SCALE
     out = {}
     for m, n, mode in JOBS:
@@ -46,9 +47,9 @@ def times():
         got = scaling.run_job(m, n, mode, args)
         print(f'job {m} workers x {n} servers ({mode}): {time.time() - t0:.1f} s')
         if 'ps' in got:
-            out['ps', m, n] = got['ps'], scaling.model_ps(shapes, m, n, rate, 0.0, bound)
+            out['ps', m, n] = got['ps'], cost.ps_time_placed(shapes, m, n, rate, 0.0, bound)
         if 'ring' in got:
-            out['ring', m] = got['ring'], scaling.model_ring(nbytes, m, rate, 0.0)
+            out['ring', m] = got['ring'], cost.ring_time(nbytes, m, rate, 0.0)
             out['gloo', m] = got['gloo'], None
     print('\n'.join(f'{k}: {t * 1e3:.0f} ms' + (f' (model {model * 1e3:.0f} ms)' if model else '')
                     for k, (t, model) in out.items()))

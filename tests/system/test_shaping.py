@@ -23,6 +23,7 @@ from netns_hosts import hosts_for_tests
 
 sys.path.insert(0, str(ROOT / 'benchmarks'))
 import scaling  # noqa: E402
+from d2ldist import cost  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -61,9 +62,9 @@ def test_software_pacing_predicts_a_tc_shaped_link(hosts):
         hosts.unshape()
     simulated = run_job(hosts, '--bandwidth', f'{RATE * 8:.0f}bit')
     shapes = scaling.resnet18_shapes(SCALE)
-    nbytes = 4 * sum(scaling.numel(s) for s in shapes)
-    model = {'ps': scaling.model_ps(shapes, 2, 1, RATE, 0, scaling.BIGARRAY_BOUND // SCALE),
-             'ring': scaling.model_ring(nbytes, 2, RATE, 0)}
+    nbytes = 4 * sum(cost.numel(s) for s in shapes)
+    model = {'ps': cost.ps_time_placed(shapes, 2, 1, RATE, 0, scaling.BIGARRAY_BOUND // SCALE),
+             'ring': cost.ring_time(nbytes, 2, RATE, 0)}
     print()
     for method in ('ps', 'ring', 'gloo'):
         print(f'{method:>5}: tc {real[method] * 1e3:6.0f} ms   pacing '
