@@ -16,8 +16,8 @@ gloo's all_reduce of them (tc shapes gloo's sockets too).
 
 For each: busbw (nccl-tests': S/t x 2(N-1)/N for an all-reduce of S bytes, which a
 ring on links of rate R cannot push above R) as a fraction of the link's rate; for the
-parameter server, the time its traffic model allows (benchmarks/scaling.py:
-model_ps, (1 + m/n) S/R when even) over the time measured. Targets (the issue's): the
+parameter server, the time its traffic model allows (the book's cost model,
+d2ldist/cost.py: ps_time_placed, (1 + m/n) S/R when even) over the time measured. Targets (the issue's): the
 ring >= 0.95 of the link at >= 16 MB, the parameter server with n = m >= 0.9 of its
 model, both >= gloo. Everything the benchmark made is removed at the end.
 

@@ -39,12 +39,6 @@ from d2ldist.runtime import pacing  # noqa: E402
 BIGARRAY_BOUND = 1_000_000      # MXNet's: a value this big is split over all servers
 
 
-# -- the model: d2ldist/cost.py (the book's one cost model) ------------------------------
-numel = cost.numel
-model_ps = cost.ps_time_placed        # (shapes, m, n, B, alpha, bound)
-model_ring = cost.ring_time           # (M, N, B, alpha)
-
-
 # -- inside the job: what each worker runs --------------------------------------------------
 def worker(args):
     import torch
@@ -122,7 +116,7 @@ def measure(args, log=print):
     rate = pacing.parse_bandwidth(args.bandwidth)
     latency = pacing.parse_latency(args.latency) if args.latency else 0.0
     shapes = resnet18_shapes(args.scale)
-    nbytes = 4 * sum(numel(s) for s in shapes)
+    nbytes = 4 * sum(cost.numel(s) for s in shapes)
     bound = max(1, BIGARRAY_BOUND // args.scale)
     rows, wanted = [], set(args.only or ('ps', 'ring'))
     for m in args.workers:
@@ -139,8 +133,9 @@ def measure(args, log=print):
                 kinds = [label] if method != 'ps' else \
                     [k for k, size in (('PS n=1', 1), ('PS n=m/2', max(1, m // 2)),
                                        ('PS n=m', m)) if size == n]
-                model = model_ps(shapes, m, n, rate, latency, bound) if method == 'ps' else \
-                    model_ring(nbytes, m, rate, latency) if method == 'ring' else None
+                model = cost.ps_time_placed(shapes, m, n, rate, latency, bound) \
+                    if method == 'ps' else \
+                    cost.ring_time(nbytes, m, rate, latency) if method == 'ring' else None
                 row = dict(workers=m, servers=n, method=label, kinds=kinds, comm=t, model=model,
                            bytes=nbytes)
                 row['efficiency'] = args.compute_ms / (args.compute_ms + 1e3 * t)
@@ -264,7 +259,7 @@ def main(argv=None):
             pacing.parse_latency(args.latency)
     except ValueError as e:
         sys.exit(f'scaling.py: error: {e}')
-    nbytes = 4 * sum(numel(s) for s in resnet18_shapes(args.scale))
+    nbytes = 4 * sum(cost.numel(s) for s in resnet18_shapes(args.scale))
     title = (f'{len(resnet18_shapes(args.scale))} tensors, {nbytes / 1e6:.1f} MB of gradients, '
              f'{pacing.describe(rate, pacing.parse_latency(args.latency or "0"))} per link')
     print(f'# {title}; compute {args.compute_ms:g} ms/step, batch {args.batch_size}; '
