@@ -110,10 +110,14 @@ class Van:
             mac_payload = os.environ.get('D2L_MAC_PAYLOAD', '0') == '1'
         self.mac_payload = mac_payload
         keep_freed_memory()   # received frames reuse the same pages (once a process)
-        # D2L_ZMQ_IO_THREADS=2 lets sending and receiving copy on two cores (the
-        # ring all-reduce does both at once); one thread is ZeroMQ's default.
-        io_threads = int(os.environ.get('D2L_ZMQ_IO_THREADS', '1'))
+        # ZeroMQ's I/O threads do the socket calls, and so the kernel's copies of every
+        # byte in and out. With two, one receives (the ROUTER) and one sends (the
+        # DEALERs), so a ring worker's copies in and out run on two cores at once, as
+        # gloo's receiving and sending threads do. D2L_ZMQ_IO_THREADS=1: one does both.
+        io_threads = int(os.environ.get('D2L_ZMQ_IO_THREADS', '2'))
         self._ctx = zmq.Context.instance(io_threads=io_threads)
+        both = self._ctx.get(zmq.IO_THREADS) >= 2      # (the first van set the context)
+        self._affinity = {'receive': 1 if both else 0, 'send': 2 if both else 0}
         self._session = secrets.token_hex(4)   # tells this van's sequence apart
         self._seq = itertools.count(1)
         self._lock = threading.Lock()          # one sender at a time keeps seq in order
@@ -133,6 +137,7 @@ class Van:
         if bind:
             self._router = self._ctx.socket(zmq.ROUTER)
             self._router.setsockopt(zmq.LINGER, 0)
+            self._router.setsockopt(zmq.AFFINITY, self._affinity['receive'])
             self._router.setsockopt(zmq.RCVHWM, 0)
             self._router.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
             if port:
@@ -160,6 +165,7 @@ class Van:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, int(LINGER_SECONDS * 1000))   # let goodbyes leave
             sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.AFFINITY, self._affinity['send'])
             sock.connect(address)
             self._peers[peer_id] = sock
 

@@ -37,6 +37,14 @@ def test_a_message_with_tensors_arrives_intact(pair):
     assert torch.equal(unpack(msg['metas'][3], msg.frames[3]), tensors[3] + 1)
 
 
+def test_receiving_and_sending_have_io_threads_of_their_own(pair):
+    a, _ = pair
+    if a._ctx.get(zmq.IO_THREADS) < 2:     # (the first van of the process set the context)
+        pytest.skip('this process made its ZeroMQ context with one I/O thread')
+    assert a._router.get(zmq.AFFINITY) == 1
+    assert a._peers['worker:1'].get(zmq.AFFINITY) == 2
+
+
 def test_an_application_may_not_write_the_vans_own_header_fields(pair):
     a, b = pair
     for field in ('shm', 'sizes', 'delay', 'from'):
