@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from d2ldist.collectives import ops
-from d2ldist.collectives.api import RingBackend, _call, _describe, _stand_in
+from d2ldist.collectives.ring_backend import RingBackend, _call, _describe, _stand_in
 from d2ldist.collectives.ring import Ring
 from d2ldist.runtime import protocol
 from d2ldist.runtime.wire import DTYPES

@@ -1,0 +1,149 @@
+"""The collectives on d2ldist's own ring: the backend ``api.py`` runs them on by default.
+
+``RingBackend`` turns each call (a tensor of any shape and dtype, an op) into what
+``Ring`` (ring.py) moves: one flat CPU tensor, cut into segments. Every call is
+described twice for the other workers: as a string to compare (``_call``: two workers
+that call different collectives fail at once) and as JSON for a worker in ``join()``,
+which has no call of its own and takes part with a stand-in (``_describe``,
+``_stand_in``).
+"""
+import math
+
+import torch
+
+from ..runtime.split import even_slices
+from ..runtime.wire import DTYPES, dtype_name
+from . import ops
+from .staging import staged
+
+
+def _call(name, tensor, detail):
+    """What a collective was asked, for the ring to compare: 'allreduce(Sum, float32, [2, 3])'."""
+    return f'{name}({detail}, {str(tensor.dtype).replace("torch.", "")}, {list(tensor.shape)})'
+
+
+# -- hvd.join(): what a worker out of data needs to take part in a collective ----------
+_STAND_INS = ('allreduce_', 'reducescatter', 'broadcast_', 'allgather')   # its methods
+
+
+def _describe(method, tensor, **args):
+    """The backend ``method`` called on ``tensor`` with ``args``, as JSON for _stand_in."""
+    return {'method': method, 'dtype': dtype_name(tensor.dtype), 'shape': list(tensor.shape),
+            **args}
+
+
+def _stand_in(replay, size):
+    """(method, tensor, args) for a worker in join() to take part in the collective
+    ``replay`` describes: the op's identity to reduce, zeros to pass a broadcast on, no
+    rows to gather; ValueError if it describes none."""
+    what = replay if isinstance(replay, dict) else {}
+    method, shape = what.get('method'), what.get('shape')
+    dtype = DTYPES.get(str(what.get('dtype')))
+    if method not in _STAND_INS or dtype is None or not isinstance(shape, list) \
+            or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise ValueError(f'no collective described: {str(replay)[:200]}')
+    if method == 'allgather':
+        return method, torch.zeros((0, *shape[1:]), dtype=dtype), ()
+    if method == 'broadcast_':
+        root = what.get('root')
+        if not isinstance(root, int) or not 0 <= root < size:
+            raise ValueError(f'no broadcast root {root!r} among {size} workers')
+        return method, torch.zeros(shape, dtype=dtype), (root,)
+    op = ops.get(what.get('op'))
+    return method, torch.full(shape, ops.identity(op, dtype), dtype=dtype), (op,)
+
+
+# -- d2ldist's own backend -------------------------------------------------------------
+class RingBackend:
+    """The collectives on d2ldist's ring (alone when there is no job)."""
+
+    name = 'ring'
+
+    def __init__(self, node):
+        from .ring import Ring
+        self.dtypes = list(DTYPES.values())    # the wire's; allgather sends a dtype's index
+        self.node = node
+        self.ring = Ring(node) if node is not None and node.num_workers > 1 else None
+        self.rank, self.size = (node.rank, node.num_workers) if node else (0, 1)
+
+    def allreduce_(self, tensor, op):
+        self._check(tensor)
+        if self.ring is not None:
+            with staged(tensor, 'cpu') as flat:
+                self.ring.allreduce_(flat, op, _call('allreduce', tensor, op.name),
+                                     _describe('allreduce_', tensor, op=op.name))
+                ops.finish_(flat, op, self.size)
+        return tensor
+
+    def broadcast_(self, tensor, root):
+        self._check(tensor)
+        if self.ring is not None:
+            with staged(tensor, 'cpu') as flat:
+                self.ring.broadcast_(flat, root, _call('broadcast', tensor, f'root {root}'),
+                                     _describe('broadcast_', tensor, root=root))
+        return tensor
+
+    def allgather(self, tensor):
+        self._check(tensor)
+        if self.ring is None:
+            return tensor.clone()
+        rows, row = tensor.shape[0], math.prod(tensor.shape[1:])
+        # first every worker learns every worker's number of rows (and checks the rest)
+        N, r = self.size, self.rank
+        info = torch.zeros(3 * N, dtype=torch.int64)
+        info[3 * r:3 * r + 3] = torch.tensor([rows, row, self.dtypes.index(tensor.dtype)])
+        self.ring.allgather_(info, [(3 * i, 3 * i + 3) for i in range(N)], 'allgather',
+                             _describe('allgather', tensor))
+        info = info.view(N, 3)
+        if (info[:, 1:] != info[r, 1:]).any():
+            other = int((info[:, 1:] != info[r, 1:]).any(1).nonzero()[0])
+            raise RuntimeError(
+                f'allgather: worker {r} has rows of {tuple(tensor.shape[1:])} '
+                f'{tensor.dtype}, worker {other} rows of {int(info[other, 1])} '
+                f'{self.dtypes[int(info[other, 2])]} values; all workers need the same '
+                'row shape and dtype')
+        ends = (info[:, 0] * row).cumsum(0).tolist()
+        segs = [(0 if i == 0 else ends[i - 1], ends[i]) for i in range(N)]
+        out = torch.empty((int(info[:, 0].sum()), *tensor.shape[1:]), dtype=tensor.dtype)
+        flat = out.view(-1)
+        flat[segs[r][0]:segs[r][1]] = tensor.reshape(-1).cpu()
+        self.ring.allgather_(flat, segs, 'allgather rows')
+        return out.to(tensor.device)
+
+    def reducescatter(self, tensor, op):
+        """This worker's rows (``even_slices`` of dim 0) of the reduction over all workers."""
+        self._check(tensor)
+        rows = even_slices(tensor.shape[0], self.size)[self.rank]
+        if self.ring is None:
+            return tensor.clone()
+        row = math.prod(tensor.shape[1:])
+        seg = [(a * row, b * row) for a, b in even_slices(tensor.shape[0], self.size)]
+        flat = tensor.detach().reshape(-1).to('cpu', copy=True)
+        self.ring.reducescatter_(flat, seg, op, _call('reducescatter', tensor, op.name),
+                                 _describe('reducescatter', tensor, op=op.name))
+        out = flat[seg[self.rank][0]:seg[self.rank][1]].view(rows[1] - rows[0],
+                                                              *tensor.shape[1:])
+        return ops.finish_(out, op, self.size).to(tensor.device)
+
+    def barrier(self):
+        if self.node is not None:
+            self.node.barrier('worker')
+
+    def join(self):
+        """hvd.join() on the ring: until every worker has joined, this one gives the
+        op's identity to the others' all-reduces and reduce-scatters (zeros for Sum and
+        Average, as Horovod's joined ranks; Average still divides by all workers, as
+        Horovod's), passes their broadcasts on (one from a worker in join() fails: it has
+        no data), and gives no rows to an allgather (it has none; the others get theirs --
+        Horovod refuses an allgather then); a barrier counts it as there. Alone: 0."""
+        return 0 if self.ring is None else self.ring.join(self._take_part)
+
+    def _take_part(self, replay):
+        """Take part, with nothing of our own, in the collective ``replay`` describes."""
+        method, tensor, args = _stand_in(replay, self.size)
+        getattr(self, method)(tensor, *args)
+
+    def _check(self, tensor):
+        if tensor.dtype not in self.dtypes:
+            raise TypeError(f'd2ldist collectives do not support {tensor.dtype}; use one '
+                            f'of {", ".join(sorted(DTYPES))}')
