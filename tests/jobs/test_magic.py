@@ -37,7 +37,8 @@ def test_notebook_runs_a_job_and_keeps_its_output(tmp_path):
                   '%launch -n 2 -s 2 no_such_script.py',
                   f'%launch -n 1 -s 0 --timeout 1 --env D2L_TEST_TAG={tag} progress_job.py 1000 10 0.1 -1',
                   'print(_launch.outcome, _launch.exit_codes)',
-                  f'%launch -n 2 -s 1 --env D2L_TEST_TAG={tag} progress_job.py 2 5 0.02 1')
+                  # worker 1 fails after 0.1 s; worker 0 would run 10 s: it must be stopped
+                  f'%launch -n 2 -s 1 --env D2L_TEST_TAG={tag} progress_job.py 2 50 0.1 1')
     for cell in nb.cells[4:6]:
         cell.metadata['tags'] = ['raises-exception']         # nbclient goes on after them
     with pytest.raises(CellExecutionError) as failed:
