@@ -34,9 +34,10 @@ from common import ROOT, launch, resnet18_shapes, worker_command   # benchmarks/
 
 sys.path.insert(0, str(ROOT))
 from d2ldist import cost  # noqa: E402 (light: no torch)
+from d2ldist.kv.placement import DEFAULT_BIGARRAY_BOUND  # noqa: E402
 from d2ldist.runtime import pacing  # noqa: E402
 
-BIGARRAY_BOUND = 1_000_000      # MXNet's: a value this big is split over all servers
+BIGARRAY_BOUND = DEFAULT_BIGARRAY_BOUND   # MXNet's: a value this big is split over all servers
 
 
 # -- inside the job: what each worker runs --------------------------------------------------

@@ -21,15 +21,11 @@ and may receive from several at once. Each message pays ``alpha`` once.
 ``benchmarks/scaling.py`` and the scaling chapter set measured times against these;
 ``tests/jobs/test_scaling.py`` and ``tests/system/test_shaping.py`` check they agree.
 """
+import math
+
 from .kv.placement import place
 
-
-def numel(shape):
-    """The number of elements of a tensor of this shape."""
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+numel = math.prod        # the number of elements of a tensor of this shape
 
 
 def ps_time(M, m, n, B, alpha=0.0):
