@@ -19,7 +19,7 @@ import time
 from collections import deque
 
 from . import faults, hang, protocol, timeline
-from . import shm
+from . import shm, stream
 from .van import LINGER_SECONDS, Van
 from ..report import report
 
@@ -291,12 +291,12 @@ class Node:
 
 
 def _report_peer_failures_in_one_line():
-    """Let an uncaught PeerFailed, Hang or Disagree end the process with its message (one
-    line that says what happened where), not a traceback."""
+    """Let an uncaught PeerFailed, Hang, Disagree or StreamBroken end the process with its
+    message (one line that says what happened where), not a traceback."""
     previous = sys.excepthook
 
     def hook(kind, value, tb):
-        if issubclass(kind, (PeerFailed, hang.Hang, hang.Disagree)):
+        if issubclass(kind, (PeerFailed, hang.Hang, hang.Disagree, stream.StreamBroken)):
             print(f'd2ldist: {value}', file=sys.stderr, flush=True)
         else:
             previous(kind, value, tb)

@@ -133,6 +133,8 @@ class Van:
         # carry the bytes): our blocks, the peers that may use them, others' blocks
         self.shm = shm.Pool() if shm.enabled() and self.pacer is None else None
         self._shm_peers, self._shm_maps = set(), shm.Mapper()
+        self._streams = []               # stream.py's ends, opened by the ring
+        self._poller = self._polled = None   # recv's poller while the streams' sockets stay
         self.host, self.port, self._router = host, None, None
         if bind:
             self._router = self._ctx.socket(zmq.ROUTER)
@@ -171,6 +173,19 @@ class Van:
 
     def is_connected(self, peer_id):
         return peer_id in self._peers
+
+    def through_socket(self, peer_id):
+        """Whether big frames to the peer cross a real socket: not through shared
+        memory, not over a simulated link (where a stream may carry them instead)."""
+        return peer_id not in self._shm_peers and self.pacer is None
+
+    def add_stream(self, stream):
+        """Wait on a stream's sockets in recv (stream.py), and close it with the van."""
+        self._streams.append(stream)
+
+    def remove_stream(self, stream):
+        if stream in self._streams:
+            self._streams.remove(stream)
 
     def send(self, peer_id, kind, header=None, frames=(), track=False):
         """Send a message to a peer; frames are bytes-like (tensor memory, no copy).
@@ -242,18 +257,38 @@ class Van:
                     time.sleep(hold)     # poll counts whole milliseconds
                     continue
                 left = hold if left is None else min(left, hold)
-            if not self._router.poll(None if left is None else int(left * 1000)):
+            msg = self._next(None if left is None else int(left * 1000))
+            if msg is None:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
-                continue
-            parts = self._router.recv_multipart(copy=False)
-            msg = self._check(parts[1:])   # parts[0] is ZeroMQ's routing id
-            if msg is None:
                 continue
             self.bytes_received += sum(f.nbytes for f in msg.frames)
             if 'delay' not in msg.header and not self._held:
                 return msg               # the real network only: deliver now
             heapq.heappush(self._held, (self._due(msg), next(self._arrivals), msg))
+
+    def _next(self, ms):
+        """Wait up to ``ms`` milliseconds for the ROUTER socket and the streams; the
+        message that came (checked), or None."""
+        socks = [(stream, sock) for stream in self._streams for sock in stream.fds()]
+        if not socks:                    # (the usual case: one socket to wait on)
+            return self._from_router() if self._router.poll(ms) else None
+        if self._poller is None or self._polled != socks:   # (kept while they stay)
+            self._poller, self._polled = zmq.Poller(), socks
+            self._poller.register(self._router, zmq.POLLIN)
+            for _, sock in socks:
+                self._poller.register(sock, zmq.POLLIN)
+        events = dict(self._poller.poll(ms))
+        if self._router in events:
+            return self._from_router()
+        for stream, sock in socks:
+            if sock.fileno() in events:
+                return stream.receive(sock)   # (None if it was a connection or a hello)
+        return None
+
+    def _from_router(self):
+        parts = self._router.recv_multipart(copy=False)
+        return self._check(parts[1:])    # parts[0] is ZeroMQ's routing id
 
     @staticmethod
     def _due(msg):
@@ -346,6 +381,8 @@ class Van:
             deadline = time.monotonic() + LINGER_SECONDS
             while self.shm.unmapped() and time.monotonic() < deadline:
                 time.sleep(0.005)
+        for stream in list(self._streams):
+            stream.close()
         with self._lock:
             for sock in self._peers.values():
                 sock.close()

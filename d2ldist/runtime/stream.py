@@ -1,0 +1,361 @@
+"""Streams: a TCP connection of its own between two nodes, for bulk bytes (after gloo's pairs).
+
+ZeroMQ receives every frame into a buffer of its own, on an I/O thread, and the
+application then copies it to where it belongs. A ring worker knows where each chunk
+belongs before it arrives -- the all-gather's chunk goes straight into the output, the
+reduce-scatter's into one reused buffer -- so between hosts the ring sends its chunks
+over a plain TCP connection to its right neighbour, and the receiver reads each chunk's
+bytes with one ``recv_into`` at the place they belong: no copy, no thread hop. Sending
+is done by a thread of the stream's own, so that, as in the van, a worker sends to the
+right while it receives from the left.
+
+A stream is one-way. The receiving node listens (``listen``) and sends the sender, over
+the van, an offer: the port and a fresh nonce. The sender connects (``connect``) and
+first writes a hello: its id and HMAC(secret, nonce, its id, the receiver's id). Then
+every message is
+
+    [header length: 4 bytes][payload length: 8 bytes][MAC: 32 bytes][JSON header][payload]
+
+where the MAC is HMAC-SHA256 under the job's secret of the nonce, the message's number
+on this stream and the first two fields and the header (``D2L_MAC_PAYLOAD=1``: and of
+the payload, whose MAC follows it). So every message carries proof of the secret, and
+none can be replayed or reordered. A connection whose hello fails is closed and the
+listener goes on; one whose message fails a check is closed (a stream that lost its
+place cannot find the next message) -- both with a log line, as the van drops a message.
+
+The receiving end is one of the van's sources: ``Van.recv`` waits on it with its ZeroMQ
+socket and delivers its messages like any other (the node's stash, hang detector and
+``PeerFailed`` work unchanged), with one difference: a message's frame is ``Pending`` --
+its bytes are still in the socket, and ``read_into`` reads them where they belong. The
+stream delivers nothing more until they have been read.
+"""
+import hashlib
+import hmac
+import json
+import queue
+import secrets
+import socket
+import struct
+import threading
+
+from .van import Message
+
+PREFIX = struct.Struct('!IQ')     # header length, payload length
+MAC_BYTES = 32
+HELLO = b'd2ldist stream 1'       # what the hello's MAC covers first
+MAX_HEADER_BYTES = 64 * 1024
+MAX_ID_BYTES = 255
+CONNECT_SECONDS = 10.0
+
+
+class StreamBroken(ConnectionError):
+    """A stream's connection broke, or carried a message that failed its checks."""
+
+
+def _mac(key, *parts):
+    return hmac.new(key, b''.join(parts), hashlib.sha256)
+
+
+def _hello_mac(key, nonce, sender, receiver):
+    return _mac(key, HELLO, nonce, sender.encode(), b'\0', receiver.encode()).digest()
+
+
+def _message_mac(key, nonce, number, prefix, head_bytes):
+    return _mac(key, nonce, number.to_bytes(8, 'big'), prefix, head_bytes)
+
+
+def _as_bytes(buffer):
+    """A writable or readable buffer (a tensor's numpy view, bytes) as flat bytes."""
+    return memoryview(buffer).cast('B')
+
+
+# -- the receiving end ------------------------------------------------------------------
+class Pending:
+    """A received message's payload, still in the socket: ``read_into`` reads it."""
+
+    def __init__(self, receiver, nbytes):
+        self.receiver, self.nbytes, self.read = receiver, nbytes, False
+
+    def read_into(self, buffer):
+        """Read the payload into ``buffer`` (exactly nbytes, writable); returns buffer."""
+        view = _as_bytes(buffer)
+        if view.nbytes != self.nbytes or self.read:
+            raise ValueError(f'a payload of {self.nbytes} bytes, read once, into as many '
+                             f'(got {view.nbytes}, read before: {self.read})')
+        self.read = True
+        self.receiver._read_payload(view)
+        return buffer
+
+
+class Receiver:
+    """The receiving end of one stream from ``peer``: a listener, then one connection."""
+
+    def __init__(self, van, peer):
+        self.van, self.peer = van, peer
+        self.nonce = secrets.token_bytes(16)
+        self._listener = socket.create_server((van.host, 0))
+        self._listener.setblocking(False)
+        self.port = self._listener.getsockname()[1]
+        self._hellos = {}        # connections not yet authenticated -> bytes so far
+        self._conn = None        # the authenticated connection
+        self._number = 0         # messages received on it
+        self._unread = None      # the last message's payload, while not read
+        van.add_stream(self)
+
+    def offer(self):
+        """What the sender needs to connect: the port and the nonce (sent over the van)."""
+        return {'port': self.port, 'nonce': self.nonce.hex()}
+
+    def fds(self):
+        """The sockets ``Van.recv`` waits on: the listener and hellos, or the connection
+        (not while a payload is unread: the next message comes after it)."""
+        if self._conn is not None:
+            return [] if self._unread is not None else [self._conn]
+        return [self._listener, *self._hellos]
+
+    def receive(self, sock):
+        """``sock`` is readable: accept, read a hello, or read a message's header.
+        Returns a Message (its frame ``Pending``) or None."""
+        if sock is self._listener:
+            try:
+                conn, _ = self._listener.accept()
+            except (BlockingIOError, OSError):
+                return None
+            conn.setblocking(False)
+            self._hellos[conn] = b''
+        elif sock in self._hellos:
+            self._hello(sock)
+        elif sock is self._conn:
+            return self._message()
+        return None
+
+    def _hello(self, conn):
+        """Read what a new connection sent; keep it if its hello proves the secret.
+        The hello is [id length: 2 bytes][id][MAC]; what follows it is the first message."""
+        got = self._hellos[conn]
+        size = 2 if len(got) < 2 else 2 + int.from_bytes(got[:2], 'big') + MAC_BYTES
+        if size > 2 + MAX_ID_BYTES + MAC_BYTES:
+            return self._refuse(conn, 'a hello with an id too long')
+        try:
+            more = conn.recv(size - len(got))
+        except BlockingIOError:
+            return
+        except OSError:
+            more = b''
+        if not more:
+            return self._refuse(conn, 'a connection closed before its hello')
+        got = self._hellos[conn] = got + more
+        if len(got) < 2 or len(got) < 2 + int.from_bytes(got[:2], 'big') + MAC_BYTES:
+            return                               # the rest of the hello is on its way
+        n = int.from_bytes(got[:2], 'big')
+        sender, mac = got[2:2 + n].decode(errors='replace'), got[2 + n:]
+        if sender != self.peer or not hmac.compare_digest(
+                mac, _hello_mac(self.van._key, self.nonce, sender, self.van.node_id)):
+            return self._refuse(conn, f'a hello from {sender[:40]!r} failed the check '
+                                      '(wrong job secret?)')
+        del self._hellos[conn]
+        conn.setblocking(True)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._conn = conn
+        for other in list(self._hellos):          # the peer is here: no one else is heard
+            other.close()
+        self._hellos.clear()
+        self._listener.close()
+
+    def _refuse(self, conn, why):
+        self._hellos.pop(conn, None)
+        conn.close()
+        self.van._drop(f'stream from {self.peer}: {why}')
+
+    def _message(self):
+        """The next message's prefix and header, checked; its payload stays Pending."""
+        try:
+            first = self._recv_exactly(PREFIX.size + MAC_BYTES, eof_ok=True)
+            if first is None:                     # the sender closed the stream: it ended
+                return self.close()
+            prefix, mac = first[:PREFIX.size], first[PREFIX.size:]
+            head_len, nbytes = PREFIX.unpack(prefix)
+            if head_len > MAX_HEADER_BYTES:
+                raise StreamBroken('oversized header')
+            head_bytes = self._recv_exactly(head_len)
+        except StreamBroken as e:
+            return self._lost(str(e))
+        self._number += 1
+        self._mac = _message_mac(self.van._key, self.nonce, self._number, prefix, head_bytes)
+        if not hmac.compare_digest(mac, self._mac.digest()):
+            return self._lost('bad MAC (wrong job secret?)')
+        try:
+            head = json.loads(head_bytes)
+            kind = head['kind']
+        except (ValueError, KeyError, TypeError):
+            return self._lost('malformed header')
+        if not isinstance(kind, str):
+            return self._lost('malformed header')
+        self._unread = Pending(self, nbytes)
+        return Message(kind, self.peer, head, [self._unread])
+
+    def _read_payload(self, view):
+        """Read the pending payload into ``view`` (and check its MAC, if the job MACs
+        payloads); raises StreamBroken if the connection broke or the check failed."""
+        try:
+            if view.nbytes:
+                self._recv_exactly_into(view)
+            if self.van.mac_payload:
+                self._mac.update(view)
+                if not hmac.compare_digest(self._recv_exactly(MAC_BYTES), self._mac.digest()):
+                    raise StreamBroken('bad payload MAC')
+        except StreamBroken as e:
+            self._lost(str(e))
+            raise StreamBroken(f'the stream from {self.peer} broke: {e}') from None
+        self._unread = None
+
+    def _recv_exactly(self, n, eof_ok=False):
+        buf = bytearray(n)
+        if self._recv_exactly_into(memoryview(buf), eof_ok) is None:
+            return None
+        return bytes(buf)
+
+    def _recv_exactly_into(self, view, eof_ok=False):
+        got = 0
+        while got < view.nbytes:
+            try:
+                n = self._conn.recv_into(view[got:], view.nbytes - got, socket.MSG_WAITALL)
+            except OSError as e:
+                raise StreamBroken(str(e)) from None
+            if n == 0:
+                if got == 0 and eof_ok:
+                    return None
+                raise StreamBroken('the connection closed in the middle of a message')
+            got += n
+        return view
+
+    def _lost(self, why):
+        """A message failed a check, or the connection broke: it can't go on."""
+        self.van._drop(f'stream from {self.peer}: {why}; its connection is closed')
+        self.close()
+
+    def close(self):
+        """Close every socket; the van stops waiting on this stream."""
+        for s in [self._listener, self._conn, *self._hellos]:
+            if s is not None:
+                s.close()
+        self._hellos.clear()
+        self._conn = self._unread = None
+        self.van.remove_stream(self)
+
+
+def listen(van, peer):
+    """The receiving end of a stream from ``peer``; send it ``receiver.offer()``."""
+    return Receiver(van, peer)
+
+
+# -- the sending end --------------------------------------------------------------------
+class Sender:
+    """The sending end of one stream to ``peer``: a connection written by its own thread."""
+
+    def __init__(self, van, peer, host, offer):
+        self.van, self.peer = van, peer
+        try:
+            self.nonce, port = bytes.fromhex(offer['nonce']), int(offer['port'])
+            self._sock = socket.create_connection((host, port), timeout=CONNECT_SECONDS)
+        except (KeyError, TypeError, ValueError) as e:
+            raise StreamBroken(f'a bad stream offer from {peer}: {e}') from None
+        except OSError as e:
+            raise StreamBroken(f'cannot open a stream to {peer} at {host}:{port}: {e}') from None
+        self._sock.settimeout(None)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        me = van.node_id.encode()
+        self._sock.sendall(len(me).to_bytes(2, 'big') + me +
+                           _hello_mac(van._key, self.nonce, van.node_id, peer))
+        self._number, self.error = 0, None
+        self._written = 0                 # messages the thread has written
+        self._progress = threading.Condition()
+        self._queue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._write, daemon=True,
+                                        name=f'd2ldist-stream-{peer}')
+        self._thread.start()
+        van.add_stream(self)
+
+    def fds(self):
+        return []                     # (nothing to receive)
+
+    def send(self, kind, header, frame):
+        """Send one message: its header and one frame, without a copy. What the socket
+        takes at once is written here; the rest by the stream's thread, so the frame's
+        memory must stay as it is until ``flush()``."""
+        if self.error is not None:
+            raise self.error
+        payload = _as_bytes(frame)
+        head_bytes = json.dumps(dict(header, kind=kind), separators=(',', ':')).encode()
+        prefix = PREFIX.pack(len(head_bytes), payload.nbytes)
+        self._number += 1
+        mac = _message_mac(self.van._key, self.nonce, self._number, prefix, head_bytes)
+        with self.van._lock:
+            self.van.bytes_sent += payload.nbytes
+        parts = [prefix + mac.digest() + head_bytes, payload]
+        if self.van.mac_payload:          # hashing the payload is the thread's work
+            return self._queue.put((parts, mac))
+        with self._progress:
+            idle = self._written == self._number - 1     # the socket is ours now
+        if idle:
+            parts = self._write_some(parts)
+            if not parts:
+                with self._progress:
+                    self._written += 1
+                return
+        self._queue.put((parts, None))
+
+    def _write_some(self, parts):
+        """Write what the socket takes now without waiting; the parts left to write."""
+        try:
+            n = self._sock.sendmsg(parts, [], socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            return parts                  # (the thread will meet the error and say it)
+        left = []
+        for part in parts:
+            if n >= len(part):
+                n -= len(part)
+            else:
+                left.append(memoryview(part)[n:])
+                n = 0
+        return left
+
+    def flush(self):
+        """Wait until every message is in the kernel's hands; raises if the stream broke."""
+        with self._progress:
+            self._progress.wait_for(lambda: self._written == self._number or self.error)
+        if self.error is not None:
+            raise self.error
+
+    def _write(self):
+        """The stream's thread: write what is left of each queued message, in order."""
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            parts, mac = item
+            try:
+                if mac is not None:           # the payload's MAC goes after it
+                    mac.update(parts[1])      # (hashlib lets go of the GIL for big buffers)
+                    parts.append(mac.digest())
+                for part in parts:
+                    self._sock.sendall(part)
+            except OSError as e:
+                self.error = StreamBroken(f'the stream to {self.peer} broke: {e}')
+            with self._progress:
+                self._written += 1
+                self._progress.notify_all()
+
+    def close(self):
+        """Let queued messages go (their senders waited for them), then close."""
+        self._queue.put(None)
+        self._thread.join(timeout=2.0)
+        self._sock.close()
+        self.van.remove_stream(self)
+
+
+def connect(van, peer, host, offer):
+    """The sending end of a stream to ``peer`` at ``host``, with the receiver's offer."""
+    return Sender(van, peer, host, offer)

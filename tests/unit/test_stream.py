@@ -1,0 +1,269 @@
+"""Streams (the ring's own TCP links), in one process: what arrives, where, and what is
+refused while the receiver goes on serving."""
+import hashlib
+import hmac
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+from d2ldist.runtime import stream
+from d2ldist.runtime.van import Van
+
+SECRET = 'a' * 64
+
+
+def _vans(mac_payload=False):
+    a = Van('worker:0', SECRET, mac_payload=mac_payload)
+    b = Van('worker:1', SECRET, mac_payload=mac_payload)
+    return a, b
+
+
+@pytest.fixture(params=[False, True], ids=['header MAC', 'payload MAC'])
+def link(request):
+    """worker:0 sends to worker:1 on a stream; also the ZeroMQ link, for other messages."""
+    a, b = _vans(mac_payload=request.param)
+    a.connect('worker:1', b.address)
+    receiver = stream.listen(b, 'worker:0')
+    sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
+    yield a, b, sender, receiver
+    a.close()
+    b.close()
+
+
+def _recv(van, timeout=5):
+    msg = van.recv(timeout=timeout)
+    assert msg is not None, 'nothing arrived'
+    return msg
+
+
+def test_a_chunk_is_read_straight_into_its_place(link):
+    a, b, sender, _ = link
+    x = torch.arange(1_000_003, dtype=torch.float32)
+    sender.send('ring', {'seg': 2, 'call': 'allreduce(Sum)'}, x.view(torch.uint8).numpy())
+    msg = _recv(b)
+    assert (msg.kind, msg.sender, msg['seg'], msg['call']) == ('ring', 'worker:0', 2,
+                                                              'allreduce(Sum)')
+    frame, = msg.frames
+    assert isinstance(frame, stream.Pending) and frame.nbytes == x.nbytes
+    out = torch.zeros(2_000_006)
+    frame.read_into(out[1_000_003:].view(torch.uint8).numpy())   # into the output itself
+    assert torch.equal(out[1_000_003:], x) and not out[:1_000_003].any()
+    sender.flush()
+    assert a.bytes_sent == b.bytes_received == x.nbytes
+
+
+def test_messages_keep_their_order_and_the_next_waits_for_the_payload(link):
+    _, b, sender, receiver = link
+    chunks = [torch.full((n,), float(n)) for n in (0, 1, 70_000, 3, 2_000_000)]
+    for i, x in enumerate(chunks):
+        sender.send('ring', {'k': i}, x.view(torch.uint8).numpy())
+    for i, x in enumerate(chunks):
+        msg = _recv(b)
+        assert msg['k'] == i
+        assert receiver.fds() == []            # nothing more until this payload is read
+        y = torch.empty_like(x)
+        msg.frames[0].read_into(y.view(torch.uint8).numpy())
+        assert torch.equal(x, y)
+    sender.flush()
+    assert b.recv(timeout=0.2) is None
+
+
+def test_van_messages_and_stream_messages_arrive_side_by_side(link):
+    a, b, sender, _ = link
+    sender.send('ring', {'k': 0}, torch.ones(10).view(torch.uint8).numpy())
+    a.send('worker:1', 'note', {'x': 1})
+    kinds = set()
+    for _ in range(2):
+        msg = _recv(b)
+        kinds.add(msg.kind)
+        if msg.kind == 'ring':
+            msg.frames[0].read_into(bytearray(40))
+    assert kinds == {'ring', 'note'}
+
+
+def test_a_payload_is_read_once_and_whole(link):
+    _, b, sender, _ = link
+    sender.send('ring', {}, bytes(100))
+    frame = _recv(b).frames[0]
+    with pytest.raises(ValueError, match='100 bytes'):
+        frame.read_into(bytearray(99))
+    frame.read_into(bytearray(100))
+    with pytest.raises(ValueError, match='read before'):
+        frame.read_into(bytearray(100))
+
+
+def test_flush_waits_until_a_big_message_is_written():
+    """A message larger than the socket takes at once is finished by the stream's
+    thread, while the receiver reads; flush() returns after that."""
+    a, b = _vans()
+    try:
+        receiver = stream.listen(b, 'worker:0')
+        sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
+        x = torch.randn(16_000_000)                       # 64 MB
+        sender.send('ring', {}, x.view(torch.uint8).numpy())
+        got = {}
+
+        def read():
+            msg = _recv(b, timeout=20)
+            y = torch.empty_like(x)
+            msg.frames[0].read_into(y.view(torch.uint8).numpy())
+            got['y'] = y
+        reader = threading.Thread(target=read)
+        reader.start()
+        sender.flush()
+        reader.join(timeout=20)
+        assert torch.equal(got['y'], x)
+    finally:
+        a.close()
+        b.close()
+
+
+# -- what is refused -------------------------------------------------------------------
+def _hello(sender_id, nonce, receiver_id, secret=SECRET):
+    mac = stream._hello_mac(secret.encode(), nonce, sender_id, receiver_id)
+    return len(sender_id).to_bytes(2, 'big') + sender_id.encode() + mac
+
+
+def _closed(sock):
+    """Whether the other side closed ``sock`` (a reset, if it left bytes unread)."""
+    try:
+        return sock.recv(10) == b''
+    except ConnectionResetError:
+        return True
+
+
+def _serve_until(van, predicate, seconds=5):
+    """Run the receiver's side (van.recv) until predicate() holds."""
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        van.recv(timeout=0.05)
+    return predicate()
+
+
+@pytest.mark.parametrize('hello', [
+    lambda nonce: _hello('worker:0', nonce, 'worker:1', secret='b' * 64),   # wrong secret
+    lambda nonce: _hello('worker:0', bytes(16), 'worker:1'),                # another nonce
+    lambda nonce: _hello('worker:2', nonce, 'worker:1'),                    # another peer
+    lambda nonce: b'\xff\xff' + bytes(100),                                 # an id too long
+    lambda nonce: b'GET / HTTP/1.1\r\n\r\n',                               # a stranger
+], ids=['wrong secret', 'replayed', 'other peer', 'oversized', 'stranger'])
+def test_a_bad_hello_is_refused_and_the_listener_goes_on(hello, capfd):
+    a, b = _vans()
+    try:
+        receiver = stream.listen(b, 'worker:0')
+        offer = receiver.offer()
+        bad = socket.create_connection((b.host, offer['port']))
+        bad.sendall(hello(bytes.fromhex(offer['nonce'])))
+        assert _serve_until(b, lambda: b.dropped == 1)
+        assert _closed(bad)
+        assert 'dropped a message: stream from worker:0' in capfd.readouterr().err
+        sender = stream.connect(a, 'worker:1', b.host, offer)     # the real peer still can
+        sender.send('ring', {'k': 1}, bytes(8))
+        msg = _recv(b)
+        assert msg['k'] == 1 and msg.sender == 'worker:0'
+        msg.frames[0].read_into(bytearray(8))
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_silent_connection_does_not_stop_the_receiver():
+    """Someone connects and says nothing: the van still serves ZeroMQ and the peer."""
+    a, b = _vans()
+    try:
+        a.connect('worker:1', b.address)
+        receiver = stream.listen(b, 'worker:0')
+        silent = socket.create_connection((b.host, receiver.port))
+        a.send('worker:1', 'note', {'x': 1})
+        assert _recv(b).kind == 'note'
+        sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
+        sender.send('ring', {}, bytes(4))
+        msg = _recv(b)
+        assert msg.kind == 'ring'
+        silent.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_forged_message_closes_the_stream_and_the_van_goes_on():
+    """A message whose MAC fails (tampered in flight): logged, the stream is closed
+    (it has lost its place), and the van keeps serving its other messages."""
+    a, b = _vans()
+    try:
+        a.connect('worker:1', b.address)
+        receiver = stream.listen(b, 'worker:0')
+        offer = receiver.offer()
+        raw = socket.create_connection((b.host, offer['port']))
+        raw.sendall(_hello('worker:0', bytes.fromhex(offer['nonce']), 'worker:1'))
+        head = b'{"kind":"ring"}'
+        prefix = stream.PREFIX.pack(len(head), 4)
+        raw.sendall(prefix + hmac.new(b'b' * 64, head, hashlib.sha256).digest() + head + bytes(4))
+        assert _serve_until(b, lambda: b.dropped == 1)
+        assert receiver not in b._streams
+        a.send('worker:1', 'note', {'x': 1})
+        assert _recv(b).kind == 'note'
+        raw.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_message_cannot_be_replayed_on_the_stream():
+    """The MAC covers the message's number: the same bytes sent twice fail the second time."""
+    a, b = _vans()
+    try:
+        receiver = stream.listen(b, 'worker:0')
+        offer = receiver.offer()
+        nonce = bytes.fromhex(offer['nonce'])
+        raw = socket.create_connection((b.host, offer['port']))
+        raw.sendall(_hello('worker:0', nonce, 'worker:1'))
+        head = b'{"kind":"ring","k":0}'
+        prefix = stream.PREFIX.pack(len(head), 0)
+        mac = stream._message_mac(SECRET.encode(), nonce, 1, prefix, head).digest()
+        raw.sendall((prefix + mac + head) * 2)
+        msg = _recv(b)
+        assert msg['k'] == 0
+        msg.frames[0].read_into(bytearray(0))
+        assert _serve_until(b, lambda: b.dropped == 1)
+        raw.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_sender_that_ends_closes_the_stream_quietly(link):
+    a, b, sender, receiver = link
+    sender.close()
+    assert _serve_until(b, lambda: receiver not in b._streams)
+    assert b.dropped == 0
+
+
+def test_a_broken_stream_says_so_on_the_sending_side():
+    a, b = _vans()
+    try:
+        receiver = stream.listen(b, 'worker:0')
+        sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
+        _serve_until(b, lambda: receiver._conn is not None)
+        receiver.close()
+        with pytest.raises(stream.StreamBroken, match='stream to worker:1 broke'):
+            for _ in range(50):                       # until the kernel has said so
+                sender.send('ring', {}, bytes(1 << 20))
+                sender.flush()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_bad_offer_is_one_clear_error():
+    a = Van('worker:0', SECRET)
+    try:
+        with pytest.raises(stream.StreamBroken, match='bad stream offer'):
+            stream.connect(a, 'worker:1', '127.0.0.1', {'port': 'x'})
+        with pytest.raises(stream.StreamBroken, match='cannot open a stream to worker:1'):
+            stream.connect(a, 'worker:1', '127.0.0.1', {'port': 1, 'nonce': '00' * 16})
+    finally:
+        a.close()
