@@ -11,8 +11,13 @@ bandwidth-optimal.
 
 Segments are cut into chunks of ``CHUNK_BYTES``; a chunk is passed on to the right
 as soon as it has been reduced, so that while one chunk is on the wire the next
-is being received and added (pipelining), and the ZeroMQ I/O thread sends while
-Python adds.
+is being received and added (pipelining), and a thread sends while Python adds.
+
+Where chunks to the right neighbour cross a real socket (another host, or
+``D2L_SHM=0``), they travel on a TCP stream of the ring's own (runtime/stream.py):
+the right neighbour reads each chunk straight into its place -- the all-gather's into
+the output, the reduce-scatter's into one reused buffer -- as gloo does. Elsewhere
+(shared memory on one host, a simulated link) they go through the van.
 
 A worker out of data calls ``join()`` (Horovod's): it has no collective of its own
 to call, so it learns each one the others call from the first chunk that reaches it
@@ -23,12 +28,13 @@ import time
 
 import torch
 
-from ..runtime import hang, protocol
+from ..runtime import hang, protocol, stream
 from ..runtime.split import even_slices
 
 RING = 'ring'             # the message kind of the ring's chunks
 DISAGREE = 'ring_disagree'   # to every worker: two workers called different collectives
 JOINED = 'ring_joined'       # to every other worker: {round}: this one called join()
+LINK = 'ring_link'           # to the left neighbour: {offer}: where to open a stream
 # Measured with benchmarks/allreduce.py --chunk-sweep (loopback, 2 busy cores): CPU
 # time per 64 MB all-reduce with 4 workers, chunks of 256 KB / 1 / 2 / 4 / 8 MB:
 # 212 / 139 / 124 / 106 / 91 ms; with 2 workers 93 / 73 / 66 / 58 / 63 ms. Each
@@ -56,6 +62,8 @@ class Ring:
         self.joins = 0        # join() rounds ended (every worker calls join() once a round)
         self.joined = {}      # worker id -> the round in which it called join()
         self._replay = self._root = None
+        self._linked, self._out = False, None     # the stream to the right, if any
+        self._buffer = torch.empty(0, dtype=torch.uint8)   # a reduced chunk lands here
 
     def allreduce_(self, flat, op, call='allreduce', replay=None):
         """Reduce the 1-D contiguous CPU tensor ``flat`` across all workers, in place.
@@ -126,7 +134,7 @@ class Ring:
             self._relay(flat, 'bc', 0, _copy_, forward=None if last else 'bc')
         if last:
             self._send(flat[:0], 'end', 0, 0)
-        self._recv('end', 0, 0, flat.dtype, 0)
+        self._take(self._recv('end', 0, 0, 0), flat[:0])
         if not last:
             self._send(flat[:0], 'end', 0, 0)
         self._end()
@@ -158,8 +166,7 @@ class Ring:
         """Receive segment j from the left chunk by chunk, combine it into ``flat``,
         and pass each chunk on to the right at once (as ``forward``) unless None."""
         for k, (a, b) in enumerate(self.chunks(self._segs[j])):
-            x = self._recv(phase, j, k, flat.dtype, b - a)
-            combine(flat[a:b], x)
+            self._take(self._recv(phase, j, k, b - a), flat[a:b], combine)
             if forward:
                 self._send(flat[a:b], forward, j, k)
 
@@ -167,15 +174,31 @@ class Ring:
         frame = x.view(torch.uint8).numpy()
         head = {'n': self.calls, 'call': self._call, 'numel': self._numel, 'phase': phase,
                 'seg': j, 'k': k, 'replay': self._replay, 'joins': self.joins}
-        self._sent += self.node.send(self.right, RING, head, [frame], track=True)
+        if self._out is not None:
+            self._out.send(RING, head, frame)
+        else:
+            self._sent += self.node.send(self.right, RING, head, [frame], track=True)
 
-    def _recv(self, phase, j, k, dtype, numel):
-        """The next chunk from the left, checked to be the one expected, as a tensor."""
+    def _take(self, frame, y, combine=_copy_):
+        """combine(y, the chunk in ``frame``). A chunk still in the stream is read straight
+        into y if it is to be copied, else into a reused buffer."""
+        if isinstance(frame, stream.Pending):
+            if combine is _copy_:
+                frame.read_into(y.view(torch.uint8).numpy())
+                return
+            if self._buffer.numel() < frame.nbytes:
+                self._buffer = torch.empty(frame.nbytes, dtype=torch.uint8)
+            frame = frame.read_into(self._buffer[:frame.nbytes].numpy())
+        if y.numel():
+            combine(y, torch.frombuffer(frame, dtype=y.dtype))
+
+    def _recv(self, phase, j, k, numel):
+        """The next chunk from the left, checked to be the one expected: its frame."""
         msg = self.node.recv([RING, DISAGREE, JOINED], wait=self._wait)
         if msg.kind == JOINED:                # another worker called join(): note, wait on
             self._note_joined(msg)
             self._check_root()
-            return self._recv(phase, j, k, dtype, numel)
+            return self._recv(phase, j, k, numel)
         if msg.kind == DISAGREE:              # another worker saw two different calls
             raise hang.Disagree(f'{self.node.id.replace(":", " ")} stops: '
                                 f'{str(msg.get("error"))[:600]}')
@@ -194,9 +217,7 @@ class Ring:
                 f'{want} of {mine} from {self.left}, got {got} from {msg.sender}: the '
                 'workers must call the same collectives in the same order on tensors '
                 'of the same size')
-        if numel == 0:                        # (the broadcast's token, an empty chunk)
-            return torch.empty(0, dtype=dtype)
-        return torch.frombuffer(msg.frames[0], dtype=dtype)
+        return msg.frames[0]
 
     def _disagree(self, error):
         """Tell every other worker (each may be waiting for a chunk that never comes), then
@@ -217,10 +238,28 @@ class Ring:
         self._wait = hang.Wait(f'in {call} (collective {self.calls}) for {left}',
                                [('scheduler', {'counter': 'ring', 'n': self.calls})],
                                span=f'wait for {left}')
+        if not self._linked:
+            self._open_links(self._wait)
         return segs
 
+    def _open_links(self, wait):
+        """Once: where chunks to the right would cross a socket, open a stream to it.
+        Each worker listens for its left neighbour and offers it, over the van, a port
+        and a nonce (no offer where the van carries them); it connects to the right one's."""
+        self._linked, van = True, self.node.van
+        offer = None
+        if van.through_socket(self.left):
+            offer = stream.listen(van, self.left).offer()
+        self.node.send(self.left, LINK, {'offer': offer})
+        msg = self.node.recv([LINK], wait=wait)
+        if msg.get('offer') and van.through_socket(self.right):
+            host = self.node.book[self.right].split('://')[-1].rsplit(':', 1)[0].strip('[]')
+            self._out = stream.connect(van, self.right, host, msg['offer'])
+
     def _end(self):
-        """Wait until ZeroMQ has sent every chunk, so the caller may reuse the memory."""
+        """Wait until every chunk is sent, so the caller may reuse the memory."""
+        if self._out is not None:
+            self._out.flush()
         for tracker in self._sent:
             tracker.wait()
         self._sent = []
@@ -230,6 +269,9 @@ class Ring:
         """Take part in the collectives the other workers call, with nothing of this
         worker's own: ``take_part(replay)`` for each, with the description its first
         chunk carries; until every worker has joined. Returns the last one's rank."""
+        if not self._linked:
+            self._open_links(hang.Wait('in join(), opening the ring',
+                                       [('scheduler', {'counter': 'ring', 'n': 1})]))
         for peer in self.node.peers('worker'):
             if peer != self.node.id:
                 self.node.send(peer, JOINED, {'round': self.joins + 1})

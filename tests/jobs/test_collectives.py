@@ -18,10 +18,15 @@ def ok_lines(r, n):
     return [line for line in r.stdout.splitlines() if ': ok ' in line and f' of {n}:' in line]
 
 
-@pytest.mark.parametrize('num_workers, chunk_bytes', [(2, None), (3, 65536), (4, 40004)])
-def test_ring_matches_gloo(num_workers, chunk_bytes):
-    """With the default chunks, and with small odd ones, so that segments are cut."""
+@pytest.mark.parametrize('num_workers, chunk_bytes, through', [
+    (2, None, 'shm'), (3, 65536, 'shm'), (4, 40004, 'shm'), (3, 40004, 'tcp')])
+def test_ring_matches_gloo(num_workers, chunk_bytes, through):
+    """With the default chunks, and with small odd ones, so that segments are cut;
+    through shared memory (one host) and over TCP (as between hosts: the ring's own
+    streams, each chunk read in place)."""
     chunk = ['--env', f'D2L_RING_CHUNK={chunk_bytes}'] if chunk_bytes else []
+    if through == 'tcp':
+        chunk += ['--env', 'D2L_SHM=0']
     r = run_launch('-n', num_workers, '-s', 0, '--timeout', 240, *chunk,
                    sys.executable, JOBS / 'collectives_vs_gloo.py', timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -37,13 +42,15 @@ def test_torch_backend_matches_gloo():
     assert len(ok_lines(r, 2)) == 2, r.stdout[-3000:]
 
 
-def test_mismatched_sizes_fail_clearly(write_script):
+@pytest.mark.parametrize('env', [[], ['--env', 'D2L_SHM=0']], ids=['shm', 'tcp'])
+def test_mismatched_sizes_fail_clearly(write_script, env):
     """Workers that all-reduce tensors of different sizes get an error, not a hang."""
     script = write_script(
         'import torch, d2ldist\n'
         'd2ldist.init()\n'
         'd2ldist.allreduce(torch.ones(1000 + d2ldist.rank()))\n')
-    r = run_launch('-n', 2, '-s', 0, '--timeout', 60, sys.executable, script, timeout=90)
+    r = run_launch('-n', 2, '-s', 0, '--timeout', 60, *env, sys.executable, script,
+                   timeout=90)
     assert r.returncode != 0
     assert 'the workers must call the same collectives in the same order' in r.stdout + r.stderr
     assert 'timed out' not in r.stdout + r.stderr

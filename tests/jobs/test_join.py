@@ -9,14 +9,16 @@ from conftest import ROOT, run_launch, wait_no_survivors
 CHECKS = ROOT / 'tests' / 'jobs' / 'join_checks.py'
 
 
-@pytest.mark.parametrize('mode,batches', [('collectives', '1,3'), ('collectives', '3,0,1'),
-                                          ('optimizer', '1,3'), ('optimizer', '2,0,3')])
-def test_workers_out_of_data_join(mode, batches):
+@pytest.mark.parametrize('mode,batches,env', [
+    ('collectives', '1,3', []), ('collectives', '3,0,1', []),
+    ('optimizer', '1,3', []), ('optimizer', '2,0,3', []),
+    ('collectives', '3,0,1', ['--env', 'D2L_SHM=0'])])    # (the ring's own TCP links)
+def test_workers_out_of_data_join(mode, batches, env):
     """Exact results on the workers still training (the joined give zeros, the op's
     identity, no rows), barriers, the last rank on every worker, two rounds."""
     n = len(batches.split(','))
-    r = run_launch('-n', n, '-s', 0, '--timeout', 120, sys.executable, CHECKS, mode, batches,
-                   timeout=180)
+    r = run_launch('-n', n, '-s', 0, '--timeout', 120, *env, sys.executable, CHECKS, mode,
+                   batches, timeout=180)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     oks = re.findall(rf'worker \d of {n}: ok, last joined (\[.*\])', r.stdout)
     assert len(oks) == n and len(set(oks)) == 1, r.stdout[-3000:]
@@ -40,10 +42,11 @@ print(f'worker {r}: last {last}', flush=True)
 '''
 
 
-def test_a_broadcast_from_a_joined_worker_fails_clearly(write_script):
+@pytest.mark.parametrize('env', [[], ['--env', 'D2L_SHM=0']], ids=['shm', 'tcp'])
+def test_a_broadcast_from_a_joined_worker_fails_clearly(write_script, env):
     """Its root is out of data: an error in one line on the others, not a hang; the
     job goes on (the failed broadcast counts nowhere) and ends."""
-    r = run_launch('-n', 2, '-s', 0, '--timeout', 60, sys.executable,
+    r = run_launch('-n', 2, '-s', 0, '--timeout', 60, *env, sys.executable,
                    write_script(BROADCAST_FROM_JOINED), timeout=90)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert 'worker 1: error: broadcast from worker 0, which has called join()' in r.stdout
