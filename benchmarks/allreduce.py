@@ -16,10 +16,11 @@ On one machine the van moves chunks of 256 KB and more through shared memory
 (d2ldist/runtime/shm.py); ``--no-shm`` (D2L_SHM=0) sends them over TCP loopback, as between
 machines. The title line says which path the table measured.
 
-Measured with ``--no-shm -n 2,3,4`` on a quiet 2-core machine, busbw ring / gloo at 1, 4,
-16 and 64 MB: 2 workers 2.95 / 1.81-1.91 / 1.25-1.28 / 1.25-1.26, 3 workers 1.50 /
-0.87-0.98 / 0.89-0.93 / 0.88-0.94, 4 workers 2.01-2.44 / 0.98-1.07 / 0.95-0.96 /
-0.89-1.02 (two runs; README.md says where the CPU goes).
+Measured with ``--no-shm -n 2,3,4`` on a quiet 2-core machine, the ring on its own TCP
+streams (d2ldist/runtime/stream.py), busbw ring / gloo at 1, 4, 16 and 64 MB, four runs:
+2 workers 2.20-2.93 / 1.67-1.91 / 1.47-1.72 / 1.28-1.39, 3 workers 0.86-1.10 /
+0.86-0.97 / 0.94-1.07 / 0.96-1.09, 4 workers 1.14-1.50 / 0.98-1.05 / 0.98-1.10 /
+1.07-1.14 (README.md says where the CPU goes).
 """
 import argparse
 import os

@@ -35,13 +35,14 @@ RING = 'ring'             # the message kind of the ring's chunks
 DISAGREE = 'ring_disagree'   # to every worker: two workers called different collectives
 JOINED = 'ring_joined'       # to every other worker: {round}: this one called join()
 LINK = 'ring_link'           # to the left neighbour: {offer}: where to open a stream
-# Measured with benchmarks/allreduce.py --chunk-sweep (loopback, 2 busy cores): CPU
-# time per 64 MB all-reduce with 4 workers, chunks of 256 KB / 1 / 2 / 4 / 8 MB:
+# Measured with benchmarks/allreduce.py --chunk-sweep (2 busy cores): CPU time per
+# 64 MB all-reduce with 4 workers over ZeroMQ, chunks of 256 KB / 1 / 2 / 4 / 8 MB:
 # 212 / 139 / 124 / 106 / 91 ms; with 2 workers 93 / 73 / 66 / 58 / 63 ms. Each
-# chunk costs a message (JSON header, HMAC, thread wake-ups), so small chunks are
-# dear; above 4 MB the gain stops and the pipeline gets short. Through shared memory
-# (one host, d2ldist/runtime/shm.py) the same sweep gave 148 / 74 / 56 / 44 / 41 ms with 4
-# workers and 71 / 42 / 32 / 26 / 22 ms with 2: 8 MB would save little more.
+# chunk costs a message (JSON header, HMAC, wake-ups), so small chunks are dear;
+# above 4 MB the gain stops and the pipeline gets short. On the ring's streams (--no-shm)
+# 3 workers: 84 / 58 / 52 / 49 / 47 ms. Through shared memory (one host,
+# d2ldist/runtime/shm.py) 148 / 74 / 56 / 44 / 41 ms with 4 workers and
+# 71 / 42 / 32 / 26 / 22 ms with 2: 8 MB would save little more.
 CHUNK_BYTES = 4 * 1024 * 1024
 
 
