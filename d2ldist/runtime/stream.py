@@ -45,6 +45,7 @@ MAC_BYTES = 32
 HELLO = b'd2ldist stream 1'       # what the hello's MAC covers first
 MAX_HEADER_BYTES = 64 * 1024
 MAX_ID_BYTES = 255
+MAX_HELLOS = 16                   # connections waiting to say hello, at most
 CONNECT_SECONDS = 10.0
 
 
@@ -62,6 +63,11 @@ def _hello_mac(key, nonce, sender, receiver):
 
 def _message_mac(key, nonce, number, prefix, head_bytes):
     return _mac(key, nonce, number.to_bytes(8, 'big'), prefix, head_bytes)
+
+
+def _named(peer):
+    """'worker 1' for 'worker:1', as the job's messages name nodes."""
+    return peer.replace(':', ' ')
 
 
 def _as_bytes(buffer):
@@ -123,6 +129,9 @@ class Receiver:
                 return None
             conn.setblocking(False)
             self._hellos[conn] = b''
+            if len(self._hellos) > MAX_HELLOS:       # a flood: the longest silent goes
+                self._refuse(next(iter(self._hellos)),
+                             f'more than {MAX_HELLOS} connections waiting to say hello')
         elif sock in self._hellos:
             self._hello(sock)
         elif sock is self._conn:
@@ -206,7 +215,7 @@ class Receiver:
                     raise StreamBroken('bad payload MAC')
         except StreamBroken as e:
             self._lost(str(e))
-            raise StreamBroken(f'the stream from {self.peer} broke: {e}') from None
+            raise StreamBroken(f'the stream from {_named(self.peer)} broke: {e}') from None
         self._unread = None
 
     def _recv_exactly(self, n, eof_ok=False):
@@ -259,9 +268,10 @@ class Sender:
             self.nonce, port = bytes.fromhex(offer['nonce']), int(offer['port'])
             self._sock = socket.create_connection((host, port), timeout=CONNECT_SECONDS)
         except (KeyError, TypeError, ValueError) as e:
-            raise StreamBroken(f'a bad stream offer from {peer}: {e}') from None
+            raise StreamBroken(f'a bad stream offer from {_named(peer)}: {e}') from None
         except OSError as e:
-            raise StreamBroken(f'cannot open a stream to {peer} at {host}:{port}: {e}') from None
+            raise StreamBroken(f'cannot open a stream to {_named(peer)} at {host}:{port}: '
+                               f'{e}') from None
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         me = van.node_id.encode()
@@ -343,7 +353,7 @@ class Sender:
                 for part in parts:
                     self._sock.sendall(part)
             except OSError as e:
-                self.error = StreamBroken(f'the stream to {self.peer} broke: {e}')
+                self.error = StreamBroken(f'the stream to {_named(self.peer)} broke: {e}')
             with self._progress:
                 self._written += 1
                 self._progress.notify_all()

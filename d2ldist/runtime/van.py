@@ -31,6 +31,10 @@ descriptor is covered by the MAC like the rest of the header (``D2L_MAC_PAYLOAD`
 the bytes that cross the network; those in shared memory never do, and only processes of
 our own user can write them); the application receives a memoryview as from the socket.
 ``D2L_SHM=0`` sends everything through the socket.
+
+A stream (stream.py: a TCP connection of its own from one peer, the ring's between
+hosts) is one more source: ``recv`` waits on its sockets beside the ROUTER socket and
+returns its messages like the others, their frames still to be read in place.
 """
 import ctypes
 import hashlib

@@ -57,6 +57,29 @@ def test_mismatched_sizes_fail_clearly(write_script, env):
     assert wait_no_survivors(r.tag) == []
 
 
+KILLED_MID_RING = r'''
+import os, signal, torch, d2ldist
+d2ldist.init()
+x = torch.ones(4_000_000)
+for step in range(100_000):
+    d2ldist.allreduce_(x.fill_(1), op=d2ldist.Sum)
+    if step == 5 and d2ldist.rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)        # its neighbours are mid-collective
+'''
+
+
+def test_a_worker_killed_between_hosts_stops_the_job_in_one_line(write_script):
+    """Over TCP (the ring's streams): worker 0's stream to the dead worker breaks and
+    worker 2's from it ends; the job fails naming worker 1, no traceback, no survivor."""
+    r = run_launch('-n', 3, '-s', 0, '--timeout', 60, '--env', 'D2L_SHM=0', sys.executable,
+                   write_script(KILLED_MID_RING), timeout=90)
+    out = r.stdout + r.stderr
+    assert r.returncode not in (0, 124), out[-3000:]
+    assert 'd2l-launch: worker 1 failed (killed by SIGKILL' in out, out[-3000:]
+    assert 'Traceback' not in out, out[-3000:]
+    assert wait_no_survivors(r.tag) == []
+
+
 STANDALONE = r'''
 import sys
 import d2ldist

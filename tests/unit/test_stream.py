@@ -189,6 +189,26 @@ def test_a_silent_connection_does_not_stop_the_receiver():
         b.close()
 
 
+def test_a_flood_of_connections_is_refused_beyond_a_few_and_the_peer_gets_in():
+    a, b = _vans()
+    try:
+        receiver = stream.listen(b, 'worker:0')
+        flood = [socket.create_connection((b.host, receiver.port))
+                 for _ in range(stream.MAX_HELLOS + 4)]
+        assert _serve_until(b, lambda: b.dropped == 4)
+        assert len(receiver._hellos) == stream.MAX_HELLOS
+        sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
+        sender.send('ring', {'k': 7}, bytes(3))
+        msg = _recv(b)
+        assert msg['k'] == 7
+        msg.frames[0].read_into(bytearray(3))
+        assert receiver._hellos == {}                 # the peer is in: the rest are closed
+        assert all(_closed(s) for s in flood)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_forged_message_closes_the_stream_and_the_van_goes_on():
     """A message whose MAC fails (tampered in flight): logged, the stream is closed
     (it has lost its place), and the van keeps serving its other messages."""
@@ -249,7 +269,7 @@ def test_a_broken_stream_says_so_on_the_sending_side():
         sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
         _serve_until(b, lambda: receiver._conn is not None)
         receiver.close()
-        with pytest.raises(stream.StreamBroken, match='stream to worker:1 broke'):
+        with pytest.raises(stream.StreamBroken, match='stream to worker 1 broke'):
             for _ in range(50):                       # until the kernel has said so
                 sender.send('ring', {}, bytes(1 << 20))
                 sender.flush()
@@ -263,7 +283,7 @@ def test_a_bad_offer_is_one_clear_error():
     try:
         with pytest.raises(stream.StreamBroken, match='bad stream offer'):
             stream.connect(a, 'worker:1', '127.0.0.1', {'port': 'x'})
-        with pytest.raises(stream.StreamBroken, match='cannot open a stream to worker:1'):
+        with pytest.raises(stream.StreamBroken, match='cannot open a stream to worker 1'):
             stream.connect(a, 'worker:1', '127.0.0.1', {'port': 1, 'nonce': '00' * 16})
     finally:
         a.close()
