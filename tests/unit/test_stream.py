@@ -15,6 +15,15 @@ from d2ldist.runtime.van import Van
 SECRET = 'a' * 64
 
 
+@pytest.fixture
+def vans():
+    """Two vans, worker:0 and worker:1, not yet linked."""
+    a, b = _vans()
+    yield a, b
+    a.close()
+    b.close()
+
+
 def _vans(mac_payload=False):
     a = Van('worker:0', SECRET, mac_payload=mac_payload)
     b = Van('worker:1', SECRET, mac_payload=mac_payload)
@@ -95,30 +104,26 @@ def test_a_payload_is_read_once_and_whole(link):
         frame.read_into(bytearray(100))
 
 
-def test_flush_waits_until_a_big_message_is_written():
+def test_flush_waits_until_a_big_message_is_written(vans):
     """A message larger than the socket takes at once is finished by the stream's
     thread, while the receiver reads; flush() returns after that."""
-    a, b = _vans()
-    try:
-        receiver = stream.listen(b, 'worker:0')
-        sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
-        x = torch.randn(16_000_000)                       # 64 MB
-        sender.send('ring', {}, x.view(torch.uint8).numpy())
-        got = {}
+    a, b = vans
+    receiver = stream.listen(b, 'worker:0')
+    sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
+    x = torch.randn(16_000_000)                       # 64 MB
+    sender.send('ring', {}, x.view(torch.uint8).numpy())
+    got = {}
 
-        def read():
-            msg = _recv(b, timeout=20)
-            y = torch.empty_like(x)
-            msg.frames[0].read_into(y.view(torch.uint8).numpy())
-            got['y'] = y
-        reader = threading.Thread(target=read)
-        reader.start()
-        sender.flush()
-        reader.join(timeout=20)
-        assert torch.equal(got['y'], x)
-    finally:
-        a.close()
-        b.close()
+    def read():
+        msg = _recv(b, timeout=20)
+        y = torch.empty_like(x)
+        msg.frames[0].read_into(y.view(torch.uint8).numpy())
+        got['y'] = y
+    reader = threading.Thread(target=read)
+    reader.start()
+    sender.flush()
+    reader.join(timeout=20)
+    assert torch.equal(got['y'], x)
 
 
 # -- what is refused -------------------------------------------------------------------
@@ -150,109 +155,89 @@ def _serve_until(van, predicate, seconds=5):
     lambda nonce: b'\xff\xff' + bytes(100),                                 # an id too long
     lambda nonce: b'GET / HTTP/1.1\r\n\r\n',                               # a stranger
 ], ids=['wrong secret', 'replayed', 'other peer', 'oversized', 'stranger'])
-def test_a_bad_hello_is_refused_and_the_listener_goes_on(hello, capfd):
-    a, b = _vans()
-    try:
-        receiver = stream.listen(b, 'worker:0')
-        offer = receiver.offer()
-        bad = socket.create_connection((b.host, offer['port']))
-        bad.sendall(hello(bytes.fromhex(offer['nonce'])))
-        assert _serve_until(b, lambda: b.dropped == 1)
-        assert _closed(bad)
-        assert 'dropped a message: stream from worker:0' in capfd.readouterr().err
-        sender = stream.connect(a, 'worker:1', b.host, offer)     # the real peer still can
-        sender.send('ring', {'k': 1}, bytes(8))
-        msg = _recv(b)
-        assert msg['k'] == 1 and msg.sender == 'worker:0'
-        msg.frames[0].read_into(bytearray(8))
-    finally:
-        a.close()
-        b.close()
+def test_a_bad_hello_is_refused_and_the_listener_goes_on(vans, hello, capfd):
+    a, b = vans
+    receiver = stream.listen(b, 'worker:0')
+    offer = receiver.offer()
+    bad = socket.create_connection((b.host, offer['port']))
+    bad.sendall(hello(bytes.fromhex(offer['nonce'])))
+    assert _serve_until(b, lambda: b.dropped == 1)
+    assert _closed(bad)
+    assert 'dropped a message: stream from worker:0' in capfd.readouterr().err
+    sender = stream.connect(a, 'worker:1', b.host, offer)     # the real peer still can
+    sender.send('ring', {'k': 1}, bytes(8))
+    msg = _recv(b)
+    assert msg['k'] == 1 and msg.sender == 'worker:0'
+    msg.frames[0].read_into(bytearray(8))
 
 
-def test_a_silent_connection_does_not_stop_the_receiver():
+def test_a_silent_connection_does_not_stop_the_receiver(vans):
     """Someone connects and says nothing: the van still serves ZeroMQ and the peer."""
-    a, b = _vans()
-    try:
-        a.connect('worker:1', b.address)
-        receiver = stream.listen(b, 'worker:0')
-        silent = socket.create_connection((b.host, receiver.port))
-        a.send('worker:1', 'note', {'x': 1})
-        assert _recv(b).kind == 'note'
-        sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
-        sender.send('ring', {}, bytes(4))
-        msg = _recv(b)
-        assert msg.kind == 'ring'
-        silent.close()
-    finally:
-        a.close()
-        b.close()
+    a, b = vans
+    a.connect('worker:1', b.address)
+    receiver = stream.listen(b, 'worker:0')
+    silent = socket.create_connection((b.host, receiver.port))
+    a.send('worker:1', 'note', {'x': 1})
+    assert _recv(b).kind == 'note'
+    sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
+    sender.send('ring', {}, bytes(4))
+    msg = _recv(b)
+    assert msg.kind == 'ring'
+    silent.close()
 
 
-def test_a_flood_of_connections_is_refused_beyond_a_few_and_the_peer_gets_in():
-    a, b = _vans()
-    try:
-        receiver = stream.listen(b, 'worker:0')
-        flood = [socket.create_connection((b.host, receiver.port))
-                 for _ in range(stream.MAX_HELLOS + 4)]
-        assert _serve_until(b, lambda: b.dropped == 4)
-        assert len(receiver._hellos) == stream.MAX_HELLOS
-        sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
-        sender.send('ring', {'k': 7}, bytes(3))
-        msg = _recv(b)
-        assert msg['k'] == 7
-        msg.frames[0].read_into(bytearray(3))
-        assert receiver._hellos == {}                 # the peer is in: the rest are closed
-        assert all(_closed(s) for s in flood)
-    finally:
-        a.close()
-        b.close()
+def test_a_flood_of_connections_is_refused_beyond_a_few_and_the_peer_gets_in(vans):
+    a, b = vans
+    receiver = stream.listen(b, 'worker:0')
+    flood = [socket.create_connection((b.host, receiver.port))
+             for _ in range(stream.MAX_HELLOS + 4)]
+    assert _serve_until(b, lambda: b.dropped == 4)
+    assert len(receiver._hellos) == stream.MAX_HELLOS
+    sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
+    sender.send('ring', {'k': 7}, bytes(3))
+    msg = _recv(b)
+    assert msg['k'] == 7
+    msg.frames[0].read_into(bytearray(3))
+    assert receiver._hellos == {}                 # the peer is in: the rest are closed
+    assert all(_closed(s) for s in flood)
 
 
-def test_a_forged_message_closes_the_stream_and_the_van_goes_on():
+def test_a_forged_message_closes_the_stream_and_the_van_goes_on(vans):
     """A message whose MAC fails (tampered in flight): logged, the stream is closed
     (it has lost its place), and the van keeps serving its other messages."""
-    a, b = _vans()
-    try:
-        a.connect('worker:1', b.address)
-        receiver = stream.listen(b, 'worker:0')
-        offer = receiver.offer()
-        raw = socket.create_connection((b.host, offer['port']))
-        raw.sendall(_hello('worker:0', bytes.fromhex(offer['nonce']), 'worker:1'))
-        head = b'{"kind":"ring"}'
-        prefix = stream.PREFIX.pack(len(head), 4)
-        raw.sendall(prefix + hmac.new(b'b' * 64, head, hashlib.sha256).digest() + head + bytes(4))
-        assert _serve_until(b, lambda: b.dropped == 1)
-        assert receiver not in b._streams
-        a.send('worker:1', 'note', {'x': 1})
-        assert _recv(b).kind == 'note'
-        raw.close()
-    finally:
-        a.close()
-        b.close()
+    a, b = vans
+    a.connect('worker:1', b.address)
+    receiver = stream.listen(b, 'worker:0')
+    offer = receiver.offer()
+    raw = socket.create_connection((b.host, offer['port']))
+    raw.sendall(_hello('worker:0', bytes.fromhex(offer['nonce']), 'worker:1'))
+    head = b'{"kind":"ring"}'
+    prefix = stream.PREFIX.pack(len(head), 4)
+    raw.sendall(prefix + hmac.new(b'b' * 64, head, hashlib.sha256).digest() + head + bytes(4))
+    assert _serve_until(b, lambda: b.dropped == 1)
+    assert receiver not in b._streams
+    a.send('worker:1', 'note', {'x': 1})
+    assert _recv(b).kind == 'note'
+    raw.close()
 
 
-def test_a_message_cannot_be_replayed_on_the_stream():
+def test_a_message_cannot_be_replayed_on_the_stream(vans):
     """The MAC covers the message's number: the same bytes sent twice fail the second time."""
-    a, b = _vans()
-    try:
-        receiver = stream.listen(b, 'worker:0')
-        offer = receiver.offer()
-        nonce = bytes.fromhex(offer['nonce'])
-        raw = socket.create_connection((b.host, offer['port']))
-        raw.sendall(_hello('worker:0', nonce, 'worker:1'))
-        head = b'{"kind":"ring","k":0}'
-        prefix = stream.PREFIX.pack(len(head), 0)
-        mac = stream._message_mac(SECRET.encode(), nonce, 1, prefix, head).digest()
-        raw.sendall((prefix + mac + head) * 2)
-        msg = _recv(b)
-        assert msg['k'] == 0
-        msg.frames[0].read_into(bytearray(0))
-        assert _serve_until(b, lambda: b.dropped == 1)
-        raw.close()
-    finally:
-        a.close()
-        b.close()
+    a, b = vans
+    receiver = stream.listen(b, 'worker:0')
+    offer = receiver.offer()
+    nonce = bytes.fromhex(offer['nonce'])
+    raw = socket.create_connection((b.host, offer['port']))
+    raw.sendall(_hello('worker:0', nonce, 'worker:1'))
+    head = b'{"kind":"ring","k":0}'
+    prefix = stream.PREFIX.pack(len(head), 0)
+    mac = stream._message_mac(SECRET.encode(), nonce, 1, prefix, head).digest()
+    raw.sendall((prefix + mac + head) * 2)
+    msg = _recv(b)
+    assert msg['k'] == 0
+    msg.frames[0].read_into(bytearray(0))
+    assert _serve_until(b, lambda: b.dropped == 1)
+    raw.close()
 
 
 def test_a_sender_that_ends_closes_the_stream_quietly(link):
@@ -262,20 +247,16 @@ def test_a_sender_that_ends_closes_the_stream_quietly(link):
     assert b.dropped == 0
 
 
-def test_a_broken_stream_says_so_on_the_sending_side():
-    a, b = _vans()
-    try:
-        receiver = stream.listen(b, 'worker:0')
-        sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
-        _serve_until(b, lambda: receiver._conn is not None)
-        receiver.close()
-        with pytest.raises(stream.StreamBroken, match='stream to worker 1 broke'):
-            for _ in range(50):                       # until the kernel has said so
-                sender.send('ring', {}, bytes(1 << 20))
-                sender.flush()
-    finally:
-        a.close()
-        b.close()
+def test_a_broken_stream_says_so_on_the_sending_side(vans):
+    a, b = vans
+    receiver = stream.listen(b, 'worker:0')
+    sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
+    _serve_until(b, lambda: receiver._conn is not None)
+    receiver.close()
+    with pytest.raises(stream.StreamBroken, match='stream to worker 1 broke'):
+        for _ in range(50):                       # until the kernel has said so
+            sender.send('ring', {}, bytes(1 << 20))
+            sender.flush()
 
 
 def test_a_bad_offer_is_one_clear_error():
