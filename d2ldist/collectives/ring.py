@@ -254,8 +254,8 @@ class Ring:
         self.node.send(self.left, LINK, {'offer': offer})
         msg = self.node.recv([LINK], wait=wait)
         if msg.get('offer') and van.through_socket(self.right):
-            host = self.node.book[self.right].split('://')[-1].rsplit(':', 1)[0].strip('[]')
-            self._out = stream.connect(van, self.right, host, msg['offer'])
+            self._out = stream.connect(van, self.right, self.node.host_of(self.right),
+                                       msg['offer'])
 
     def _end(self):
         """Wait until every chunk is sent, so the caller may reuse the memory."""

@@ -130,6 +130,10 @@ class Node:
         if best is not None:
             timeline.set_clock(best[0], best[1] / 2)
 
+    def host_of(self, peer):
+        """The host a peer listens on, from the address book."""
+        return _host(self.book[peer])
+
     def peers(self, role):
         """The ids of the nodes with ``role``, in rank order."""
         count = self.num_workers if role == 'worker' else self.num_servers
@@ -303,9 +307,13 @@ def _report_peer_failures_in_one_line():
     sys.excepthook = hook
 
 
+def _host(uri):
+    """'198.18.0.2' for 'tcp://198.18.0.2:5555'."""
+    return uri.split('://')[-1].rsplit(':', 1)[0].strip('[]')
+
+
 def _address_towards(uri):
     """This host's address on the route to ``uri`` (127.0.0.1 for a local job)."""
-    host = uri.split('://')[-1].rsplit(':', 1)[0]
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((host, 9))   # no packet is sent: this only asks for the route
+        s.connect((_host(uri), 9))   # no packet is sent: this only asks for the route
         return s.getsockname()[0]
