@@ -1,10 +1,10 @@
 """The production backend: the same collectives on torch.distributed.
 
-gloo on CPU, NCCL when there is a GPU. The rendezvous comes from the environment
-torchrun sets (and d2l-launch sets too): MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
-LOCAL_RANK. Under Slurm without torchrun, SLURM_PROCID / SLURM_NTASKS /
-SLURM_LOCALID stand in for RANK / WORLD_SIZE / LOCAL_RANK (MASTER_ADDR and
-MASTER_PORT must still be exported by the batch script).
+gloo on CPU, NCCL when every worker of a machine has a GPU of its own (``own_gpu``).
+The rendezvous comes from the environment torchrun sets (and d2l-launch sets too):
+MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE. Under Slurm
+without torchrun, SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / SLURM_NTASKS_PER_NODE
+stand in for them (MASTER_ADDR and MASTER_PORT must still be exported by the batch script).
 
 Hangs and calls that disagree, with what torch.distributed offers (d2ldist's own
 detector, ``runtime/hang.py``, cannot see inside gloo or NCCL):
@@ -85,15 +85,26 @@ def _wait_idle(thread_name, timeout=1.0, interval=0.005):
         quiet = quiet + 1 if all_asleep() else 0
 
 
+def own_gpu(env=os.environ):
+    """Whether every worker on this machine has a GPU of its own (then NCCL, else gloo).
+
+    NCCL refuses two processes on one GPU ('Duplicate GPU detected'), so with more
+    workers than GPUs on a machine (two workers sharing one GPU, say) the job runs
+    on gloo, which takes the GPUs' tensors through the CPU (``staging.py``).
+    """
+    local_workers = int(env.get('LOCAL_WORLD_SIZE', '1'))
+    return torch.cuda.is_available() and local_workers <= torch.cuda.device_count()
+
+
 class TorchBackend:
-    """The collectives on torch.distributed (gloo on CPU, NCCL on GPUs)."""
+    """The collectives on torch.distributed (gloo on CPU, NCCL on a GPU per worker)."""
 
     name = 'torch'
 
     def __init__(self):
         if not dist.is_initialized():
             rendezvous_env()
-            cuda = torch.cuda.is_available()
+            cuda = own_gpu()
             if cuda:   # one GPU per process: the local rank picks it
                 torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
             _, fail = hang.thresholds()     # --hang-fail: a collective gives up after it
