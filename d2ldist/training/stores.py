@@ -8,8 +8,10 @@ network, keys 0, 1, 2, ...) and is shared by all workers. What the Trainer needs
   from rank 0's values;
 - ``pushpull(keys, values, out)``: push this worker's values and pull back the
   sum over all workers into ``out`` (an all-reduce; ``out`` may be ``values``).
-  The Trainer's values are views of one flat CPU buffer, in key order
+  The Trainer's values are views of one flat buffer, in key order
   (``trainer.flat_grads``), so a ring all-reduces that buffer at once;
+- optionally ``device``: where the store sums (the CPU unless said otherwise; 'torch'
+  on NCCL: the worker's GPU); the Trainer keeps ``flat_grads`` there;
 - ``init(keys, values, optimizer=False)`` for keys that are not weights (the
   BatchNorm statistics the Trainer shares): a store that runs an optimizer must
   not apply it to them, only sum (or, asynchronous, add) their pushes;
@@ -35,6 +37,8 @@ The stores: ``d2ldist.kv.create(kind)`` for 'local' (one process) and the
 parameter server ('dist_sync', 'dist_async', 'dist_sync_device'); here
 ``AllreduceStore`` for 'ring' (d2ldist's ring) and 'torch' (torch.distributed).
 """
+import torch
+
 from ..collectives.staging import staged
 from ..runtime import compression
 from ..kv.optimizers import OPTIMIZERS
@@ -88,6 +92,9 @@ class AllreduceStore:
             self._collective = lambda method, *args: _Done(
                 getattr(self._backend, method)(*args))
         self.rank, self.num_workers = self._backend.rank, self._backend.size
+        # where it sums: the ring on the CPU; torch.distributed there too on gloo, on the
+        # worker's GPU on NCCL (the Trainer's gradients then never leave it)
+        self.device = self._backend.device if kind == 'torch' else torch.device('cpu')
         self._values = {}
         self._codec = None        # fp16 / bf16 on the wire (set_gradient_compression)
         self._plain = set()       # keys that are not gradients: never compressed
@@ -98,7 +105,7 @@ class AllreduceStore:
 
         (``optimizer=False``: not gradients, so never compressed; pushpull only sums.)
         """
-        with staged(values, 'cpu') as flat:
+        with staged(values, self.device) as flat:
             self._collective('broadcast_', flat, 0).wait()
         self._values.update(zip(keys, values))
         if not optimizer:
@@ -123,7 +130,7 @@ class AllreduceStore:
     def pushpull(self, keys, values, out):
         """Sum values over all workers into out: one all-reduce of the flat buffer
         (through the codec, unless the keys were made with ``optimizer=False``)."""
-        with staged(values, 'cpu') as flat:
+        with staged(values, self.device) as flat:
             self._sum(flat, coded=not self._plain.intersection(keys)).wait()
         for v, o in zip(values, out):
             if o is not v:

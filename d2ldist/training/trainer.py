@@ -34,8 +34,13 @@ waits for the buckets still running. Each step's time counts its own work, where
 it ran (step 1 does not count the hooks' steps 2 to 4). ``overlap=False`` runs the
 steps one after the other, as with the parameter server.
 
-On the CPU the host buffers are the device's memory: the weights of the network
-on ``devices[0]`` are views of ``flat_weights``, so step 6 has nothing to copy.
+Where the buffers live. ``flat_grads`` is where the store sums: host memory (pinned
+when there are GPUs, so step 3's copies do not block), or the GPU itself for 'torch' on
+NCCL, which sums there. ``flat_weights`` is where the update runs: host memory that
+the servers' new weights are pulled into, when the store updates; ``devices[0]`` when
+the Trainer updates ('ring', 'torch', ...: on a GPU, as DDP's optimizer runs), and then
+the weights of the network on ``devices[0]`` are views of it, so step 6 has nothing to
+copy (on the CPU that is always so).
 
 BatchNorm: each replica normalizes its own slice with that slice's statistics
 (as MXNet and DistributedDataParallel do without synchronized BatchNorm); its
@@ -127,16 +132,17 @@ class Trainer:
         self.keys = [f'{self.name}.{i}' for i in range(len(self.params[0]))]
         self.optimizer_params = torch_names(optimizer_params)   # torch.optim's, from here on
         self._optimizer_name = optimizer
-        pin = torch.cuda.is_available() and any(d.type == 'cuda' for d in self.devices)
-        # Host copies, one tensor per key, all views of one flat buffer (which a
-        # ring can all-reduce in one go): step 3 lands in the gradients, step 5
-        # in the weights.
+        # One tensor per key, all views of one flat buffer (which a ring can all-reduce
+        # in one go): step 3 lands in the gradients, step 5 in the weights. Where each
+        # buffer lives: see the module's docstring.
         if len({p.dtype for p in self.params[0]}) != 1:
             raise ValueError('all parameters must have the same dtype')
         numels = [p.numel() for p in self.params[0]]
         dtype = self.params[0][0].dtype
-        self.flat_grads = torch.zeros(sum(numels), dtype=dtype, pin_memory=pin)
-        self.flat_weights = torch.zeros(sum(numels), dtype=dtype, pin_memory=pin)
+        self.flat_grads = _buffer(sum(numels), dtype, getattr(self.store, 'device', 'cpu'),
+                                  self.devices)
+        self.flat_weights = _buffer(sum(numels), dtype, 'cpu' if self.update_on_kvstore
+                                    else self.devices[0], self.devices)
         self._grads = [v.view_as(p) for v, p in zip(self.flat_grads.split(numels),
                                                     self.params[0])]
         self._weights = [v.view_as(p) for v, p in zip(self.flat_weights.split(numels),
@@ -166,7 +172,7 @@ class Trainer:
             w.copy_(p.detach())
         self.store.init(self.keys, self._weights)
         self.store.pull(self.keys, out=self._weights)
-        if self.devices[0].type == 'cpu':   # the device is the host: share the memory
+        if self.flat_weights.device == self.devices[0]:   # updated in place: share it
             for p, w in zip(self.params[0], self._weights):
                 p.data = w
         if self.update_on_kvstore:
@@ -264,7 +270,9 @@ class Trainer:
             else:                       # every worker: the same update of the same sum
                 if self._buckets is not None:
                     self.flat_grads.mul_(scale)   # the hooks summed them unscaled
-                self.flat_weights.grad = self.flat_grads
+                # (to the GPU the weights are on, if they are: one copy of the sum)
+                self.flat_weights.grad = self.flat_grads.to(self.flat_weights.device,
+                                                            non_blocking=True)
                 self._optimizer.step()
         # Steps 6 and 7: to the first device, then to all the others (with the
         # BatchNorm statistics of all workers).
@@ -289,8 +297,8 @@ class Trainer:
 
     def _start_bucket(self, b, indices):
         """Step 4 for one bucket: start all-reducing its slice of flat_grads."""
-        if self.devices[0].type == 'cuda':   # the non-blocking copies must have landed
-            torch.cuda.synchronize(self.devices[0])
+        if self.devices[0].type == 'cuda' and self.flat_grads.device.type == 'cpu':
+            torch.cuda.synchronize(self.devices[0])   # the copies to the host must land
         start, stop = self._offsets[min(indices)], self._offsets[max(indices) + 1]
         return self.store.allreduce_async_(self.flat_grads[start:stop])
 
@@ -359,7 +367,12 @@ class Trainer:
     @contextmanager
     def timed(self, step, enabled=True, count=True):
         """Add the block's time (waiting for the devices) to the step's total, less the
-        time of the steps timed inside it (the hooks of overlapping buckets)."""
+        time of the steps timed inside it (the hooks of overlapping buckets).
+
+        count=False (the hooks in backward) does not wait for the devices: waiting in
+        every hook would stall backward's GPU kernels; there the time is what the
+        host spent starting the work, and the waiting shows in step 4.
+        """
         start = time.perf_counter()
         self._timers.append(0.0)          # the time of the blocks nested in this one
         try:
@@ -367,7 +380,7 @@ class Trainer:
                 yield
         finally:
             for d in set(self.devices):
-                if enabled and d.type == 'cuda':
+                if enabled and count and d.type == 'cuda':
                     torch.cuda.synchronize(d)
             elapsed, inner = time.perf_counter() - start, self._timers.pop()
             if self._timers:
@@ -393,6 +406,15 @@ class Trainer:
         dashboard labels its bars with the keys, in this order.
         """
         return {STEP_LABELS[s]: t for s, t in self.step_times.items() if t is not None}
+
+
+def _buffer(numel, dtype, device, devices):
+    """A flat buffer of zeros on device; on the CPU pinned when there are GPUs (their
+    copies to and from it then do not block)."""
+    device = torch.device(device)
+    pin = device.type == 'cpu' and any(d.type == 'cuda' for d in devices) \
+        and torch.cuda.is_available()
+    return torch.zeros(numel, dtype=dtype, device=device, pin_memory=pin)
 
 
 def train_batch(X, y, net, loss, trainer, devices):
