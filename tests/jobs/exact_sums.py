@@ -2,6 +2,8 @@
 
     d2l-launch -n 2 -s 2 python tests/jobs/exact_sums.py kv
     d2l-launch -n 3 -s 0 python tests/jobs/exact_sums.py ring
+    d2l-launch -n 2 -s 2 python tests/jobs/exact_sums.py kv cuda     # tensors on the GPU
+    d2l-launch -n 1 --env D2L_BACKEND=torch python tests/jobs/exact_sums.py ring cuda   # NCCL
 
 Worker r contributes (r + 1) * [0, 1, 2, ...]; with N workers the sum is
 N(N + 1)/2 * [0, 1, 2, ...], exact in float32 at these sizes. A big key (over the
@@ -15,19 +17,25 @@ import d2ldist
 
 BIG = 1_000_003
 what = sys.argv[1]
+device = torch.device(sys.argv[2] if len(sys.argv) > 2 else 'cpu')
 if what == 'kv':
     kv = d2ldist.kv.create('dist_sync')
     rank, n = kv.rank, kv.num_workers
     kv.init(['small', 'big'], [torch.zeros(5), torch.zeros(BIG)])
-    out = [torch.empty(5), torch.empty(BIG)]
-    kv.pushpull(['small', 'big'], [torch.arange(5.) * (rank + 1),
-                                   torch.arange(float(BIG)) * (rank + 1)], out=out)
+    out = [torch.empty(5, device=device), torch.empty(BIG, device=device)]
+    kv.pushpull(['small', 'big'], [torch.arange(5., device=device) * (rank + 1),
+                                   torch.arange(float(BIG), device=device) * (rank + 1)], out=out)
     want = [torch.arange(5.) * n * (n + 1) / 2, torch.arange(float(BIG)) * n * (n + 1) / 2]
 else:
     d2ldist.init()
     rank, n = d2ldist.rank(), d2ldist.size()
-    out = [d2ldist.allreduce(torch.arange(float(BIG)) * (rank + 1), op=d2ldist.Sum)]
+    out = [d2ldist.allreduce(torch.arange(float(BIG), device=device) * (rank + 1),
+                             op=d2ldist.Sum)]
     want = [torch.arange(float(BIG)) * n * (n + 1) / 2]
-ok = all(torch.equal(o, w) for o, w in zip(out, want))
-print(f'worker {rank} of {n}: {what} sum {"exact" if ok else "WRONG"}', flush=True)
+    if d2ldist.collectives.world.name() == 'torch':
+        print(f'worker {rank}: torch.distributed on {torch.distributed.get_backend()}',
+              flush=True)
+ok = all(o.device.type == device.type and torch.equal(o.cpu(), w) for o, w in zip(out, want))
+print(f'worker {rank} of {n}: {what} sum on {device.type} {"exact" if ok else "WRONG"}',
+      flush=True)
 sys.exit(0 if ok else 1)

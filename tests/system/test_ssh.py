@@ -30,9 +30,9 @@ JOBS = [
     ('hello_roles', ['-n', '3', '-s', '2', 'python', 'examples/hello_roles.py'],
      'worker {rank} passed the barrier'),
     ('parameter_server', ['-n', '2', '-s', '2', 'python', 'tests/jobs/exact_sums.py', 'kv'],
-     'worker {rank} of 2: kv sum exact'),
+     'worker {rank} of 2: kv sum on cpu exact'),
     ('ring', ['-n', '3', '-s', '0', 'python', 'tests/jobs/exact_sums.py', 'ring'],
-     'worker {rank} of 3: ring sum exact'),
+     'worker {rank} of 3: ring sum on cpu exact'),
 ]
 
 
