@@ -8,7 +8,7 @@ NBVAL   = --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.c
 # pass nbval under them too (nbval compares only what any CPU prints).
 OTHER_CPU = ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: venv demo test test-fast test-jobs test-system notebooks figures book benchmarks clean
+.PHONY: venv demo test test-fast test-jobs test-system notebooks figures book benchmarks gpu clean
 
 venv: $(VENV)/.installed
 
@@ -55,6 +55,10 @@ benchmarks: venv
 	$(PY) benchmarks/allreduce.py
 	$(PY) benchmarks/train_throughput.py
 	$(PY) benchmarks/scaling.py
+
+# on a machine with a GPU: the tests' CUDA cases and the Trainer against DDP there
+gpu: venv
+	PYTHON=$(PY) bash benchmarks/on_gpu.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -2,6 +2,7 @@
 
     python benchmarks/train_throughput.py            # ResNet-18, batch 32 per worker
     python benchmarks/train_throughput.py --quick    # fewer steps (the same network)
+    python benchmarks/train_throughput.py --device cuda --batch-size 128 -n 1 -s 1
 
 One job of 2 workers and 2 servers (d2l-launch -n 2 -s 2). In that job every worker
 trains d2l's ResNet-18 (32x32 random inputs, 10 classes, SGD with momentum) in
@@ -30,6 +31,18 @@ as DDP does); steps 2 and 3 run in backward's hooks and count their own time. Th
 d2ldist stores move big frames through shared memory on one machine (d2ldist/runtime/shm.py;
 gloo, under DDP, does not): with D2L_SHM=0 their messages take TCP loopback instead,
 and the same run gave dist_sync 0.97x, ring 1.01x.
+
+With ``--device cuda`` each worker computes on GPU local rank % GPUs, takes its batch
+from pinned CPU memory, and DDP runs on NCCL where each worker has a GPU of its own (on
+gloo where workers share one: NCCL refuses that); a fourth row, ``torch``, is the
+Trainer on the same torch.distributed. On one NVIDIA H200, batch 128 (the figures of
+``benchmarks/on_gpu.sh``, which the README quotes):
+
+     kvstore    images/s   vs DDP   ms per batch in steps 1..7        (-n 1 -s 1, DDP on NCCL)
+   dist_sync      2000.1    0.14x       9.9     0.7     1.1    38.3    12.4     1.4     0.0
+        ring      9050.2    0.63x       8.6     0.2     0.7     2.2     2.1     0.0     0.0
+       torch     11990.8    0.83x       8.8     0.2     0.7     0.4     0.3     0.1     0.0
+         ddp     14416.3    1.00x
 """
 import argparse
 import json
@@ -39,7 +52,11 @@ import time
 
 from common import launch, worker_command   # benchmarks/common.py
 
-KINDS = ('dist_sync', 'ring', 'ddp')
+def kinds_of(args):
+    """What runs: on a GPU also the Trainer on torch.distributed ('torch': NCCL where each
+    worker has a GPU of its own, as DDP)."""
+    return ('dist_sync', 'ring') + (('torch',) if args.device == 'cuda' else ()) + ('ddp',)
+
 
 
 def parse(argv=None):
@@ -50,10 +67,18 @@ def parse(argv=None):
     p.add_argument('--rounds', type=int, default=3, help='turns of each kind')
     p.add_argument('--steps', type=int, default=5, help='timed steps per turn')
     p.add_argument('--threads', type=int, default=0, help='torch threads (0: cores / workers)')
+    p.add_argument('--device', choices=['cpu', 'cuda'], default='cpu',
+                   help="cuda: each worker's GPU is its local rank's (GPUs may be shared)")
+    p.add_argument('--replicas', type=int, default=1,
+                   help="replicas of the network per worker for the Trainer, on its device")
     p.add_argument('-n', '--workers', type=int, default=2)
     p.add_argument('-s', '--servers', type=int, default=2)
     p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.device == 'cuda' and not args.worker:
+        import torch
+        if not torch.cuda.is_available():
+            p.error('--device cuda: torch sees no GPU here')
     if args.quick:
         args.rounds, args.steps = min(args.rounds, 2), min(args.steps, 2)
     return args
@@ -69,21 +94,30 @@ def worker(args):
     from d2ldist.collectives.torch_backend import TorchBackend
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // args.workers))
     d2ldist.init()
-    TorchBackend()                        # torch.distributed on gloo, for DDP
+    device = d2ldist.cpu()
+    if args.device == 'cuda':             # GPU local rank % GPUs: workers may share one
+        device = torch.device('cuda', d2ldist.local_rank() % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    backend = TorchBackend()              # for DDP: NCCL if each worker has a GPU, else gloo
     rank, hyper = d2ldist.rank(), {'lr': 0.01, 'momentum': 0.9, 'weight_decay': 5e-4}
     g = torch.Generator().manual_seed(rank)
+    # the batch comes from the CPU, as from a DataLoader (pinned where it goes to a GPU)
     X = torch.randn(args.batch_size, 3, 32, 32, generator=g)
     y = torch.randint(0, 10, (args.batch_size,), generator=g)
+    if device.type == 'cuda':
+        X, y = X.pin_memory(), y.pin_memory()
     loss = nn.CrossEntropyLoss(reduction='none')
-    cpu = [d2ldist.cpu()]
+    devices = [device] * args.replicas
 
     def net():
         torch.manual_seed(0)
         return d2ldist.resnet18(10, width=args.width)
 
-    trainers = {kind: d2ldist.Trainer(net(), 'sgd', hyper, kvstore=kind, devices=cpu)
-                for kind in ('dist_sync', 'ring')}
-    ddp = nn.parallel.DistributedDataParallel(net())
+    kinds = kinds_of(args)
+    trainers = {kind: d2ldist.Trainer(net(), 'sgd', hyper, kvstore=kind, devices=devices)
+                for kind in kinds if kind != 'ddp'}
+    ddp = nn.parallel.DistributedDataParallel(
+        net().to(device), device_ids=[device.index] if device.type == 'cuda' else None)
     # the Trainer's optimizer is torch's plain SGD (d2ldist.training.stores.create_optimizer): so is DDP's
     ddp_opt = torch.optim.SGD(ddp.parameters(), **hyper)
     mean_loss = nn.CrossEntropyLoss()
@@ -91,24 +125,27 @@ def worker(args):
     def step(kind):
         if kind == 'ddp':
             ddp_opt.zero_grad(set_to_none=True)
-            mean_loss(ddp(X), y).backward()   # DDP all-reduces buckets during backward
+            y_hat = ddp(X.to(device, non_blocking=True))
+            mean_loss(y_hat, y.to(device, non_blocking=True)).backward()   # buckets overlap
             ddp_opt.step()
         else:
             t = trainers[kind]
-            d2ldist.train_batch(X, y, t.replicas[0], loss, t, cpu)
+            d2ldist.train_batch(X, y, t.replicas[0], loss, t, devices)
 
-    for kind in KINDS:                    # warm up (first steps allocate)
+    for kind in kinds:                    # warm up (first steps allocate)
         step(kind)
     for t in trainers.values():
         t.reset_step_times()
-    seconds = dict.fromkeys(KINDS, 0.0)
+    seconds = dict.fromkeys(kinds, 0.0)
     for _ in range(args.rounds):
-        for kind in KINDS:
+        for kind in kinds:
             dist.barrier()
             start = time.perf_counter()
             for _ in range(args.steps):
                 step(kind)
-            elapsed = torch.tensor([time.perf_counter() - start])
+            if device.type == 'cuda':
+                torch.cuda.synchronize(device)   # (DDP's last kernels may still run)
+            elapsed = torch.tensor([time.perf_counter() - start], device=backend.device)
             dist.all_reduce(elapsed, dist.ReduceOp.MAX)   # the slowest worker
             seconds[kind] += float(elapsed)
     if rank == 0:
@@ -117,7 +154,10 @@ def worker(args):
             'images_per_s': {k: images / s for k, s in seconds.items()},
             'step_ms': {k: {s: round(v * 1e3, 1) for s, v in t.step_times.items()}
                         for k, t in trainers.items()},
-            'params': sum(p.numel() for p in ddp.parameters())}), flush=True)
+            'params': sum(p.numel() for p in ddp.parameters()),
+            'ddp_backend': dist.get_backend(),
+            'device': torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu',
+        }), flush=True)
     dist.barrier()
 
 
@@ -140,8 +180,10 @@ def main(argv=None):
           f'parameters), 32x32 random inputs, batch {args.batch_size} per worker, '
           f'{args.workers} workers, {args.servers} servers for dist_sync; {os.cpu_count()} CPUs; '
           f'{args.rounds} rounds x {args.steps} steps each')
+    print(f'# device: {result["device"]}, {args.replicas} replica(s) per worker for the '
+          f'Trainer; DDP on {result["ddp_backend"]}')
     print(f'{"kvstore":>12}{"images/s":>12}{"vs DDP":>9}   ms per batch in steps 1..7')
-    for kind in KINDS:
+    for kind in kinds_of(args):
         steps = result['step_ms'].get(kind)
         detail = ' '.join(f'{v:7.1f}' for v in steps.values()) if steps else '(DDP: no steps)'
         print(f'{kind:>12}{ips[kind]:>12.1f}{ips[kind] / ips["ddp"]:>8.2f}x   {detail}')
