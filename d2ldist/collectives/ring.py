@@ -176,7 +176,7 @@ class Ring:
         head = {'n': self.calls, 'call': self._call, 'numel': self._numel, 'phase': phase,
                 'seg': j, 'k': k, 'replay': self._replay, 'joins': self.joins}
         if self._out is not None:
-            self._out.send(RING, head, frame)
+            self._out.send(RING, head, [frame])
         else:
             self._sent += self.node.send(self.right, RING, head, [frame], track=True)
 

@@ -7,7 +7,8 @@ reduce-scatter's into one reused buffer -- so between hosts the ring sends its c
 over a plain TCP connection to its right neighbour, and the receiver reads each chunk's
 bytes with one ``recv_into`` at the place they belong: no copy, no thread hop. Sending
 is done by a thread of the stream's own, so that, as in the van, a worker sends to the
-right while it receives from the left.
+right while it receives from the left. A parameter-server worker knows it too, when it
+pulls: each server sends its answer on a stream the worker offered, into ``out``.
 
 A stream is one-way. The receiving node listens (``listen``) and sends the sender, over
 the van, an offer: the port and a fresh nonce. The sender connects (``connect``) and
@@ -23,11 +24,17 @@ none can be replayed or reordered. A connection whose hello fails is closed and 
 listener goes on; one whose message fails a check is closed (a stream that lost its
 place cannot find the next message) -- both with a log line, as the van drops a message.
 
-The receiving end is one of the van's sources: ``Van.recv`` waits on it with its ZeroMQ
-socket and delivers its messages like any other (the node's stash, hang detector and
-``PeerFailed`` work unchanged), with one difference: a message's frame is ``Pending`` --
-its bytes are still in the socket, and ``read_into`` reads them where they belong. The
-stream delivers nothing more until they have been read.
+A message's payload is its frames one after another; the header lists their sizes
+(``sizes``), as the van's do. The receiving end is one of the van's sources: ``Van.recv``
+waits on it with its ZeroMQ socket and delivers its messages like any other (the node's
+stash, hang detector and ``PeerFailed`` work unchanged), with one difference: a message's
+frames are ``Pending`` -- their bytes are still in the socket, and ``read_into`` reads
+each, in order, where it belongs (``discard`` reads what nobody wants). The stream
+delivers nothing more until they have been read. ``read_later`` reads them on a thread
+instead, so that a worker waiting for two servers' answers reads both as they come
+(a posted receive, as MPI_Irecv): reading one whole while the other waited would let
+that server's window fill and its link stall. The thread wakes the van when it is done
+(a socket pair the van waits on meanwhile), since the stream's next message comes after.
 """
 import hashlib
 import hmac
@@ -46,6 +53,8 @@ HELLO = b'd2ldist stream 1'       # what the hello's MAC covers first
 MAX_HEADER_BYTES = 64 * 1024
 MAX_ID_BYTES = 255
 MAX_HELLOS = 16                   # connections waiting to say hello, at most
+MAX_FRAMES = 4096                 # frames in one message (the van's limit)
+MAX_IOV = 512                     # buffers handed to one sendmsg call
 CONNECT_SECONDS = 10.0
 
 
@@ -77,20 +86,72 @@ def _as_bytes(buffer):
 
 # -- the receiving end ------------------------------------------------------------------
 class Pending:
-    """A received message's payload, still in the socket: ``read_into`` reads it."""
+    """A received message's frame, still in the socket: ``read_into`` reads it."""
 
-    def __init__(self, receiver, nbytes):
-        self.receiver, self.nbytes, self.read = receiver, nbytes, False
+    def __init__(self, receiver, nbytes, index):
+        self.receiver, self.nbytes, self.index, self.read = receiver, nbytes, index, False
 
     def read_into(self, buffer):
-        """Read the payload into ``buffer`` (exactly nbytes, writable); returns buffer."""
-        view = _as_bytes(buffer)
-        if view.nbytes != self.nbytes or self.read:
-            raise ValueError(f'a payload of {self.nbytes} bytes, read once, into as many '
-                             f'(got {view.nbytes}, read before: {self.read})')
-        self.read = True
-        self.receiver._read_payload(view)
+        """Read the frame into ``buffer`` (exactly nbytes, writable), after the message's
+        frames before it; returns buffer."""
+        self.receiver._read_frame(self._claim(buffer, self.receiver._next))
         return buffer
+
+    def _claim(self, buffer, next_index):
+        """``buffer`` as bytes, if it may take this frame when ``next_index`` is next."""
+        view = _as_bytes(buffer)
+        if view.nbytes != self.nbytes or self.read or next_index != self.index:
+            raise ValueError(f'frame {self.index} of {self.nbytes} bytes is read once, in '
+                             f'order, into as many (got {view.nbytes}; read before: '
+                             f'{self.read}; next to read: {next_index})')
+        self.read = True
+        return view
+
+
+def read_later(reads):
+    """Start reading frames of one message, ``[(Pending, buffer), ...]`` in order, on a
+    thread of their own; ``.wait()`` for them (raises StreamBroken if the stream broke)."""
+    return Reading(reads[0][0].receiver, reads) if reads else Reading(None, [])
+
+
+class Reading:
+    """Frames of one message being read into place by a thread (``read_later``)."""
+
+    def __init__(self, receiver, reads):
+        self.receiver, self.error, self.done = receiver, None, False
+        self._views = [frame._claim(buffer, receiver._next + i)
+                       for i, (frame, buffer) in enumerate(reads)]
+        self._thread = None
+        if receiver is not None:
+            receiver._reading = self
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name=f'd2ldist-read-{receiver.peer}')
+            self._thread.start()
+
+    def _run(self):
+        try:
+            for view in self._views:
+                self.receiver._read_next(view)
+        except StreamBroken as e:
+            self.error = e
+        finally:
+            self.done = True
+            self.receiver._wake()         # the van may wait on this stream's next message
+
+    def wait(self):
+        """Until every frame is in place; raises StreamBroken if the stream broke."""
+        if self._thread is None:
+            return
+        self._thread.join()
+        self.receiver._done_reading(self)
+
+
+def discard(msg):
+    """Read and drop what is left of a message's frames on its stream (an answer that is
+    no longer awaited), so that the stream's next message can come."""
+    for frame in msg.frames:
+        if isinstance(frame, Pending) and not frame.read:
+            frame.read_into(bytearray(frame.nbytes))
 
 
 class Receiver:
@@ -105,7 +166,12 @@ class Receiver:
         self._hellos = {}        # connections not yet authenticated -> bytes so far
         self._conn = None        # the authenticated connection
         self._number = 0         # messages received on it
-        self._unread = None      # the last message's payload, while not read
+        self._unread = None      # the last message's frames, while not all read
+        self._next = 0           # the index of its next frame to read
+        self.received = 0        # messages delivered
+        self._reading = None     # the Reading of its frames on a thread, if any
+        self._wake_r, self._wake_w = socket.socketpair()   # that thread: 'done'
+        self._wake_r.setblocking(False)
         van.add_stream(self)
 
     def offer(self):
@@ -116,6 +182,8 @@ class Receiver:
         """The sockets ``Van.recv`` waits on: the listener and hellos, or the connection
         (not while a payload is unread: the next message comes after it)."""
         if self._conn is not None:
+            if self._reading is not None:     # a thread reads the frames: wait for it
+                return [self._wake_r]
             return [] if self._unread is not None else [self._conn]
         return [self._listener, *self._hellos]
 
@@ -134,6 +202,8 @@ class Receiver:
                              f'more than {MAX_HELLOS} connections waiting to say hello')
         elif sock in self._hellos:
             self._hello(sock)
+        elif sock is self._wake_r and self._reading is not None:
+            self._done_reading(self._reading, quiet=True)
         elif sock is self._conn:
             return self._message()
         return None
@@ -195,28 +265,64 @@ class Receiver:
             return self._lost('bad MAC (wrong job secret?)')
         try:
             head = json.loads(head_bytes)
-            kind = head['kind']
+            kind, sizes = head['kind'], head['sizes']
         except (ValueError, KeyError, TypeError):
             return self._lost('malformed header')
-        if not isinstance(kind, str):
+        if not (isinstance(kind, str) and isinstance(sizes, list) and len(sizes) <= MAX_FRAMES
+                and all(type(n) is int and n >= 0 for n in sizes) and sum(sizes) == nbytes):
             return self._lost('malformed header')
-        self._unread = Pending(self, nbytes)
-        return Message(kind, self.peer, head, [self._unread])
+        frames = [Pending(self, n, i) for i, n in enumerate(sizes)]
+        self._unread, self._next, self.received = frames, 0, self.received + 1
+        if not frames:                            # (nothing to read: the MAC's tail only)
+            self._read_frame(memoryview(b''))
+        return Message(kind, self.peer, head, frames)
 
-    def _read_payload(self, view):
-        """Read the pending payload into ``view`` (and check its MAC, if the job MACs
-        payloads); raises StreamBroken if the connection broke or the check failed."""
+    def _read_frame(self, view):
+        """``_read_next``, and if the stream broke, close it and say so in one line."""
         try:
-            if view.nbytes:
-                self._recv_exactly_into(view)
-            if self.van.mac_payload:
-                self._mac.update(view)
-                if not hmac.compare_digest(self._recv_exactly(MAC_BYTES), self._mac.digest()):
-                    raise StreamBroken('bad payload MAC')
+            self._read_next(view)
         except StreamBroken as e:
-            self._lost(str(e))
-            raise StreamBroken(f'the stream from {_named(self.peer)} broke: {e}') from None
-        self._unread = None
+            self._broke(e)
+
+    def _read_next(self, view):
+        """Read the next pending frame into ``view``; after the last, check the payload's
+        MAC if the job MACs payloads. Raises StreamBroken if the connection broke or
+        the check failed."""
+        if view.nbytes:
+            self._recv_exactly_into(view)
+        if self.van.mac_payload:
+            self._mac.update(view)
+        self._next += 1
+        if self._next >= len(self._unread):
+            if self.van.mac_payload and not hmac.compare_digest(
+                    self._recv_exactly(MAC_BYTES), self._mac.digest()):
+                raise StreamBroken('bad payload MAC')
+            self._unread = None
+
+    def _wake(self):
+        try:
+            self._wake_w.send(b'.')
+        except OSError:                   # (closed meanwhile)
+            pass
+
+    def _done_reading(self, reading, quiet=False):
+        """On the van's thread, once ``reading``'s thread ended: the stream goes on, or,
+        if it broke, is closed (and ``wait()`` says so; the van's wake-up does not)."""
+        try:
+            while self._wake_r.recv(64):
+                pass
+        except OSError:
+            pass
+        if not reading.done:               # (a wake-up from an earlier reading)
+            return
+        if self._reading is reading:
+            self._reading = None
+        if reading.error is not None and not quiet:
+            self._broke(reading.error)
+
+    def _broke(self, error):
+        self._lost(str(error))
+        raise StreamBroken(f'the stream from {_named(self.peer)} broke: {error}') from None
 
     def _recv_exactly(self, n, eof_ok=False):
         buf = bytearray(n)
@@ -245,7 +351,7 @@ class Receiver:
 
     def close(self):
         """Close every socket; the van stops waiting on this stream."""
-        for s in [self._listener, self._conn, *self._hellos]:
+        for s in [self._listener, self._conn, *self._hellos, self._wake_r, self._wake_w]:
             if s is not None:
                 s.close()
         self._hellos.clear()
@@ -256,6 +362,11 @@ class Receiver:
 def listen(van, peer):
     """The receiving end of a stream from ``peer``; send it ``receiver.offer()``."""
     return Receiver(van, peer)
+
+
+def listening(van, peer):
+    """Whether the van already has a stream from ``peer``, or listens for one."""
+    return any(isinstance(s, Receiver) and s.peer == peer for s in van._streams)
 
 
 # -- the sending end --------------------------------------------------------------------
@@ -289,20 +400,24 @@ class Sender:
     def fds(self):
         return []                     # (nothing to receive)
 
-    def send(self, kind, header, frame):
-        """Send one message: its header and one frame, without a copy. What the socket
-        takes at once is written here; the rest by the stream's thread, so the frame's
+    def send(self, kind, header, frames):
+        """Send one message: its header and its frames, without a copy. What the socket
+        takes at once is written here; the rest by the stream's thread, so the frames'
         memory must stay as it is until ``flush()``."""
         if self.error is not None:
             raise self.error
-        payload = _as_bytes(frame)
-        head_bytes = json.dumps(dict(header, kind=kind), separators=(',', ':')).encode()
-        prefix = PREFIX.pack(len(head_bytes), payload.nbytes)
+        if {'kind', 'sizes'} & set(header):
+            raise ValueError("header fields 'kind' and 'sizes' are the stream's own")
+        payload = [_as_bytes(f) for f in frames]
+        sizes = [f.nbytes for f in payload]
+        head_bytes = json.dumps(dict(header, kind=kind, sizes=sizes),
+                                separators=(',', ':')).encode()
+        prefix = PREFIX.pack(len(head_bytes), sum(sizes))
         self._number += 1
         mac = _message_mac(self.van._key, self.nonce, self._number, prefix, head_bytes)
         with self.van._lock:
-            self.van.bytes_sent += payload.nbytes
-        parts = [prefix + mac.digest() + head_bytes, payload]
+            self.van.bytes_sent += sum(sizes)
+        parts = [prefix + mac.digest() + head_bytes, *payload]
         if self.van.mac_payload:          # hashing the payload is the thread's work
             return self._queue.put((parts, mac))
         with self._progress:
@@ -318,7 +433,7 @@ class Sender:
     def _write_some(self, parts):
         """Write what the socket takes now without waiting; the parts left to write."""
         try:
-            n = self._sock.sendmsg(parts, [], socket.MSG_DONTWAIT)
+            n = self._sock.sendmsg(parts[:MAX_IOV], [], socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             n = 0
         except OSError:
@@ -348,7 +463,8 @@ class Sender:
             parts, mac = item
             try:
                 if mac is not None:           # the payload's MAC goes after it
-                    mac.update(parts[1])      # (hashlib lets go of the GIL for big buffers)
+                    for frame in parts[1:]:   # (hashlib lets go of the GIL for big buffers)
+                        mac.update(frame)
                     parts.append(mac.digest())
                 for part in parts:
                     self._sock.sendall(part)

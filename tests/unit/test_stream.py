@@ -51,7 +51,7 @@ def _recv(van, timeout=5):
 def test_a_chunk_is_read_straight_into_its_place(link):
     a, b, sender, _ = link
     x = torch.arange(1_000_003, dtype=torch.float32)
-    sender.send('ring', {'seg': 2, 'call': 'allreduce(Sum)'}, x.view(torch.uint8).numpy())
+    sender.send('ring', {'seg': 2, 'call': 'allreduce(Sum)'}, [x.view(torch.uint8).numpy()])
     msg = _recv(b)
     assert (msg.kind, msg.sender, msg['seg'], msg['call']) == ('ring', 'worker:0', 2,
                                                               'allreduce(Sum)')
@@ -68,7 +68,7 @@ def test_messages_keep_their_order_and_the_next_waits_for_the_payload(link):
     _, b, sender, receiver = link
     chunks = [torch.full((n,), float(n)) for n in (0, 1, 70_000, 3, 2_000_000)]
     for i, x in enumerate(chunks):
-        sender.send('ring', {'k': i}, x.view(torch.uint8).numpy())
+        sender.send('ring', {'k': i}, [x.view(torch.uint8).numpy()])
     for i, x in enumerate(chunks):
         msg = _recv(b)
         assert msg['k'] == i
@@ -82,7 +82,7 @@ def test_messages_keep_their_order_and_the_next_waits_for_the_payload(link):
 
 def test_van_messages_and_stream_messages_arrive_side_by_side(link):
     a, b, sender, _ = link
-    sender.send('ring', {'k': 0}, torch.ones(10).view(torch.uint8).numpy())
+    sender.send('ring', {'k': 0}, [torch.ones(10).view(torch.uint8).numpy()])
     a.send('worker:1', 'note', {'x': 1})
     kinds = set()
     for _ in range(2):
@@ -95,13 +95,103 @@ def test_van_messages_and_stream_messages_arrive_side_by_side(link):
 
 def test_a_payload_is_read_once_and_whole(link):
     _, b, sender, _ = link
-    sender.send('ring', {}, bytes(100))
+    sender.send('ring', {}, [bytes(100)])
     frame = _recv(b).frames[0]
     with pytest.raises(ValueError, match='100 bytes'):
         frame.read_into(bytearray(99))
     frame.read_into(bytearray(100))
     with pytest.raises(ValueError, match='read before'):
         frame.read_into(bytearray(100))
+
+
+def test_a_message_of_several_frames_is_read_frame_by_frame_in_order(link):
+    _, b, sender, _ = link
+    xs = [torch.arange(5.), torch.zeros(0), torch.full((300_000,), 2.),
+          torch.ones(7, dtype=torch.int64)]
+    sender.send('values', {'id': 3}, [x.view(torch.uint8).numpy() for x in xs])
+    sender.send('values', {'id': 4}, [])                 # no frames at all
+    msg = _recv(b)
+    assert msg['id'] == 3 and [f.nbytes for f in msg.frames] == [x.nbytes for x in xs]
+    with pytest.raises(ValueError, match='next to read: 0'):
+        msg.frames[2].read_into(bytearray(xs[2].nbytes))
+    for f, x in zip(msg.frames, xs):
+        y = torch.empty_like(x)
+        f.read_into(y.view(torch.uint8).numpy())
+        assert torch.equal(x, y)
+    assert _recv(b)['id'] == 4 and b.recv(timeout=0.2) is None
+
+
+def test_an_answer_nobody_awaits_is_discarded_and_the_next_one_comes(link):
+    _, b, sender, _ = link
+    sender.send('values', {'id': 1}, [bytes(10), bytes(1 << 20)])
+    sender.send('values', {'id': 2}, [b'abc'])
+    msg = _recv(b)
+    msg.frames[0].read_into(bytearray(10))              # half read, then given up
+    stream.discard(msg)
+    msg = _recv(b)
+    assert msg['id'] == 2
+    assert bytes(msg.frames[0].read_into(bytearray(3))) == b'abc'
+
+
+def test_the_streams_own_header_fields_are_refused(link):
+    _, _, sender, _ = link
+    with pytest.raises(ValueError, match="the stream's own"):
+        sender.send('x', {'sizes': [1]}, [b'a'])
+
+
+def test_answers_of_two_streams_are_read_in_place_at_once(vans):
+    """read_later: both answers' frames are read on threads while the van waits for the
+    next message; the second message on a stream comes once its first is read."""
+    a, b = vans
+    c = Van('server:1', SECRET)
+    try:
+        senders = []
+        for peer in (a, c):
+            receiver = stream.listen(b, peer.node_id)
+            senders.append(stream.connect(peer, 'worker:1', b.host, receiver.offer()))
+        xs = [torch.randn(3_000_000), torch.randn(3_000_000)]      # 12 MB each
+        for i, (sender, x) in enumerate(zip(senders, xs)):
+            sender.send('values', {'i': i}, [x[:5].view(torch.uint8).numpy(),
+                                             x[5:].view(torch.uint8).numpy()])
+        senders[0].send('values', {'i': 2}, [b'next'])
+        outs, readings = [torch.empty(3_000_000), torch.empty(3_000_000)], []
+        for _ in range(2):
+            msg = _recv(b)
+            out = outs[msg['i']]
+            readings.append(stream.read_later([
+                (msg.frames[0], out[:5].view(torch.uint8).numpy()),
+                (msg.frames[1], out[5:].view(torch.uint8).numpy())]))
+        later = _recv(b)                   # (its stream's thread wakes the van)
+        assert later['i'] == 2 and bytes(later.frames[0].read_into(bytearray(4))) == b'next'
+        for r in readings:
+            r.wait()
+        assert all(torch.equal(x, out) for x, out in zip(xs, outs))
+    finally:
+        c.close()
+
+
+def test_a_stream_that_breaks_while_read_later_says_so_on_wait(vans):
+    """A sender that ends in the middle of a payload: wait() raises in one line, the
+    stream is closed, and the van goes on serving."""
+    a, b = vans
+    a.connect('worker:1', b.address)
+    receiver = stream.listen(b, 'worker:0')
+    offer = receiver.offer()
+    nonce = bytes.fromhex(offer['nonce'])
+    raw = socket.create_connection((b.host, offer['port']))
+    raw.sendall(_hello('worker:0', nonce, 'worker:1'))
+    head = b'{"kind":"values","sizes":[1000000]}'
+    prefix = stream.PREFIX.pack(len(head), 1_000_000)
+    mac = stream._message_mac(SECRET.encode(), nonce, 1, prefix, head).digest()
+    raw.sendall(prefix + mac + head + bytes(1000))          # 1000 of its 1,000,000 bytes
+    msg = _recv(b)
+    reading = stream.read_later([(msg.frames[0], bytearray(1_000_000))])
+    raw.close()
+    with pytest.raises(stream.StreamBroken, match='stream from worker 0 broke: the conn'):
+        reading.wait()
+    assert receiver not in b._streams and b.dropped == 1
+    a.send('worker:1', 'note', {'x': 1})
+    assert _recv(b).kind == 'note'
 
 
 def test_flush_waits_until_a_big_message_is_written(vans):
@@ -111,7 +201,7 @@ def test_flush_waits_until_a_big_message_is_written(vans):
     receiver = stream.listen(b, 'worker:0')
     sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
     x = torch.randn(16_000_000)                       # 64 MB
-    sender.send('ring', {}, x.view(torch.uint8).numpy())
+    sender.send('ring', {}, [x.view(torch.uint8).numpy()])
     got = {}
 
     def read():
@@ -165,7 +255,7 @@ def test_a_bad_hello_is_refused_and_the_listener_goes_on(vans, hello, capfd):
     assert _closed(bad)
     assert 'dropped a message: stream from worker:0' in capfd.readouterr().err
     sender = stream.connect(a, 'worker:1', b.host, offer)     # the real peer still can
-    sender.send('ring', {'k': 1}, bytes(8))
+    sender.send('ring', {'k': 1}, [bytes(8)])
     msg = _recv(b)
     assert msg['k'] == 1 and msg.sender == 'worker:0'
     msg.frames[0].read_into(bytearray(8))
@@ -180,7 +270,7 @@ def test_a_silent_connection_does_not_stop_the_receiver(vans):
     a.send('worker:1', 'note', {'x': 1})
     assert _recv(b).kind == 'note'
     sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
-    sender.send('ring', {}, bytes(4))
+    sender.send('ring', {}, [bytes(4)])
     msg = _recv(b)
     assert msg.kind == 'ring'
     silent.close()
@@ -194,7 +284,7 @@ def test_a_flood_of_connections_is_refused_beyond_a_few_and_the_peer_gets_in(van
     assert _serve_until(b, lambda: b.dropped == 4)
     assert len(receiver._hellos) == stream.MAX_HELLOS
     sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
-    sender.send('ring', {'k': 7}, bytes(3))
+    sender.send('ring', {'k': 7}, [bytes(3)])
     msg = _recv(b)
     assert msg['k'] == 7
     msg.frames[0].read_into(bytearray(3))
@@ -211,7 +301,7 @@ def test_a_forged_message_closes_the_stream_and_the_van_goes_on(vans):
     offer = receiver.offer()
     raw = socket.create_connection((b.host, offer['port']))
     raw.sendall(_hello('worker:0', bytes.fromhex(offer['nonce']), 'worker:1'))
-    head = b'{"kind":"ring"}'
+    head = b'{"kind":"ring","sizes":[4]}'
     prefix = stream.PREFIX.pack(len(head), 4)
     raw.sendall(prefix + hmac.new(b'b' * 64, head, hashlib.sha256).digest() + head + bytes(4))
     assert _serve_until(b, lambda: b.dropped == 1)
@@ -229,13 +319,12 @@ def test_a_message_cannot_be_replayed_on_the_stream(vans):
     nonce = bytes.fromhex(offer['nonce'])
     raw = socket.create_connection((b.host, offer['port']))
     raw.sendall(_hello('worker:0', nonce, 'worker:1'))
-    head = b'{"kind":"ring","k":0}'
+    head = b'{"kind":"ring","k":0,"sizes":[]}'
     prefix = stream.PREFIX.pack(len(head), 0)
     mac = stream._message_mac(SECRET.encode(), nonce, 1, prefix, head).digest()
     raw.sendall((prefix + mac + head) * 2)
     msg = _recv(b)
-    assert msg['k'] == 0
-    msg.frames[0].read_into(bytearray(0))
+    assert msg['k'] == 0 and msg.frames == []
     assert _serve_until(b, lambda: b.dropped == 1)
     raw.close()
 
@@ -255,7 +344,7 @@ def test_a_broken_stream_says_so_on_the_sending_side(vans):
     receiver.close()
     with pytest.raises(stream.StreamBroken, match='stream to worker 1 broke'):
         for _ in range(50):                       # until the kernel has said so
-            sender.send('ring', {}, bytes(1 << 20))
+            sender.send('ring', {}, [bytes(1 << 20)])
             sender.flush()
 
 
