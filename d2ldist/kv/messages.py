@@ -12,10 +12,14 @@ their indices); their frames hold the codec's bytes (``runtime/compression.py``)
 A sparse key's rows travel as ``[key, dtype, shape, start, stop, count]`` with two frames
 per part: the row ids (int64) and, for a push, the ``count`` values of those rows that
 lie in the slice (``placement.row_positions`` says which).
+
+Where a server's answers to a worker would cross a socket, the worker offers it a stream
+(``LINK``, runtime/stream.py) and the server sends its VALUES of whole slices on it: their
+frames arrive ``Pending``, and the worker reads each straight into ``out``.
 """
 import math
 
-from ..runtime import compression, wire
+from ..runtime import compression, stream, wire
 
 INIT = 'kv_init'            # worker -> server: parts + frames, {optimizer}: initial values
 PUSH = 'kv_push'            # worker -> server: parts + frames, {sync, pull}: gradients
@@ -30,6 +34,7 @@ PULL_ROWS = 'kv_pull_rows'  # worker -> server: row parts + row ids: please send
 ACK = 'kv_ack'              # server -> worker: done (and maybe a few header fields)
 VALUES = 'kv_values'        # server -> worker: parts + frames: the values asked for
 ERROR = 'kv_error'          # server -> worker: {error}: the request was refused
+LINK = 'kv_link'            # worker -> server: {offer}: send your VALUES on this stream
 REQUESTS = (INIT, PUSH, PULL, OPTIMIZER, LEARNING_RATE, INFO, GET_STATE, SET_STATE,
             PUSH_ROWS, PULL_ROWS)
 ANSWERS = (ACK, VALUES, ERROR)
@@ -70,6 +75,12 @@ def _fields(p, extra=0):
 
 
 def _tensor(key, dtype, numel, frame):
+    """The frame as a tensor; a frame still in its stream (Pending) only checked."""
+    if isinstance(frame, stream.Pending):
+        if frame.nbytes != numel * wire.DTYPES[dtype].itemsize:
+            raise KVError(f'key {key!r}: {numel} x {dtype} does not fit a frame of '
+                          f'{frame.nbytes} bytes')
+        return frame
     try:
         return wire.unpack({'dtype': dtype, 'shape': [numel]}, frame)
     except ValueError as e:

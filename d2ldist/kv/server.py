@@ -16,7 +16,7 @@ from collections import deque
 
 import torch
 
-from ..runtime import protocol, timeline
+from ..runtime import protocol, stream, timeline
 from . import messages as M
 from .optimizers import Updater
 
@@ -53,6 +53,7 @@ class KVServer:
         self.updater = None    # the optimizer, once a worker sets one
         self.lent = set()      # keys whose value the van may still be sending
         self.nth = {}          # n -> (first worker, its keys, workers seen): sync push n
+        self.links = {}        # worker -> the stream its VALUES go on (M.LINK)
 
     def serve(self):
         """Answer requests until the scheduler says the job is over."""
@@ -62,6 +63,9 @@ class KVServer:
                 return
             if msg.kind == protocol.WHO:               # a worker has waited long (hang.py)
                 self.who(msg)
+                continue
+            if msg.kind == M.LINK:                     # a worker offers a stream
+                self.link(msg)
                 continue
             if msg.kind not in M.REQUESTS:
                 continue
@@ -303,8 +307,32 @@ class KVServer:
             frames = [self.store[p[0]].value for p in parts]
             self.lent.update(p[0] for p in parts)
             heads = [list(p[:5]) for p in parts]
+            if worker in self.links:                  # read in place on arrival
+                try:
+                    return self.links[worker].send(M.VALUES, {'id': rid, 'parts': heads},
+                                                   [f.view(-1).numpy() for f in frames])
+                except stream.StreamBroken as e:      # (the worker is gone, most likely)
+                    self.unlink(worker, e)
         self.node.send(worker, M.VALUES, {'id': rid, 'parts': heads},
                        [f.numpy().data if f.numel() else b'' for f in frames])
+
+    def link(self, msg):
+        """Send this worker's VALUES of whole slices on the stream it offers, where
+        they would cross a socket; if it cannot be opened, they go through the van."""
+        worker, offer = msg.sender, msg.get('offer')
+        if not (self.node.van.through_socket(worker) and isinstance(offer, dict)):
+            return
+        try:
+            self.links[worker] = stream.connect(self.node.van, worker,
+                                                self.node.host_of(worker), offer)
+        except stream.StreamBroken as e:
+            self.unlink(worker, e)
+
+    def unlink(self, worker, error):
+        """The stream to a worker could not open, or broke: say so; the van carries on."""
+        self.links.pop(worker, None)
+        print(f'd2ldist: {self.node.id.replace(":", " ")}: {error}; its answers go through '
+              'the van', flush=True)
 
     def ack(self, msg, **fields):
         self.node.send(msg.sender, M.ACK, dict(fields, id=msg.get('id')))

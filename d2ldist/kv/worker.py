@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from ..runtime import compression, hang, timeline
+from ..runtime import compression, hang, stream, timeline
 from . import messages as M
 from .optimizers import Updater, torch_names
 from .placement import place, row_positions
@@ -302,6 +302,16 @@ class DistKVStore(KVStore):
         self.rank, self.num_workers = node.rank, node.num_workers
         self._sync = kind != 'dist_async'
         self._pushes = {}        # server -> sync pushes sent to it (it checks they agree)
+        self._offer_streams()
+
+    def _offer_streams(self):
+        """Where a server's answers would cross a socket (another host, D2L_SHM=0), offer
+        it a stream to send the pulled values on: they are read straight into ``out``.
+        Once a process (a second store finds the streams there)."""
+        van = self._node.van
+        for server in self._node.peers('server'):
+            if van.through_socket(server) and not stream.listening(van, server):
+                self._node.send(server, M.LINK, {'offer': stream.listen(van, server).offer()})
 
     def _set_optimizer(self, name, hyper):
         """Let the servers update the weights with this optimizer (chosen by name)."""
@@ -422,7 +432,12 @@ class DistKVStore(KVStore):
         return msgs
 
     def _receiver(self, keys, outs):
-        """What to do with a VALUES answer: copy each part into its place in ``out``."""
+        """What to do with a VALUES answer: put each part in its place in ``out``.
+
+        Returns a function of the answer that starts that and returns the function that
+        ends it: the parts still in their stream are read into place on the stream's
+        thread meanwhile (``stream.read_later``), so that all servers' answers come in
+        at once; the end fills the outputs that are not the CPU tensors read into."""
         targets = {}
         for k, o in zip(keys, outs):
             first = _as_list(o)[0]
@@ -431,23 +446,37 @@ class DistKVStore(KVStore):
             targets[k] = [staging, o, len(place(k, staging.numel(), self._node.num_servers))]
 
         def receive(msg):
-            for key, _, _, start, stop, t in M.read_parts(msg, with_frames=True):
-                staging, o, left = targets[key]
-                staging.view(-1)[start:stop].copy_(t)
-                targets[key][2] = left - 1
-                if left == 1 and (len(_as_list(o)) > 1 or staging is not _as_list(o)[0]):
-                    self._fill(key, o, staging)
+            parts, reads = list(M.read_parts(msg, with_frames=True)), []
+            for key, _, _, start, stop, t in parts:
+                into = targets[key][0].view(-1)[start:stop]
+                if isinstance(t, stream.Pending):      # still in its stream: read in place
+                    reads.append((t, into.view(torch.uint8).numpy()))
+                else:
+                    into.copy_(t)
+            reading = stream.read_later(reads)
+
+            def end():
+                reading.wait()
+                for key, *_ in parts:
+                    staging, o, left = targets[key]
+                    targets[key][2] = left - 1
+                    if left == 1 and (len(_as_list(o)) > 1 or staging is not _as_list(o)[0]):
+                        self._fill(key, o, staging)
+            return end
         return receive
 
     def _ask(self, msgs, on_values=None, what='request'):
-        """Send the requests and wait for every answer; raise the first error a server sends."""
+        """Send the requests and wait for every answer; raise the first error a server sends.
+
+        ``on_values(msg)`` takes each VALUES answer; what it returns, if anything, is
+        called once every answer has come (``_receiver``'s reads in place end there)."""
         keys = _keys([p[0] for _, _, header, _ in msgs for p in header.get('parts', [])])
         start, waiting = time.time(), {}
         for server, kind, header, frames in msgs:
             rid = next(self._ids)
             self._node.send(server, kind, dict(header, id=rid), frames)
             waiting[rid] = server
-        answers = []
+        answers, ends = [], []
         while waiting:                   # (a long wait: ask the servers who is missing)
             servers = sorted(set(waiting.values()))
             wait = hang.Wait(f'for the answer to {what} of {keys} from '
@@ -456,16 +485,19 @@ class DistKVStore(KVStore):
                              span='wait for servers')
             msg = self._node.recv([M.ACK, M.VALUES, M.ERROR], wait=wait)
             if waiting.pop(msg.get('id'), None) is None:
-                continue                                # the answer to a request that failed
+                stream.discard(msg)                     # the answer to a request that failed
+                continue
             if msg.kind == M.ERROR:
                 error = f'{msg.sender.replace(":", " ")}: {msg.get("error")}'
                 raise hang.Disagree(error) if msg.get('disagree') else M.KVError(error)
             if msg.kind == M.VALUES and on_values is not None:
-                on_values(msg)
+                ends.append(on_values(msg) or (lambda: None))   # (maybe: how to end)
             answers.append(msg)
+        for end in ends:                 # (the values being read meanwhile)
+            end()
         timeline.record(what, 'comm', start, time.time(), keys=keys,   # (--timeline)
                         sent=sum(len(f) for *_, frames in msgs for f in frames),
-                        received=sum(memoryview(f).nbytes for m in answers for f in m.frames))
+                        received=sum(f.nbytes for m in answers for f in m.frames))
         return answers
 
     # -- looking inside the servers -----------------------------------------------------------

@@ -38,8 +38,14 @@ def run_job(write_script, text, n, s, *env, timeout=120):
     return r.stdout
 
 
-def test_sync_3x2_sums_placement_errors_optimizers(write_script, tmp_path):
-    out = run_job(write_script, kv_jobs.SYNC, 3, 2, f'KV_TMP={tmp_path}')
+# 'tcp': big frames through sockets, as between hosts; the servers' answers then come on
+# the streams the workers offer them (M.LINK) and are read straight into ``out``
+PATHS = pytest.mark.parametrize('path', [(), ('D2L_SHM=0',)], ids=['shm', 'tcp'])
+
+
+@PATHS
+def test_sync_3x2_sums_placement_errors_optimizers(write_script, tmp_path, path):
+    out = run_job(write_script, kv_jobs.SYNC, 3, 2, f'KV_TMP={tmp_path}', *path)
     sums = lines(out, 'SUMS')
     assert sorted(sums) == [0, 1, 2]
     for v in sums.values():   # 1 + 2 + 3 from the workers, exactly
@@ -82,8 +88,9 @@ def test_sync_4x1_and_device_sums(write_script):
         assert v['last'] == 18.0 and v['servers'] == 1 and v['keys_held'] == 21
 
 
-def test_async_slow_worker_does_not_slow_fast_one(write_script):
-    out = run_job(write_script, kv_jobs.ASYNC, 2, 1)
+@PATHS
+def test_async_slow_worker_does_not_slow_fast_one(write_script, path):
+    out = run_job(write_script, kv_jobs.ASYNC, 2, 1, *path)
     pushes = {r: v['pushes'] for r, v in lines(out, 'PUSHES').items()}
     assert pushes[1] <= 13 and pushes[0] > 4 * pushes[1], pushes
     total = lines(out, 'TOTAL')

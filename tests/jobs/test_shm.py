@@ -154,8 +154,10 @@ for n in (0, 1, 65_537, 1_000_003):
     want = torch.arange(n, dtype=torch.float32) * kv.num_workers + sum(range(kv.num_workers))
     assert torch.equal(x, want), f'wrong all-reduce of {n}'
 stream = d2ldist.collectives.world.backend().ring._out is not None   # the ring's own link
+answers = sum(s.received for s in van._streams           # kv's VALUES on streams
+              if isinstance(s, d2ldist.runtime.stream.Receiver) and s.peer.startswith('server'))
 print('STATS', json.dumps(dict(van.shm_stats(), kv_blocks=kv_blocks, per_step=per_step,
-                               stream=stream)), flush=True)
+                               stream=stream, answers=answers)), flush=True)
 '''
 
 
@@ -181,8 +183,11 @@ def test_kv_sums_and_ring_results_are_exact_with_and_without_shared_memory(write
             # the ring's chunks on its own TCP link where they cross a socket anyway
             # (not under a simulated link: the van paces what it sends)
             assert s['stream'] == ('D2L_SHM' in env)
+            # and the servers' answers on the streams the workers offer (a pull each
+            # step from each of 2 servers)
+            assert s['answers'] == (2 * steps if 'D2L_SHM' in env else 0)
         else:                # big frames shared; blocks reused: a step's pushes, those the
-            assert not s['stream']
+            assert not s['stream'] and s['answers'] == 0
             # servers still hold as values, and a few in flight -- not one set per step
             assert s['per_step'] >= 2 and s['received'] >= steps * 2
             assert s['kv_blocks'] <= 3 * s['per_step'] and s['fallbacks'] == 0
