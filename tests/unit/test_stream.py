@@ -176,14 +176,9 @@ def test_a_stream_that_breaks_while_read_later_says_so_on_wait(vans):
     a, b = vans
     a.connect('worker:1', b.address)
     receiver = stream.listen(b, 'worker:0')
-    offer = receiver.offer()
-    nonce = bytes.fromhex(offer['nonce'])
-    raw = socket.create_connection((b.host, offer['port']))
-    raw.sendall(_hello('worker:0', nonce, 'worker:1'))
+    raw, nonce = _raw_sender(b, receiver)
     head = b'{"kind":"values","sizes":[1000000]}'
-    prefix = stream.PREFIX.pack(len(head), 1_000_000)
-    mac = stream._message_mac(SECRET.encode(), nonce, 1, prefix, head).digest()
-    raw.sendall(prefix + mac + head + bytes(1000))          # 1000 of its 1,000,000 bytes
+    raw.sendall(_signed(nonce, 1, head, 1_000_000) + bytes(1000))   # 1000 of its bytes
     msg = _recv(b)
     reading = stream.read_later([(msg.frames[0], bytearray(1_000_000))])
     raw.close()
@@ -220,6 +215,22 @@ def test_flush_waits_until_a_big_message_is_written(vans):
 def _hello(sender_id, nonce, receiver_id, secret=SECRET):
     mac = stream._hello_mac(secret.encode(), nonce, sender_id, receiver_id)
     return len(sender_id).to_bytes(2, 'big') + sender_id.encode() + mac
+
+
+def _raw_sender(van, receiver):
+    """A hand-made sending end of the receiver's stream, past its hello: (socket, nonce)."""
+    offer = receiver.offer()
+    nonce = bytes.fromhex(offer['nonce'])
+    raw = socket.create_connection((van.host, offer['port']))
+    raw.sendall(_hello('worker:0', nonce, 'worker:1'))
+    return raw, nonce
+
+
+def _signed(nonce, number, head, nbytes):
+    """Message ``number``'s prefix, MAC and header, for a payload of nbytes."""
+    prefix = stream.PREFIX.pack(len(head), nbytes)
+    return prefix + stream._message_mac(SECRET.encode(), nonce, number, prefix,
+                                        head).digest() + head
 
 
 def _closed(sock):
@@ -315,14 +326,8 @@ def test_a_message_cannot_be_replayed_on_the_stream(vans):
     """The MAC covers the message's number: the same bytes sent twice fail the second time."""
     a, b = vans
     receiver = stream.listen(b, 'worker:0')
-    offer = receiver.offer()
-    nonce = bytes.fromhex(offer['nonce'])
-    raw = socket.create_connection((b.host, offer['port']))
-    raw.sendall(_hello('worker:0', nonce, 'worker:1'))
-    head = b'{"kind":"ring","k":0,"sizes":[]}'
-    prefix = stream.PREFIX.pack(len(head), 0)
-    mac = stream._message_mac(SECRET.encode(), nonce, 1, prefix, head).digest()
-    raw.sendall((prefix + mac + head) * 2)
+    raw, nonce = _raw_sender(b, receiver)
+    raw.sendall(_signed(nonce, 1, b'{"kind":"ring","k":0,"sizes":[]}', 0) * 2)
     msg = _recv(b)
     assert msg['k'] == 0 and msg.frames == []
     assert _serve_until(b, lambda: b.dropped == 1)
