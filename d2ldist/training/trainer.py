@@ -268,11 +268,11 @@ class Trainer:
             if self.update_on_kvstore:
                 self.store.pull(self.keys, out=self._weights)
             else:                       # every worker: the same update of the same sum
-                if self._buckets is not None:
-                    self.flat_grads.mul_(scale)   # the hooks summed them unscaled
                 # (to the GPU the weights are on, if they are: one copy of the sum)
-                self.flat_weights.grad = self.flat_grads.to(self.flat_weights.device,
-                                                            non_blocking=True)
+                grad = self.flat_grads.to(self.flat_weights.device, non_blocking=True)
+                if self._buckets is not None:
+                    grad.mul_(scale)              # the hooks summed them unscaled
+                self.flat_weights.grad = grad
                 self._optimizer.step()
         # Steps 6 and 7: to the first device, then to all the others (with the
         # BatchNorm statistics of all workers).
