@@ -39,10 +39,10 @@ Trainer on the same torch.distributed. On one NVIDIA H200, batch 128 (the figure
 ``benchmarks/on_gpu.sh``, which the README quotes):
 
      kvstore    images/s   vs DDP   ms per batch in steps 1..7        (-n 1 -s 1, DDP on NCCL)
-   dist_sync      2000.1    0.14x       9.9     0.7     1.1    38.3    12.4     1.4     0.0
-        ring      9050.2    0.63x       8.6     0.2     0.7     2.2     2.1     0.0     0.0
-       torch     11990.8    0.83x       8.8     0.2     0.7     0.4     0.3     0.1     0.0
-         ddp     14416.3    1.00x
+   dist_sync      1765.4    0.13x      10.3     0.7     1.1    41.0    17.8     1.4     0.0
+        ring      9977.3    0.75x       8.2     0.2     0.6     2.4     1.2     0.0     0.0
+       torch     12294.8    0.92x       8.5     0.2     0.7     0.4     0.3     0.0     0.0
+         ddp     13344.2    1.00x
 """
 import argparse
 import json

@@ -20,11 +20,12 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 @pytest.mark.parametrize('args, backend', [
     (['-n', 2, '-s', 2, 'kv'], None),
+    (['-n', 2, '-s', 2, '--env', 'D2L_SHM=0', 'kv'], None),   # answers on the workers' streams
     (['-n', 2, '-s', 0, 'ring'], None),
     (['-n', 2, '-s', 0, '--env', 'D2L_SHM=0', 'ring'], None),           # the ring's streams
     (['-n', 1, '-s', 0, '--env', 'D2L_BACKEND=torch', 'ring'], 'nccl'),
     (['-n', 2, '-s', 0, '--env', 'D2L_BACKEND=torch', 'ring'], 'nccl' if GPUS >= 2 else 'gloo'),
-], ids=['kv', 'ring', 'ring-tcp', 'torch-1', 'torch-2'])
+], ids=['kv', 'kv-tcp', 'ring', 'ring-tcp', 'torch-1', 'torch-2'])
 def test_exact_sums_of_gpu_tensors(args, backend):
     """Every worker's result is exact and stays on the GPU it came from."""
     *launcher, what = args
