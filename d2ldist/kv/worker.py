@@ -476,24 +476,33 @@ class DistKVStore(KVStore):
             rid = next(self._ids)
             self._node.send(server, kind, dict(header, id=rid), frames)
             waiting[rid] = server
-        answers, ends = [], []
+        answers, ends, reading = [], [], {}     # reading: server -> rids read in place
         while waiting:                   # (a long wait: ask the servers who is missing)
             servers = sorted(set(waiting.values()))
             wait = hang.Wait(f'for the answer to {what} of {keys} from '
                              f'{", ".join(s.replace(":", " ") for s in servers)}',
                              [(s, {'request': rid}) for rid, s in waiting.items()],
                              span='wait for servers')
-            msg = self._node.recv([M.ACK, M.VALUES, M.ERROR], wait=wait)
-            if waiting.pop(msg.get('id'), None) is None:
+            msg = self._node.recv([M.ACK, M.VALUES, M.ERROR, stream.READ], wait=wait)
+            if msg.kind == stream.READ:                 # an answer's values are in place
+                if reading.get(msg.sender):
+                    waiting.pop(reading[msg.sender].pop(0), None)
+                continue
+            rid = msg.get('id')
+            if waiting.get(rid) is None:
                 stream.discard(msg)                     # the answer to a request that failed
                 continue
             if msg.kind == M.ERROR:
                 error = f'{msg.sender.replace(":", " ")}: {msg.get("error")}'
                 raise hang.Disagree(error) if msg.get('disagree') else M.KVError(error)
+            answers.append(msg)
             if msg.kind == M.VALUES and on_values is not None:
                 ends.append(on_values(msg) or (lambda: None))   # (maybe: how to end)
-            answers.append(msg)
-        for end in ends:                 # (the values being read meanwhile)
+                if any(isinstance(f, stream.Pending) for f in msg.frames):
+                    reading.setdefault(msg.sender, []).append(rid)   # until its READ
+                    continue
+            del waiting[rid]
+        for end in ends:                 # (wait() for the reads: they have ended)
             end()
         timeline.record(what, 'comm', start, time.time(), keys=keys,   # (--timeline)
                         sent=sum(len(f) for *_, frames in msgs for f in frames),

@@ -34,7 +34,9 @@ delivers nothing more until they have been read. ``read_later`` reads them on a 
 instead, so that a worker waiting for two servers' answers reads both as they come
 (a posted receive, as MPI_Irecv): reading one whole while the other waited would let
 that server's window fill and its link stall. The thread wakes the van when it is done
-(a socket pair the van waits on meanwhile), since the stream's next message comes after.
+(a socket pair the van waits on meanwhile), since the stream's next message comes after,
+and the van then delivers a message of kind ``READ`` from that peer: so a node waits
+for the bytes as it waits for messages, with its hang detector watching.
 """
 import hashlib
 import hmac
@@ -56,6 +58,7 @@ MAX_HELLOS = 16                   # connections waiting to say hello, at most
 MAX_FRAMES = 4096                 # frames in one message (the van's limit)
 MAX_IOV = 512                     # buffers handed to one sendmsg call
 CONNECT_SECONDS = 10.0
+READ = 'stream_read'              # from the van itself: a read_later of this peer's ended
 
 
 class StreamBroken(ConnectionError):
@@ -203,7 +206,8 @@ class Receiver:
         elif sock in self._hellos:
             self._hello(sock)
         elif sock is self._wake_r and self._reading is not None:
-            self._done_reading(self._reading, quiet=True)
+            if self._done_reading(self._reading, quiet=True):
+                return Message(READ, self.peer, {}, [])
         elif sock is self._conn:
             return self._message()
         return None
@@ -307,18 +311,20 @@ class Receiver:
 
     def _done_reading(self, reading, quiet=False):
         """On the van's thread, once ``reading``'s thread ended: the stream goes on, or,
-        if it broke, is closed (and ``wait()`` says so; the van's wake-up does not)."""
+        if it broke, is closed (and ``wait()`` says so; the van's wake-up does not).
+        Whether it had ended."""
         try:
             while self._wake_r.recv(64):
                 pass
         except OSError:
             pass
         if not reading.done:               # (a wake-up from an earlier reading)
-            return
+            return False
         if self._reading is reading:
             self._reading = None
         if reading.error is not None and not quiet:
             self._broke(reading.error)
+        return True
 
     def _broke(self, error):
         self._lost(str(error))

@@ -154,15 +154,20 @@ def test_answers_of_two_streams_are_read_in_place_at_once(vans):
             sender.send('values', {'i': i}, [x[:5].view(torch.uint8).numpy(),
                                              x[5:].view(torch.uint8).numpy()])
         senders[0].send('values', {'i': 2}, [b'next'])
-        outs, readings = [torch.empty(3_000_000), torch.empty(3_000_000)], []
-        for _ in range(2):
+        outs, readings, read, nexts = [torch.empty(3_000_000), torch.empty(3_000_000)], [], [], 0
+        while len(read) < 2 or nexts < 1:
             msg = _recv(b)
-            out = outs[msg['i']]
-            readings.append(stream.read_later([
-                (msg.frames[0], out[:5].view(torch.uint8).numpy()),
-                (msg.frames[1], out[5:].view(torch.uint8).numpy())]))
-        later = _recv(b)                   # (its stream's thread wakes the van)
-        assert later['i'] == 2 and bytes(later.frames[0].read_into(bytearray(4))) == b'next'
+            if msg.kind == stream.READ:    # the van says: a read_later of its peer ended
+                read.append(msg.sender)
+            elif msg['i'] == 2:            # (its stream's thread woke the van)
+                assert bytes(msg.frames[0].read_into(bytearray(4))) == b'next'
+                nexts += 1
+            else:
+                out = outs[msg['i']]
+                readings.append(stream.read_later([
+                    (msg.frames[0], out[:5].view(torch.uint8).numpy()),
+                    (msg.frames[1], out[5:].view(torch.uint8).numpy())]))
+        assert sorted(read) == ['server:1', 'worker:0'] and b.recv(timeout=0.2) is None
         for r in readings:
             r.wait()
         assert all(torch.equal(x, out) for x, out in zip(xs, outs))
@@ -181,7 +186,9 @@ def test_a_stream_that_breaks_while_read_later_says_so_on_wait(vans):
     raw.sendall(_signed(nonce, 1, head, 1_000_000) + bytes(1000))   # 1000 of its bytes
     msg = _recv(b)
     reading = stream.read_later([(msg.frames[0], bytearray(1_000_000))])
-    raw.close()
+    assert b.recv(timeout=0.3) is None     # a stalled sender: the van's wait times out
+    raw.close()                            # (so a node's hang detector sees it), then
+    assert _recv(b).kind == stream.READ    # the end of the reading is a message
     with pytest.raises(stream.StreamBroken, match='stream from worker 0 broke: the conn'):
         reading.wait()
     assert receiver not in b._streams and b.dropped == 1
