@@ -51,7 +51,7 @@ class KVServer:
         self.waiting = []      # [worker, request id, parts, keys whose round must close]
         self.deferred = {}     # worker -> deque of its requests that must wait for a round
         self.updater = None    # the optimizer, once a worker sets one
-        self.lent = set()      # keys whose value the van may still be sending
+        self.lent = {}         # key -> [sent(), ...]: its value went out without a copy
         self.nth = {}          # n -> (first worker, its keys, workers seen): sync push n
         self.links = {}        # worker -> the stream its VALUES go on (M.LINK)
 
@@ -291,30 +291,40 @@ class KVServer:
                                 f'{slot.start}..{slot.stop} this server holds')
 
     def writable(self, key):
-        """The key's value, copied first if the van may still be sending it."""
+        """The key's value, copied first if the van or a stream may still be sending it
+        (by the next update they have, as a rule: a worker's round trip lies between)."""
         slot = self.store[key]
-        if key in self.lent:
+        if not all(sent() for sent in self.lent.pop(key, ())):
             slot.value = slot.value.clone()
-            self.lent.discard(key)
         return slot.value
 
     def send_values(self, worker, rid, parts):
         """The values of whole slices; for row parts (7 fields), only those rows'."""
-        if parts and len(parts[0]) == 7:
+        rows = bool(parts) and len(parts[0]) == 7
+        if rows:
             frames = [self.store[p[0]].value[p[5]] for p in parts]   # copies: not lent
             heads = [list(p[:5]) + [int(p[5].numel())] for p in parts]
         else:
             frames = [self.store[p[0]].value for p in parts]
-            self.lent.update(p[0] for p in parts)
             heads = [list(p[:5]) for p in parts]
             if worker in self.links:                  # read in place on arrival
                 try:
-                    return self.links[worker].send(M.VALUES, {'id': rid, 'parts': heads},
+                    sent = self.links[worker].send(M.VALUES, {'id': rid, 'parts': heads},
                                                    [f.view(-1).numpy() for f in frames])
+                    return self.lend(parts, sent)
                 except stream.StreamBroken as e:      # (the worker is gone, most likely)
                     self.unlink(worker, e)
-        self.node.send(worker, M.VALUES, {'id': rid, 'parts': heads},
-                       [f.numpy().data if f.numel() else b'' for f in frames])
+        trackers = self.node.send(worker, M.VALUES, {'id': rid, 'parts': heads},
+                                  [f.numpy().data if f.numel() else b'' for f in frames],
+                                  track=not rows)
+        if not rows:
+            self.lend(parts, lambda: all(t.done for t in trackers))
+
+    def lend(self, parts, sent):
+        """The values of these parts are being sent from their own memory: until
+        ``sent()``, an update must not write there (``writable`` copies first)."""
+        for p in parts:
+            self.lent.setdefault(p[0], []).append(sent)
 
     def link(self, msg):
         """Send this worker's VALUES of whole slices on the stream it offers, where

@@ -409,7 +409,8 @@ class Sender:
     def send(self, kind, header, frames):
         """Send one message: its header and its frames, without a copy. What the socket
         takes at once is written here; the rest by the stream's thread, so the frames'
-        memory must stay as it is until ``flush()``."""
+        memory must stay as it is until ``flush()``, or until the function returned says
+        True (it has been written, or can no longer be)."""
         if self.error is not None:
             raise self.error
         if {'kind', 'sizes'} & set(header):
@@ -424,8 +425,11 @@ class Sender:
         with self.van._lock:
             self.van.bytes_sent += sum(sizes)
         parts = [prefix + mac.digest() + head_bytes, *payload]
+        number = self._number
+        sent = lambda: self._written >= number or self.error is not None  # noqa: E731
         if self.van.mac_payload:          # hashing the payload is the thread's work
-            return self._queue.put((parts, mac))
+            self._queue.put((parts, mac))
+            return sent
         with self._progress:
             idle = self._written == self._number - 1     # the socket is ours now
         if idle:
@@ -433,8 +437,9 @@ class Sender:
             if not parts:
                 with self._progress:
                     self._written += 1
-                return
+                return sent
         self._queue.put((parts, None))
+        return sent
 
     def _write_some(self, parts):
         """Write what the socket takes now without waiting; the parts left to write."""

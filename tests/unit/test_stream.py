@@ -203,7 +203,8 @@ def test_flush_waits_until_a_big_message_is_written(vans):
     receiver = stream.listen(b, 'worker:0')
     sender = stream.connect(a, 'worker:1', b.host, receiver.offer())
     x = torch.randn(16_000_000)                       # 64 MB
-    sender.send('ring', {}, [x.view(torch.uint8).numpy()])
+    sent = sender.send('ring', {}, [x.view(torch.uint8).numpy()])
+    assert not sent()                                 # (the socket took a part only)
     got = {}
 
     def read():
@@ -214,6 +215,7 @@ def test_flush_waits_until_a_big_message_is_written(vans):
     reader = threading.Thread(target=read)
     reader.start()
     sender.flush()
+    assert sent()                                     # its memory is free again
     reader.join(timeout=20)
     assert torch.equal(got['y'], x)
 
