@@ -1,4 +1,5 @@
 """The parameter server's pieces in one process: placement, optimizers, the 'local' store."""
+import os
 import subprocess
 import sys
 
@@ -29,7 +30,7 @@ def test_the_one_even_split():
 def test_placement_is_stable_across_processes():
     code = 'from d2ldist.kv import placement as p; print([p.place(k, 10, 7) for k in ("a", 1, "fc")])'
     runs = {subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                           cwd=ROOT, env={'PYTHONHASHSEED': str(seed)}).stdout
+                           cwd=ROOT, env=dict(os.environ, PYTHONHASHSEED=str(seed))).stdout
             for seed in (1, 2)}
     assert len(runs) == 1 and runs.pop().startswith('[[(')
 
@@ -132,7 +133,10 @@ def test_dist_store_outside_a_job_says_how_to_start_one(monkeypatch):
 
 def test_import_d2ldist_does_not_import_torch():
     code = 'import sys, d2ldist; assert "torch" not in sys.modules; d2ldist.kv.KVStore; assert "torch" in sys.modules'
-    subprocess.run([sys.executable, '-c', code], check=True, env={'PYTHONPATH': str(ROOT)})
+    path = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get('PYTHONPATH', '').split(
+        os.pathsep) if p])                 # (keep where the packages are, if set)
+    subprocess.run([sys.executable, '-c', code], check=True,
+                   env=dict(os.environ, PYTHONPATH=path))
 
 
 def test_loading_a_state_of_another_optimizer_is_refused():
