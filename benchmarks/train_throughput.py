@@ -18,12 +18,22 @@ in the same run. For the Trainer the table also gives the mean time of each of t
 seven steps (ms per batch): where the time goes. Each worker uses cores / workers
 threads for computing.
 
-Measured on this 2-core machine, quiet (nothing else running), --rounds 5:
+Measured on a 2-core machine, quiet (nothing else running), --rounds 5:
 
      kvstore    images/s   vs DDP   ms per batch in steps 1..7
    dist_sync        56.6    0.99x    1025.2     4.9     9.2    33.5    56.4     0.1     0.0
         ring        58.2    1.02x    1046.1     2.2    10.0    25.1    15.7     0.1     0.0
          ddp        57.1    1.00x
+
+On the 2-core machine of a later session, the defaults, four runs: dist_sync 0.98-1.01x,
+ring 0.96-0.98x (the commit before that session gave the same: 0.98x and 0.96x), e.g.
+
+   dist_sync        70.8    1.00x     825.7     4.1     7.0    24.0    37.8     0.0     4.9
+        ring        68.9    0.98x     823.8     1.0     7.6    29.2    42.7     0.1    24.7
+         ddp        70.6    1.00x
+
+there the ring's optimizer step (step 5: torch.optim.SGD over 11 M weights) took 43-57
+ms, not 16: what the target's last 2 % are made of on that machine.
 
 Step 1 (forward and backward) is 93-95 % of a batch. The ring's step 4 is only the
 wait for the buckets backward did not hide (the Trainer starts them during backward,
