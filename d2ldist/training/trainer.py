@@ -172,7 +172,7 @@ class Trainer:
             w.copy_(p.detach())
         self.store.init(self.keys, self._weights)
         self.store.pull(self.keys, out=self._weights)
-        if self.flat_weights.device == self.devices[0]:   # updated in place: share it
+        if self.flat_weights.device == self.params[0][0].device:   # updated there: share it
             for p, w in zip(self.params[0], self._weights):
                 p.data = w
         if self.update_on_kvstore:
