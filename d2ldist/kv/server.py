@@ -300,25 +300,23 @@ class KVServer:
 
     def send_values(self, worker, rid, parts):
         """The values of whole slices; for row parts (7 fields), only those rows'."""
-        rows = bool(parts) and len(parts[0]) == 7
-        if rows:
+        if parts and len(parts[0]) == 7:
             frames = [self.store[p[0]].value[p[5]] for p in parts]   # copies: not lent
             heads = [list(p[:5]) + [int(p[5].numel())] for p in parts]
-        else:
-            frames = [self.store[p[0]].value for p in parts]
-            heads = [list(p[:5]) for p in parts]
-            if worker in self.links:                  # read in place on arrival
-                try:
-                    sent = self.links[worker].send(M.VALUES, {'id': rid, 'parts': heads},
-                                                   [f.view(-1).numpy() for f in frames])
-                    return self.lend(parts, sent)
-                except stream.StreamBroken as e:      # (the worker is gone, most likely)
-                    self.unlink(worker, e)
+            self.node.send(worker, M.VALUES, {'id': rid, 'parts': heads}, _data(frames))
+            return
+        frames = [self.store[p[0]].value for p in parts]
+        heads = [list(p[:5]) for p in parts]
+        if worker in self.links:                      # read in place on arrival
+            try:
+                sent = self.links[worker].send(M.VALUES, {'id': rid, 'parts': heads},
+                                               [f.view(-1).numpy() for f in frames])
+                return self.lend(parts, sent)
+            except stream.StreamBroken as e:          # (the worker is gone, most likely)
+                self.unlink(worker, e)
         trackers = self.node.send(worker, M.VALUES, {'id': rid, 'parts': heads},
-                                  [f.numpy().data if f.numel() else b'' for f in frames],
-                                  track=not rows)
-        if not rows:
-            self.lend(parts, lambda: all(t.done for t in trackers))
+                                  _data(frames), track=True)
+        self.lend(parts, lambda: all(t.done for t in trackers))
 
     def lend(self, parts, sent):
         """The values of these parts are being sent from their own memory: until
@@ -414,3 +412,8 @@ class KVServer:
             slot = self.store[key]
             self.updater.load_state(key, state, slot.stop - slot.start)
         self.ack(msg)
+
+
+def _data(frames):
+    """The tensors' memory as the van sends it (no copy)."""
+    return [f.numpy().data if f.numel() else b'' for f in frames]
