@@ -76,9 +76,10 @@ class Pacer:
         self.burst = burst if burst is not None else max(256 * 1024, (rate or 0) * 0.05)
         self.free_at = 0.0                               # when the link is idle again
 
-    def book(self, nbytes):
-        """Put ``nbytes`` on the link now: (delivery time, seconds the sender must wait)."""
-        now = time.time()
+    def book(self, nbytes, now=None):
+        """Put ``nbytes`` on the link at ``now`` (the clock's time unless given):
+        (delivery time, seconds the sender must wait)."""
+        now = time.time() if now is None else now
         if self.rate is None:
             return now + self.latency, 0.0
         self.free_at = max(now, self.free_at) + nbytes / self.rate

@@ -214,7 +214,7 @@ class Van:
                     head['shm'] = where
             if self.pacer is not None:   # the simulated link: when it may arrive
                 sent = time.time()
-                due, wait = self.pacer.book(sum(head['sizes']) + HEADER_ON_WIRE)
+                due, wait = self.pacer.book(sum(head['sizes']) + HEADER_ON_WIRE, sent)
                 head.update(sent=sent, delay=due - sent)
             head_bytes = json.dumps(head, separators=(',', ':')).encode()
             sock = self._peers[peer_id]
