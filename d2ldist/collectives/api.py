@@ -9,87 +9,20 @@ the van, the one to read) and ``TorchBackend`` (torch.distributed: gloo on CPU, 
 production). ``d2ldist.init(backend=...)`` picks one (``world.py``). Outside a job
 both are alone: size 1, and every collective leaves its tensor as it is.
 
-Every collective runs on one communication thread, in the order it was asked for,
-so that the ``_async_`` variants (which return a ``Handle``) overlap communication
-with computation -- DistributedOptimizer all-reduces gradients while backward goes
-on -- and all workers still run the collectives in the same order.
+Every collective runs on the communication thread (``engine.py``), in the order it was
+asked for, so that the ``_async_`` variants (which return a ``Handle``) overlap
+communication with computation -- DistributedOptimizer all-reduces gradients while
+backward goes on -- and all workers still run the collectives in the same order. Each
+is a call of the backend's method (``backend.py``), bound: ``world.run(b.allreduce_, X, op)``.
 """
 import json
-import queue
-import threading
 
 import torch
 
-from ..runtime import timeline
 from ..runtime.split import even_sizes
 from . import ops, world
+from .engine import Handle  # noqa: F401  (re-exported: what the _async_ variants return)
 from .ops import Average, Max, Min, Product, Sum  # noqa: F401  (re-exported)
-
-class Handle:
-    """The result of an asynchronous collective: ``wait()`` returns it (or raises)."""
-
-    def __init__(self):
-        self._done, self._result, self._error = threading.Event(), None, None
-
-    def done(self):
-        return self._done.is_set()
-
-    def wait(self):
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    def _finish(self, result=None, error=None):
-        self._result, self._error = result, error
-        self._done.set()
-
-
-class _Engine:
-    """The communication thread: runs the submitted collectives one after another."""
-
-    def __init__(self):
-        self.queue = queue.SimpleQueue()
-        threading.Thread(target=self._loop, daemon=True, name='d2ldist-comm').start()
-
-    def submit(self, fn, *args):
-        handle = Handle()
-        self.queue.put((handle, fn, args))
-        return handle
-
-    def _loop(self):
-        # Reduce on this one thread, as Horovod's background thread does. With torch's
-        # OpenMP build this setting holds for this thread only; without it each add_
-        # would wake an OpenMP team that fights the training's own threads for the
-        # cores (measured on 2 cores, 2 workers: 16 MB all-reduce 630 ms -> 47 ms).
-        torch.set_num_threads(1)
-        while True:
-            handle, fn, args = self.queue.get()
-            try:
-                with timeline.span(fn.__name__.strip('_'), 'comm', bytes=sum(
-                        a.nbytes for a in args if isinstance(a, torch.Tensor))):
-                    handle._finish(fn(*args))
-            except BaseException as e:   # the caller's wait() raises it
-                handle._finish(error=e)
-
-
-def make_backend(name, node):
-    """The backend called ``name``: 'ring' (over ``node``, or alone) or 'torch'."""
-    if name == 'torch':
-        from .torch_backend import TorchBackend
-        return TorchBackend()
-    from .ring_backend import RingBackend
-    return RingBackend(node)
-
-
-def _submit(method, *args):
-    """Run the backend's method(*args) on the communication thread; a Handle."""
-    b, engine = world.backend(), world.engine()
-    if engine is None:            # alone: nothing to overlap
-        handle = Handle()
-        handle._finish(getattr(b, method)(*args))
-        return handle
-    return engine.submit(getattr(b, method), *args)
 
 
 # -- the API (Horovod's names and signatures) -----------------------------------------
@@ -102,17 +35,6 @@ def _reduction(average, op):
     if average is not None:
         return ops.Average if average else ops.Sum
     return ops.get(ops.Average if op is None else op)
-
-
-def _run(fn, *args):
-    """Run fn(*args) on the communication thread, after what was asked before; a Handle."""
-    world.backend()                               # (joins the job, makes the thread)
-    engine = world.engine()
-    if engine is None:                            # alone: nothing to overlap
-        handle = Handle()
-        handle._finish(fn(*args))
-        return handle
-    return engine.submit(fn, *args)
 
 
 def _scaled_allreduce_(tensor, op, prescale_factor, postscale_factor):
@@ -131,11 +53,11 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     (``compression``, not Horovod's here: what DistributedOptimizer's buckets go through.)"""
     op = _reduction(average, op)
     if compression not in (None, NoneCompressor):
-        return _run(_compressed_allreduce_, tensor, compression, op, prescale_factor,
+        return world.run(_compressed_allreduce_, tensor, compression, op, prescale_factor,
                     postscale_factor)
     if prescale_factor == 1.0 and postscale_factor == 1.0:
-        return _submit('allreduce_', tensor, op)
-    return _run(_scaled_allreduce_, tensor, op, prescale_factor, postscale_factor)
+        return world.run(world.backend().allreduce_, tensor, op)
+    return world.run(_scaled_allreduce_, tensor, op, prescale_factor, postscale_factor)
 
 
 def _compressed_allreduce_(tensor, compression, op, prescale_factor, postscale_factor):
@@ -182,7 +104,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None,
     def reduce_all():
         return [_scaled_allreduce_(t, op, prescale_factor, postscale_factor)
                 for t in tensors]
-    return _run(reduce_all)
+    return world.run(reduce_all)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -210,7 +132,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
 
 def broadcast_async_(tensor, root_rank=0, name=None):
     """Start copying worker ``root_rank``'s tensor into ``tensor``; returns a Handle."""
-    return _submit('broadcast_', tensor, _check_root(root_rank))
+    return world.run(world.backend().broadcast_, tensor, _check_root(root_rank))
 
 
 def broadcast_(tensor, root_rank=0, name=None):
@@ -233,7 +155,7 @@ def allgather_async(tensor, name=None):
     """Start an allgather; ``synchronize(handle)`` gives its result."""
     if tensor.dim() == 0:
         raise ValueError('allgather needs a tensor with at least one dimension')
-    return _submit('allgather', tensor.detach())
+    return world.run(world.backend().allgather, tensor.detach())
 
 
 def allgather(tensor, name=None):
@@ -276,7 +198,8 @@ def reducescatter(tensor, op=None, name=None):
     can be (the first ones get one more), rank r the r-th part (op: Average by default)."""
     if tensor.dim() == 0:
         raise ValueError('reducescatter needs a tensor with at least one dimension')
-    return _submit('reducescatter', tensor.detach(), _reduction(None, op)).wait()
+    return world.run(world.backend().reducescatter, tensor.detach(),
+                     _reduction(None, op)).wait()
 
 
 def alltoall(tensor, splits=None, name=None):
@@ -302,17 +225,6 @@ def alltoall(tensor, splits=None, name=None):
         first = int(starts[i] + counts[i, :r].sum())
         parts.append(everything[first:first + int(counts[i, r])])
     return torch.cat(parts), counts[:, r].clone()
-
-
-# Horovod's names d2ldist does not have yet: using one says so, in one line.
-NOT_YET = {
-    'elastic': 'elastic training (workers joining and leaving) is out of scope for now',
-    'ProcessSet': 'process sets are out of scope for now: collectives run over all workers',
-    'add_process_set': 'process sets are out of scope for now',
-    'Adasum': 'Adasum is out of scope for now: use op=Average',
-    'start_timeline': 'the timeline comes from the launcher: d2l-launch --timeline FILE',
-    'stop_timeline': 'the timeline comes from the launcher: d2l-launch --timeline FILE',
-}
 
 
 class NoneCompressor:
@@ -350,11 +262,6 @@ class Compression:
     fp16 = FP16Compressor
 
 
-def not_yet(name):
-    """The error for a Horovod name d2ldist does not have."""
-    return NotImplementedError(f'hvd.{name}: not in d2ldist: {NOT_YET[name]}')
-
-
 def poll(handle):
     """Whether the asynchronous collective of ``handle`` has finished."""
     return handle.done()
@@ -366,8 +273,8 @@ def synchronize(handle):
 
 
 def barrier():
-    """Wait until every worker has reached this point."""
-    _submit('barrier').wait()
+    """Wait until every worker has reached this point (behind the collectives asked for)."""
+    world.run(world.backend().barrier).wait()
 
 
 def join(device=-1):
@@ -375,7 +282,7 @@ def join(device=-1):
     it takes part in the collectives the others still call, with nothing of its own
     (RingBackend.join says how). Returns, on every worker, the rank of the last worker
     to call it. ``device`` is accepted, not needed."""
-    return _submit('join').wait()
+    return world.run(world.backend().join).wait()
 
 
 def _check_root(root_rank):

@@ -141,7 +141,9 @@ class RingBackend:
     def _take_part(self, replay):
         """Take part, with nothing of our own, in the collective ``replay`` describes."""
         method, tensor, args = _stand_in(replay, self.size)
-        getattr(self, method)(tensor, *args)
+        collective = {'allreduce_': self.allreduce_, 'reducescatter': self.reducescatter,
+                      'broadcast_': self.broadcast_, 'allgather': self.allgather}[method]
+        collective(tensor, *args)
 
     def _check(self, tensor):
         if tensor.dtype not in self.dtypes:

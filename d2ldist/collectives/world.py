@@ -6,7 +6,10 @@ The job's state lives here and in ``runtime/node.py`` (the node), nowhere else:
   over the van (the default under d2l-launch), or 'torch', torch.distributed (the
   default under torchrun; under Slurm's srun set D2L_BACKEND=torch);
 * ``rank()``, ``size()``, ``local_rank()``, ``local_size()``, ``barrier()``;
-* ``backend()``: the backend object the collectives call, made on first use.
+* ``backend()``: the backend object the collectives call, made on first use
+  (``backend.py`` says what one is);
+* ``run(fn, *args)``: fn on the communication thread (``engine.py``), after what was
+  asked before; a Handle.
 
 Light on purpose: ``init`` alone does not load torch (a script that only passes
 messages starts fast); torch loads with the first collective.
@@ -14,11 +17,13 @@ messages starts fast); torch loads with the first collective.
 import os
 
 from ..runtime import node
+from . import backend as backends
+from .engine import Engine, Handle
 
 BACKENDS = ('ring', 'torch')
 _name = None      # the backend init() chose
 _backend = None   # the backend object (RingBackend or TorchBackend), made on first use
-_engine = None    # the communication thread (api._Engine); None when alone
+_engine = None    # the communication thread (an Engine); None when alone
 
 
 def init(backend=None):
@@ -31,8 +36,7 @@ def init(backend=None):
         return node.current()
     joined = node.join('worker')       # also with 'torch': the scheduler watches liveness
     if name == 'torch':
-        from . import api
-        use(api.make_backend(name, joined))
+        use(backends.make(name, joined))
     _name = name   # the ring is made on first use (torch loads then)
     return joined
 
@@ -57,9 +61,8 @@ def name():
 def use(backend_object):
     """Run the collectives on ``backend_object`` from now on, on a communication thread."""
     global _backend, _engine
-    from .api import _Engine
     _backend = backend_object
-    _engine = _Engine() if backend_object.size > 1 else None
+    _engine = Engine() if backend_object.size > 1 else None
 
 
 def backend():
@@ -67,14 +70,23 @@ def backend():
     if _backend is None:
         init()
         if _backend is None:
-            from . import api
-            use(api.make_backend(_name, node.current()))
+            use(backends.make(_name, node.current()))
     return _backend
 
 
 def engine():
     """The communication thread, or None (alone, or no collective has run yet)."""
     return _engine
+
+
+def run(fn, *args):
+    """Run fn(*args) on the communication thread, after what was asked before; a Handle.
+
+    Alone (one worker) there is nothing to overlap: fn runs here, now."""
+    backend()                                     # (joins the job, makes the thread)
+    if _engine is None:
+        return Handle.finished(fn(*args))
+    return _engine.run(fn, *args)
 
 
 def active():
@@ -128,8 +140,7 @@ def shutdown():
     again. The process stays a node of the job until it ends."""
     global _name, _backend, _engine
     if _engine is not None:
-        from . import api
-        api._run(lambda: None).wait()
+        _engine.run(lambda: None).wait()
     if _name == 'torch':
         import torch.distributed as dist
         if dist.is_initialized():
@@ -159,7 +170,6 @@ mpi_enabled = mpi_built
 def barrier():
     """Wait until every worker has reached this point."""
     if active():                      # collectives run on their own thread: queue behind them
-        from . import api
-        api.barrier()
+        run(_backend.barrier).wait()
     elif node.current():
         node.current().barrier('worker')

@@ -39,6 +39,7 @@ parameter server ('dist_sync', 'dist_async', 'dist_sync_device'); here
 """
 import torch
 
+from ..collectives.engine import Handle
 from ..collectives.staging import staged
 from ..runtime import compression
 from ..kv.optimizers import OPTIMIZERS
@@ -75,7 +76,7 @@ class AllreduceStore:
     """
 
     def __init__(self, kind='ring'):
-        from ..collectives import api, world
+        from ..collectives import world
         if kind not in ('ring', 'torch'):
             raise ValueError(f"AllreduceStore runs 'ring' or 'torch', not {kind!r}")
         self.type = kind
@@ -85,12 +86,11 @@ class AllreduceStore:
                 raise RuntimeError(f'kvstore ring: this worker already uses backend '
                                    f'{world.name()!r}')
             self._backend = world.backend()
-            self._collective = api._submit   # on the communication thread, in order
-        else:   # torch.distributed directly (it may run next to d2ldist's ring)
+            self._run = world.run        # on the communication thread, in order
+        else:   # torch.distributed directly (it may run next to d2ldist's ring), here
             from ..collectives.torch_backend import TorchBackend
             self._backend = TorchBackend()
-            self._collective = lambda method, *args: _Done(
-                getattr(self._backend, method)(*args))
+            self._run = lambda fn, *args: Handle.finished(fn(*args))
         self.rank, self.num_workers = self._backend.rank, self._backend.size
         # where it sums: the ring on the CPU; torch.distributed there too on gloo, on the
         # worker's GPU on NCCL (the Trainer's gradients then never leave it)
@@ -106,7 +106,7 @@ class AllreduceStore:
         (``optimizer=False``: not gradients, so never compressed; pushpull only sums.)
         """
         with staged(values, self.device) as flat:
-            self._collective('broadcast_', flat, 0).wait()
+            self._run(self._backend.broadcast_, flat, 0).wait()
         self._values.update(zip(keys, values))
         if not optimizer:
             self._plain.update(keys)
@@ -146,12 +146,10 @@ class AllreduceStore:
         return self._sum(tensor, coded=True)
 
     def _sum(self, tensor, coded):
-        from ..collectives import api, ops
+        from ..collectives import ops
         if self._codec is None or not coded:
-            return self._collective('allreduce_', tensor, ops.Sum)
-        if self.type == 'ring':
-            return api._run(self._sum_coded_, tensor)
-        return _Done(self._sum_coded_(tensor))
+            return self._run(self._backend.allreduce_, tensor, ops.Sum)
+        return self._run(self._sum_coded_, tensor)
 
     def _sum_coded_(self, tensor):
         """The sum through 16 bits: cast, all-reduce, cast back into ``tensor``."""
@@ -161,20 +159,10 @@ class AllreduceStore:
         return tensor.copy_(wire)
 
     def barrier(self):
-        self._collective('barrier').wait()
+        self._run(self._backend.barrier).wait()
 
     def __repr__(self):
         return f'<AllreduceStore {self.type}: worker {self.rank} of {self.num_workers}>'
-
-
-class _Done:
-    """A finished collective (what the communication thread's Handle gives)."""
-
-    def __init__(self, result):
-        self.result = result
-
-    def wait(self):
-        return self.result
 
 
 STORES = ('local', 'dist_sync', 'dist_async', 'dist_sync_device', 'ring', 'torch', 'dist')
