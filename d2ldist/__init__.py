@@ -55,10 +55,6 @@ _LAZY = {
     'evaluate_accuracy': 'training.loop', 'train': 'training.loop',
 }
 _LAZY_MODULES = ('kv', 'horovod', 'timeline')
-_NOT_YET = ('elastic', 'ProcessSet', 'add_process_set', 'Adasum', 'start_timeline',
-            'stop_timeline')   # (collectives/api.py: NOT_YET says why)
-
-
 def __getattr__(name):
     """Load the heavy parts (torch) on first use, then keep them as module attributes."""
     import importlib
@@ -66,11 +62,9 @@ def __getattr__(name):
         value = importlib.import_module(f'.{name}', __name__)
     elif name in _LAZY:
         value = getattr(importlib.import_module(f'.{_LAZY[name]}', __name__), name)
-    elif name in _NOT_YET:      # Horovod's names d2ldist does not have: say so
-        from .collectives.api import not_yet
-        raise not_yet(name)
-    else:
-        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    else:                       # (Horovod's names d2ldist does not have: says why)
+        from .collectives.missing import missing
+        raise missing(__name__, name)
     globals()[name] = value
     return value
 

@@ -20,6 +20,7 @@ from .collectives.api import (Compression, Handle, allgather, allgather_async,  
 from .collectives.distributed_optimizer import (DistributedOptimizer,  # noqa: F401
                                                 broadcast_optimizer_state,
                                                 broadcast_parameters, metric_average)
+from .collectives.missing import missing
 from .collectives.ops import Average, Max, Min, Product, Sum  # noqa: F401
 from .collectives.sync_batchnorm import SyncBatchNorm  # noqa: F401
 from .collectives.world import (barrier, cross_rank, cross_size, gloo_built,  # noqa: F401
@@ -29,7 +30,4 @@ from .collectives.world import (barrier, cross_rank, cross_size, gloo_built,  # 
 
 def __getattr__(name):
     """Horovod's names that d2ldist does not have: a one-line error that says so."""
-    from .collectives.api import NOT_YET, not_yet
-    if name in NOT_YET:
-        raise not_yet(name)
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    raise missing(__name__, name)
