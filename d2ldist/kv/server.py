@@ -86,7 +86,7 @@ class KVServer:
                 return self.push_rows(msg, M.read_row_parts(msg, with_values=True))
             if msg.kind == M.PULL_ROWS:
                 parts = M.read_row_parts(msg, with_values=False)
-                self.check([p[:5] + (None,) for p in parts], 'pulled')
+                self.check(parts, 'pulled')
                 self.answer_after_round(msg.sender, msg['id'], parts)
             if msg.kind == M.PULL:
                 parts = M.read_parts(msg, with_frames=False)
@@ -99,7 +99,7 @@ class KVServer:
             elif msg.kind == M.LEARNING_RATE:
                 self.set_learning_rate(msg)
             elif msg.kind == M.INFO:
-                self.ack(msg, keys=[[k, s.dtype, s.shape, s.start, s.stop]
+                self.ack(msg, keys=[M.Part(k, s.dtype, s.shape, s.start, s.stop).head()
                                     for k, s in self.store.items()],
                          pid=os.getpid(), optimizer=self.updater and self.updater.name)
             elif msg.kind == M.GET_STATE:
@@ -118,23 +118,23 @@ class KVServer:
         """Aggregate (sync) or apply (async) the pushed values; answer or ack."""
         self.check(parts, 'pushed')
         sync, worker = msg.get('sync') is not False, msg.sender
-        if sync and any(worker in self.rounds.get(p[0], Round()).pushed for p in parts):
+        if sync and any(worker in self.rounds.get(p.key, Round()).pushed for p in parts):
             return False                                 # its second push waits for the round
         if sync:
             self.agree(msg, parts)
         closed = []
-        for key, *_, grad in parts:
+        for p in parts:
             if not sync:
-                self.update(key, grad, accumulate=True)  # async: apply on arrival
+                self.update(p.key, p.value, accumulate=True)   # async: apply on arrival
                 continue
-            r = self.rounds.setdefault(key, Round())
+            r = self.rounds.setdefault(p.key, Round())
             if r.sum is None:
-                r.sum = grad                             # the message's own memory, no copy
+                r.sum = p.value                          # the message's own memory, no copy
             else:
-                r.sum.add_(grad)                         # in place, while more pushes arrive
+                r.sum.add_(p.value)                      # in place, while more pushes arrive
             r.touched = None                             # a dense push touches every row
-            if self.pushed(key, r, worker):
-                closed.append(key)
+            if self.pushed(p.key, r, worker):
+                closed.append(p.key)
         if msg.get('pull'):
             self.answer_after_round(worker, msg['id'], parts)
         else:
@@ -145,26 +145,26 @@ class KVServer:
     def push_rows(self, msg, parts):
         """A sparse key's rows: aggregate them (sync) or apply them (async), touching
         only those rows; the round remembers which elements were touched."""
-        self.check([p[:5] + (None,) for p in parts], 'pushed')
+        self.check(parts, 'pushed')
         sync, worker = msg.get('sync') is not False, msg.sender
-        if sync and any(worker in self.rounds.get(p[0], Round()).pushed for p in parts):
+        if sync and any(worker in self.rounds.get(p.key, Round()).pushed for p in parts):
             return False
         if sync:
             self.agree(msg, parts)
         closed = []
-        for key, *_, positions, values in parts:
+        for p in parts:
             if not sync:
-                self.update_rows(key, positions, values, accumulate=True)
+                self.update_rows(p.key, p.positions, p.values, accumulate=True)
                 continue
-            r = self.rounds.setdefault(key, Round())
+            r = self.rounds.setdefault(p.key, Round())
             if r.sum is None:
-                r.sum = self.store[key].value.new_zeros(self.store[key].value.shape)
+                r.sum = self.store[p.key].value.new_zeros(self.store[p.key].value.shape)
                 r.touched = torch.zeros(r.sum.shape, dtype=torch.bool)
-            r.sum.index_add_(0, positions, values)
+            r.sum.index_add_(0, p.positions, p.values)
             if r.touched is not None:
-                r.touched[positions] = True
-            if self.pushed(key, r, worker):
-                closed.append(key)
+                r.touched[p.positions] = True
+            if self.pushed(p.key, r, worker):
+                closed.append(p.key)
         self.ack(msg)
         self.round_closed(closed)
         return True
@@ -207,7 +207,7 @@ class KVServer:
 
     def answer_after_round(self, worker, rid, parts):
         """Send the values now, or once every round this worker pushed into has closed."""
-        keys = {p[0] for p in parts if worker in getattr(self.rounds.get(p[0]), 'pushed', ())}
+        keys = {p.key for p in parts if worker in getattr(self.rounds.get(p.key), 'pushed', ())}
         if keys:
             self.waiting.append([worker, rid, parts, keys])
         else:
@@ -236,7 +236,7 @@ class KVServer:
         """Sync pushes are numbered per worker and server: every worker's n-th push here
         must carry the same keys. If not, the rounds can never close: fail every worker
         waiting here, naming both sides, instead of hanging."""
-        n, keys = msg.get('n'), [p[0] for p in parts]
+        n, keys = msg.get('n'), [p.key for p in parts]
         if not isinstance(n, int):
             return
         first, firsts_keys, seen = self.nth.setdefault(n, (msg.sender, keys, set()))
@@ -265,8 +265,8 @@ class KVServer:
                 keys |= waits
         for m in self.deferred.get(msg.sender, ()):
             if m.get('id') == rid and isinstance(m.get('parts'), list):
-                keys |= {p[0] for p in m['parts'] if isinstance(p, list) and p
-                         and msg.sender in getattr(self.rounds.get(p[0]), 'pushed', ())}
+                keys |= {k for k in M.keys_of(m['parts'])
+                         if msg.sender in getattr(self.rounds.get(k), 'pushed', ())}
         missing = {}
         for key in sorted(keys, key=str):
             for w in self.node.peers('worker'):
@@ -279,16 +279,16 @@ class KVServer:
     # -- helpers ----------------------------------------------------------------------------
     def check(self, parts, what):
         """Refuse keys never initialised, and shapes, dtypes or slices that differ."""
-        for key, dtype, shape, start, stop, _ in parts:
-            slot = self.store.get(key)
+        for p in parts:
+            slot = self.store.get(p.key)
             if slot is None:
-                raise M.KVError(f'key {key!r} was never initialised (call kv.init first)')
-            if (dtype, shape) != (slot.dtype, slot.shape):
-                raise M.KVError(f'key {key!r}: {what} {M.describe(dtype, shape)} but the key '
-                                f'holds {M.describe(slot.dtype, slot.shape)}')
-            if (start, stop) != (slot.start, slot.stop):
-                raise M.KVError(f'key {key!r}: elements {start}..{stop} are not the slice '
-                                f'{slot.start}..{slot.stop} this server holds')
+                raise M.KVError(f'key {p.key!r} was never initialised (call kv.init first)')
+            if (p.dtype, p.shape) != (slot.dtype, slot.shape):
+                raise M.KVError(f'key {p.key!r}: {what} {M.describe(p.dtype, p.shape)} but the '
+                                f'key holds {M.describe(slot.dtype, slot.shape)}')
+            if (p.start, p.stop) != (slot.start, slot.stop):
+                raise M.KVError(f'key {p.key!r}: elements {p.start}..{p.stop} are not the '
+                                f'slice {slot.start}..{slot.stop} this server holds')
 
     def writable(self, key):
         """The key's value, copied first if the van or a stream may still be sending it
@@ -299,30 +299,30 @@ class KVServer:
         return slot.value
 
     def send_values(self, worker, rid, parts):
-        """The values of whole slices; for row parts (7 fields), only those rows'."""
-        if parts and len(parts[0]) == 7:
-            frames = [self.store[p[0]].value[p[5]] for p in parts]   # copies: not lent
-            heads = [list(p[:5]) + [int(p[5].numel())] for p in parts]
+        """The values of whole slices; for row parts, only those rows'."""
+        heads = [p.head() for p in parts]
+        if parts and isinstance(parts[0], M.RowPart):
+            frames = [self.store[p.key].value[p.positions] for p in parts]   # copies: not lent
             self.node.send(worker, M.VALUES, {'id': rid, 'parts': heads}, _data(frames))
             return
-        frames = [self.store[p[0]].value for p in parts]
-        heads = [list(p[:5]) for p in parts]
+        keys = [p.key for p in parts]
+        frames = [self.store[k].value for k in keys]
         if worker in self.links:                      # read in place on arrival
             try:
                 sent = self.links[worker].send(M.VALUES, {'id': rid, 'parts': heads},
                                                [f.view(-1).numpy() for f in frames])
-                return self.lend(parts, sent)
+                return self.lend(keys, sent)
             except stream.StreamBroken as e:          # (the worker is gone, most likely)
                 self.unlink(worker, e)
         trackers = self.node.send(worker, M.VALUES, {'id': rid, 'parts': heads},
                                   _data(frames), track=True)
-        self.lend(parts, lambda: all(t.done for t in trackers))
+        self.lend(keys, lambda: all(t.done for t in trackers))
 
-    def lend(self, parts, sent):
-        """The values of these parts are being sent from their own memory: until
+    def lend(self, keys, sent):
+        """The values of these keys are being sent from their own memory: until
         ``sent()``, an update must not write there (``writable`` copies first)."""
-        for p in parts:
-            self.lent.setdefault(p[0], []).append(sent)
+        for key in keys:
+            self.lent.setdefault(key, []).append(sent)
 
     def link(self, msg):
         """Send this worker's VALUES of whole slices on the stream it offers, where
@@ -346,12 +346,12 @@ class KVServer:
         self.node.send(msg.sender, M.ACK, dict(fields, id=msg.get('id')))
 
     def init(self, msg, parts):
-        for key, *_ in parts:
-            if key in self.store:
-                raise M.KVError(f'key {key!r} is already initialised')
+        for p in parts:
+            if p.key in self.store:
+                raise M.KVError(f'key {p.key!r} is already initialised')
         optimizer = msg.get('optimizer') is not False
-        for key, dtype, shape, start, stop, value in parts:
-            self.store[key] = Slot(dtype, shape, start, stop, value, optimizer)
+        for p in parts:
+            self.store[p.key] = Slot(p.dtype, p.shape, p.start, p.stop, p.value, optimizer)
         self.ack(msg)
 
     def set_optimizer(self, msg):

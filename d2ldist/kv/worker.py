@@ -372,18 +372,11 @@ class DistKVStore(KVStore):
         first = _as_list(out)[0]
         staging = first if first.device.type == 'cpu' and first.is_contiguous() \
             else first.detach().to('cpu', copy=True).contiguous()
-        shape, _ = self._meta[key]
-        at = {}                                   # server -> the positions it will send
 
         def receive(msg):
-            (_, dtype, _, start, _, count), frame = msg['parts'][0], msg.frames[0]
-            values = M.wire.unpack({'dtype': dtype, 'shape': [int(count)]}, frame)
-            staging.view(-1)[start + at[msg.sender]] = values
-        msgs = self._row_messages(M.PULL_ROWS, key, rows)
-        for server, _, header, _ in msgs:
-            part = header['parts'][0]
-            at[server] = row_positions(rows, _numel(shape[1:]), part[3], part[4])[0]
-        self._ask(msgs, receive, what='pull rows')
+            for p in M.read_row_parts(msg, with_values=True, rows=rows):
+                staging.view(-1)[p.start + p.positions] = p.values
+        self._ask(self._row_messages(M.PULL_ROWS, key, rows), receive, what='pull rows')
         for o in _as_list(out):
             if o is not staging:
                 o[rows] = staging[rows].to(o.device)
@@ -401,8 +394,8 @@ class DistKVStore(KVStore):
             mine = rows[mask.view(-1, row_numel).any(1)].contiguous()   # rows in the slice
             frames = [_bytes(mine)] + ([_bytes(flat[mask].contiguous())] if flat is not None
                                        else [])
-            part = [key, M.wire.dtype_name(dtype), list(shape), start, stop, positions.numel()]
-            msgs.append((f'server:{s}', kind, dict(header, parts=[part]), frames))
+            part = M.RowPart(key, M.wire.dtype_name(dtype), shape, start, stop, positions)
+            msgs.append((f'server:{s}', kind, dict(header, parts=[part.head()]), frames))
         return msgs
 
     def _messages(self, kind, keys, values=None, coded=False, **header):
@@ -415,7 +408,7 @@ class DistKVStore(KVStore):
             codec = self._coded(k) if coded else None
             for s, start, stop in place(k, _numel(shape), self._node.num_servers):
                 parts, frames, codes = by_server.setdefault(s, ([], [], []))
-                parts.append([k, M.wire.dtype_name(dtype), list(shape), start, stop])
+                parts.append(M.Part(k, M.wire.dtype_name(dtype), shape, start, stop).head())
                 if codec is not None:                     # its own residual per slice
                     codes.append(len(parts) - 1)
                     frames.append(_bytes(codec.encode((k, start), flat[start:stop])))
@@ -446,22 +439,22 @@ class DistKVStore(KVStore):
             targets[k] = [staging, o, len(place(k, staging.numel(), self._node.num_servers))]
 
         def receive(msg):
-            parts, reads = list(M.read_parts(msg, with_frames=True)), []
-            for key, _, _, start, stop, t in parts:
-                into = targets[key][0].view(-1)[start:stop]
-                if isinstance(t, stream.Pending):      # still in its stream: read in place
-                    reads.append((t, into.view(torch.uint8).numpy()))
+            parts, reads = M.read_parts(msg, with_frames=True), []
+            for p in parts:
+                into = targets[p.key][0].view(-1)[p.start:p.stop]
+                if isinstance(p.value, stream.Pending):   # still in its stream: read in place
+                    reads.append((p.value, into.view(torch.uint8).numpy()))
                 else:
-                    into.copy_(t)
+                    into.copy_(p.value)
             reading = stream.read_later(reads)
 
             def end():
                 reading.wait()
-                for key, *_ in parts:
-                    staging, o, left = targets[key]
-                    targets[key][2] = left - 1
+                for p in parts:
+                    staging, o, left = targets[p.key]
+                    targets[p.key][2] = left - 1
                     if left == 1 and (len(_as_list(o)) > 1 or staging is not _as_list(o)[0]):
-                        self._fill(key, o, staging)
+                        self._fill(p.key, o, staging)
             return end
         return receive
 
@@ -470,7 +463,7 @@ class DistKVStore(KVStore):
 
         ``on_values(msg)`` takes each VALUES answer; what it returns, if anything, is
         called once every answer has come (``_receiver``'s reads in place end there)."""
-        keys = _keys([p[0] for _, _, header, _ in msgs for p in header.get('parts', [])])
+        keys = _keys([k for _, _, header, _ in msgs for k in M.keys_of(header.get('parts', []))])
         start, waiting = time.time(), {}
         for server, kind, header, frames in msgs:
             rid = next(self._ids)
