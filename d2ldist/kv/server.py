@@ -41,6 +41,32 @@ class Answered(Exception):
     """A request refused, its error already sent."""
 
 
+def apply_update(updater, key, value, grad, positions=None, accumulate=False):
+    """What a server does with ``grad``, the sum of a key's pushes; returns the new value.
+
+    The optimizer (``updater``; None: none set, or a key made with optimizer=False)
+    updates ``value`` in place; without one the sum becomes the value (sync) or is
+    added to it (async: ``accumulate``). A sparse key's rows: ``grad`` holds the
+    elements at ``positions`` of the flattened value, and only they change (the MXNet
+    optimizer's lazy update; a sum that becomes the value is zero elsewhere).
+    """
+    if updater is None and not accumulate and positions is None:
+        return grad                                       # the sum becomes the value
+    if updater is None and not accumulate:
+        total = torch.zeros_like(value)                   # ... and is zero elsewhere
+        total.view(-1)[positions] = grad.view(-1)
+        return total
+    if updater is None and positions is None:
+        value.add_(grad)                                  # async: the sum is added
+    elif updater is None:
+        value.view(-1).index_add_(0, positions, grad.view(-1))
+    elif positions is None:
+        updater(key, value, grad)                         # the optimizer's step
+    else:
+        updater.update_rows(key, value.view(-1), positions, grad.view(-1))
+    return value
+
+
 class KVServer:
     """The parameter server's state and its loop."""
 
@@ -154,7 +180,7 @@ class KVServer:
         closed = []
         for p in parts:
             if not sync:
-                self.update_rows(p.key, p.positions, p.values, accumulate=True)
+                self.update(p.key, p.values, p.positions, accumulate=True)
                 continue
             r = self.rounds.setdefault(p.key, Round())
             if r.sum is None:
@@ -175,35 +201,19 @@ class KVServer:
         if len(r.pushed) < self.node.num_workers:
             return False
         if r.touched is None:
-            self.update(key, r.sum, accumulate=False)
+            self.update(key, r.sum)
         else:                                        # only rows: update only them
             positions = r.touched.nonzero().view(-1)
-            self.update_rows(key, positions, r.sum[positions], accumulate=False,
-                             total=r.sum)
+            self.update(key, r.sum[positions], positions)
         del self.rounds[key]
         return True
 
-    def update_rows(self, key, positions, grad, accumulate, total=None):
-        """update() for some elements only: the optimizer's lazy update; without one,
-        the value becomes the round's sum (``total``) or, async, adds the rows."""
+    def update(self, key, grad, positions=None, accumulate=False):
+        """Update the key from a sum of pushes (``apply_update``), on a copy of its value
+        if that may still be on its way to a worker (``writable``)."""
         slot = self.store[key]
-        if self.updater is not None and slot.optimizer:
-            self.updater.update_rows(key, self.writable(key), positions, grad)
-        elif accumulate:
-            self.writable(key).index_add_(0, positions, grad)
-        else:
-            slot.value = total
-
-    def update(self, key, grad, accumulate):
-        """Apply the optimizer; without one (or for a key init'ed with optimizer=False),
-        the value becomes (or, async, adds) the sum."""
-        slot = self.store[key]
-        if self.updater is not None and slot.optimizer:
-            self.updater(key, self.writable(key), grad)
-        elif accumulate:
-            self.writable(key).add_(grad)
-        else:
-            slot.value = grad
+        slot.value = apply_update(self.updater if slot.optimizer else None, key,
+                                  self.writable(key), grad, positions, accumulate)
 
     def answer_after_round(self, worker, rid, parts):
         """Send the values now, or once every round this worker pushed into has closed."""

@@ -17,6 +17,7 @@ from ..runtime import compression, hang, stream, timeline
 from . import messages as M
 from .optimizers import Updater, torch_names
 from .placement import place, row_positions
+from .server import apply_update
 
 KINDS = ('local', 'dist_sync', 'dist_async', 'dist_sync_device')
 # MXNet's other names for these kinds. (On one machine MXNet's 'device' and the
@@ -251,10 +252,7 @@ class LocalKVStore(KVStore):
             codec = self._coded(k)
             if codec is not None:             # what the servers would get
                 v = codec.decode(codec.encode(k, v), v.numel(), v.dtype).view_as(v)
-            if self._updater is not None and k not in self._plain:
-                self._updater(k, self._store[k], v)
-            else:
-                self._store[k] = v.clone()
+            self._update(k, v)
 
     def _pull(self, keys, outs):
         for k, o in zip(keys, outs):
@@ -263,10 +261,14 @@ class LocalKVStore(KVStore):
     def _push_rows(self, key, rows, values):
         value = self._store[key]
         positions, _ = row_positions(rows, _numel(value.shape[1:]), 0, value.numel())
-        if self._updater is not None and key not in self._plain:
-            self._updater.update_rows(key, value.view(-1), positions, values.view(-1))
-        else:                           # the value becomes the pushed sum (zero elsewhere)
-            self._store[key] = torch.zeros_like(value).index_put_((rows,), values)
+        self._update(key, values, positions)
+
+    def _update(self, key, grad, positions=None):
+        """Update as a server does when a round closes (``server.apply_update``); a sum
+        that becomes the value is copied: it is the caller's tensor."""
+        updater = None if key in self._plain else self._updater
+        value = apply_update(updater, key, self._store[key], grad, positions)
+        self._store[key] = value.clone() if value is grad else value
 
     def _pull_rows(self, key, out, rows):
         for o in _as_list(out):
