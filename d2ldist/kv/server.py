@@ -110,14 +110,10 @@ class KVServer:
                 return self.push(msg, M.read_parts(msg, with_frames=True))
             if msg.kind == M.PUSH_ROWS:
                 return self.push_rows(msg, M.read_row_parts(msg, with_values=True))
-            if msg.kind == M.PULL_ROWS:
-                parts = M.read_row_parts(msg, with_values=False)
-                self.check(parts, 'pulled')
-                self.answer_after_round(msg.sender, msg['id'], parts)
             if msg.kind == M.PULL:
-                parts = M.read_parts(msg, with_frames=False)
-                self.check(parts, 'pulled')
-                self.answer_after_round(msg.sender, msg['id'], parts)
+                self.pull(msg, M.read_parts(msg, with_frames=False))
+            elif msg.kind == M.PULL_ROWS:
+                self.pull(msg, M.read_row_parts(msg, with_values=False))
             elif msg.kind == M.INIT:
                 self.init(msg, M.read_parts(msg, with_frames=True))
             elif msg.kind == M.OPTIMIZER:
@@ -214,6 +210,11 @@ class KVServer:
         slot = self.store[key]
         slot.value = apply_update(self.updater if slot.optimizer else None, key,
                                   self.writable(key), grad, positions, accumulate)
+
+    def pull(self, msg, parts):
+        """Send the values asked for, once the rounds this worker pushed into have closed."""
+        self.check(parts, 'pulled')
+        self.answer_after_round(msg.sender, msg['id'], parts)
 
     def answer_after_round(self, worker, rid, parts):
         """Send the values now, or once every round this worker pushed into has closed."""
