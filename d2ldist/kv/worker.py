@@ -50,8 +50,9 @@ class KVStore:
     """What every kind shares: the API, argument checks and summing device copies."""
 
     def __init__(self, kind):
-        self.type = self.kind = kind           # type: the name given (an alias, maybe)
+        self.type = kind                       # MXNet's kv.type (kv.create: the name given)
         self.is_async = kind == 'dist_async'   # each push updates the weights on its own
+        self._sum_on_device = kind == 'dist_sync_device'   # step 2 on the first copy's device
         self._meta = {}          # key -> (shape, dtype) given at init
         self.optimizer = None    # (name, hyperparameters) of the last set_optimizer
         self._pinned = {}        # ('push' or 'pull', key) -> pinned CPU buffer for CUDA
@@ -179,7 +180,7 @@ class KVStore:
         for t in copies:
             self._check(key, t, 'pushed')
         if len(copies) > 1:   # step 2: on the CPU (dist_sync_device: on the first copy's device)
-            device = None if self.kind == 'dist_sync_device' else CPU
+            device = None if self._sum_on_device else CPU
             return self._to_cpu(key, sum_copies(copies, device))
         return self._to_cpu(key, copies[0])
 
