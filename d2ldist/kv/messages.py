@@ -60,6 +60,7 @@ class Part(NamedTuple):
     start: int
     stop: int
     value: Any = None      # a PUSH's, INIT's or VALUES' elements; None in a PULL
+    positions = None       # (not a field) which elements: all of them
 
     def head(self):
         """The part as a header carries it: [key, dtype, shape, start, stop]."""
@@ -74,7 +75,7 @@ class RowPart(NamedTuple):
     start: int
     stop: int
     positions: Any         # the rows' elements in the slice (int64, increasing)
-    values: Any = None     # their values (a PUSH_ROWS' sums, a VALUES' answer); or None
+    value: Any = None      # those elements (a PUSH_ROWS', a VALUES'); None in a PULL_ROWS
 
     def head(self):
         """The part as a header carries it: [key, dtype, shape, start, stop, count]."""

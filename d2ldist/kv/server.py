@@ -36,6 +36,23 @@ class Round:
     def __init__(self):
         self.sum, self.pushed, self.touched = None, set(), None
 
+    def add(self, part, like):
+        """Add a pushed part to the sum: all its elements, or a sparse key's rows (into
+        zeros ``like`` the key's value)."""
+        if part.positions is None:
+            if self.sum is None:
+                self.sum = part.value                    # the message's own memory, no copy
+            else:
+                self.sum.add_(part.value)                # in place, while more pushes arrive
+            self.touched = None                          # a dense push touches every row
+            return
+        if self.sum is None:
+            self.sum = like.new_zeros(like.shape)
+            self.touched = torch.zeros(like.shape, dtype=torch.bool)
+        self.sum.index_add_(0, part.positions, part.value)
+        if self.touched is not None:
+            self.touched[part.positions] = True
+
 
 class Answered(Exception):
     """A request refused, its error already sent."""
@@ -109,7 +126,7 @@ class KVServer:
             if msg.kind == M.PUSH:
                 return self.push(msg, M.read_parts(msg, with_frames=True))
             if msg.kind == M.PUSH_ROWS:
-                return self.push_rows(msg, M.read_row_parts(msg, with_values=True))
+                return self.push(msg, M.read_row_parts(msg, with_values=True))
             if msg.kind == M.PULL:
                 self.pull(msg, M.read_parts(msg, with_frames=False))
             elif msg.kind == M.PULL_ROWS:
@@ -137,7 +154,8 @@ class KVServer:
 
     # -- the heart: push, aggregate, update --------------------------------------------------
     def push(self, msg, parts):
-        """Aggregate (sync) or apply (async) the pushed values; answer or ack."""
+        """Aggregate (sync) or apply (async) the pushed values -- of a sparse key, only
+        the rows pushed; answer or ack."""
         self.check(parts, 'pushed')
         sync, worker = msg.get('sync') is not False, msg.sender
         if sync and any(worker in self.rounds.get(p.key, Round()).pushed for p in parts):
@@ -146,48 +164,17 @@ class KVServer:
             self.agree(msg, parts)
         closed = []
         for p in parts:
-            if not sync:
-                self.update(p.key, p.value, accumulate=True)   # async: apply on arrival
+            if not sync:                                 # async: apply on arrival
+                self.update(p.key, p.value, p.positions, accumulate=True)
                 continue
             r = self.rounds.setdefault(p.key, Round())
-            if r.sum is None:
-                r.sum = p.value                          # the message's own memory, no copy
-            else:
-                r.sum.add_(p.value)                      # in place, while more pushes arrive
-            r.touched = None                             # a dense push touches every row
+            r.add(p, self.store[p.key].value)
             if self.pushed(p.key, r, worker):
                 closed.append(p.key)
         if msg.get('pull'):
             self.answer_after_round(worker, msg['id'], parts)
         else:
             self.ack(msg)
-        self.round_closed(closed)
-        return True
-
-    def push_rows(self, msg, parts):
-        """A sparse key's rows: aggregate them (sync) or apply them (async), touching
-        only those rows; the round remembers which elements were touched."""
-        self.check(parts, 'pushed')
-        sync, worker = msg.get('sync') is not False, msg.sender
-        if sync and any(worker in self.rounds.get(p.key, Round()).pushed for p in parts):
-            return False
-        if sync:
-            self.agree(msg, parts)
-        closed = []
-        for p in parts:
-            if not sync:
-                self.update(p.key, p.values, p.positions, accumulate=True)
-                continue
-            r = self.rounds.setdefault(p.key, Round())
-            if r.sum is None:
-                r.sum = self.store[p.key].value.new_zeros(self.store[p.key].value.shape)
-                r.touched = torch.zeros(r.sum.shape, dtype=torch.bool)
-            r.sum.index_add_(0, p.positions, p.values)
-            if r.touched is not None:
-                r.touched[p.positions] = True
-            if self.pushed(p.key, r, worker):
-                closed.append(p.key)
-        self.ack(msg)
         self.round_closed(closed)
         return True
 

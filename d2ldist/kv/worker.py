@@ -378,7 +378,7 @@ class DistKVStore(KVStore):
 
         def receive(msg):
             for p in M.read_row_parts(msg, with_values=True, rows=rows):
-                staging.view(-1)[p.start + p.positions] = p.values
+                staging.view(-1)[p.start + p.positions] = p.value
         self._ask(self._row_messages(M.PULL_ROWS, key, rows), receive, what='pull rows')
         for o in _as_list(out):
             if o is not staging:
