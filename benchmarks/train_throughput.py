@@ -128,7 +128,7 @@ def worker(args):
                 for kind in kinds if kind != 'ddp'}
     ddp = nn.parallel.DistributedDataParallel(
         net().to(device), device_ids=[device.index] if device.type == 'cuda' else None)
-    # the Trainer's optimizer is torch's plain SGD (d2ldist.training.stores.create_optimizer): so is DDP's
+    # the Trainer's optimizer is torch's plain SGD (d2ldist.kv.optimizers.create): so is DDP's
     ddp_opt = torch.optim.SGD(ddp.parameters(), **hyper)
     mean_loss = nn.CrossEntropyLoss()
 

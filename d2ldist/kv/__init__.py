@@ -4,10 +4,11 @@
 
 * ``placement.py`` -- which server holds which key (the one rule);
 * ``worker.py``    -- the worker's side: init, push, pull, pushpull, set_optimizer;
-* ``server.py``    -- the server's loop: receive, aggregate, update, answer;
-* ``optimizers.py``-- the optimizers by name (the one table), those servers run, and
-  the one vocabulary of hyperparameters (torch.optim's);
-* ``messages.py``  -- what workers and servers say to each other;
+* ``server.py``    -- the server's loop: receive, aggregate, update, answer; its update
+  rule (``apply_update``) is the local store's too;
+* ``optimizers.py``-- the optimizers by name (the one table, the one factory ``create``),
+  those servers run, and the one vocabulary of hyperparameters (torch.optim's);
+* ``messages.py``  -- what workers and servers say to each other (``Part``, ``RowPart``);
 * ``__main__.py``  -- a server process (``python -m d2ldist.kv``, started by d2l-launch).
 """
 import importlib

@@ -11,13 +11,19 @@ their indices); their frames hold the codec's bytes (``runtime/compression.py``)
 
 A sparse key's rows travel as ``[key, dtype, shape, start, stop, count]`` with two frames
 per part: the row ids (int64) and, for a push, the ``count`` values of those rows that
-lie in the slice (``placement.row_positions`` says which).
+lie in the slice (``placement.row_positions`` says which); the answer to a PULL_ROWS
+sends only the values.
+
+Inside a program a part is a record, ``Part`` or (a sparse key's rows) ``RowPart``:
+``head()`` writes the list a header carries, ``read_parts`` and ``read_row_parts`` read
+it back, checked, so that workers and servers name the fields instead of counting them.
 
 Where a server's answers to a worker would cross a socket, the worker offers it a stream
 (``LINK``, runtime/stream.py) and the server sends its VALUES of whole slices on it: their
 frames arrive ``Pending``, and the worker reads each straight into ``out``.
 """
 import math
+from typing import Any, NamedTuple
 
 from ..runtime import compression, stream, wire
 
@@ -44,6 +50,42 @@ MAX_PARTS = 1000            # a longer list is sent as several messages (header 
 
 class KVError(ValueError):
     """A request the key-value store refuses: unknown key, wrong shape or dtype."""
+
+
+class Part(NamedTuple):
+    """Elements start..stop of the flattened value of ``key``, and their tensor, if any."""
+    key: Any               # an int or a short string (check_key)
+    dtype: str             # a name of wire.DTYPES: 'float32'
+    shape: list            # the whole value's shape
+    start: int
+    stop: int
+    value: Any = None      # a PUSH's, INIT's or VALUES' elements; None in a PULL
+    positions = None       # (not a field) which elements: all of them
+
+    def head(self):
+        """The part as a header carries it: [key, dtype, shape, start, stop]."""
+        return [self.key, self.dtype, list(self.shape), self.start, self.stop]
+
+
+class RowPart(NamedTuple):
+    """Some rows of a sparse key, within elements start..stop of its flattened value."""
+    key: Any
+    dtype: str
+    shape: list
+    start: int
+    stop: int
+    positions: Any         # the rows' elements in the slice (int64, increasing)
+    value: Any = None      # those elements (a PUSH_ROWS', a VALUES'); None in a PULL_ROWS
+
+    def head(self):
+        """The part as a header carries it: [key, dtype, shape, start, stop, count]."""
+        return [self.key, self.dtype, list(self.shape), self.start, self.stop,
+                int(self.positions.numel())]
+
+
+def keys_of(parts):
+    """The keys of a header's parts, unchecked: to name a request in a message."""
+    return [p[0] for p in parts if isinstance(p, list) and p]
 
 
 def describe(dtype, shape):
@@ -88,8 +130,8 @@ def _tensor(key, dtype, numel, frame):
 
 
 def read_parts(msg, with_frames):
-    """The parts of a received message as (key, dtype, shape, start, stop, tensor or None);
-    the parts listed in ``coded`` are decoded with the message's ``codec``."""
+    """The parts of a received message as ``Part``s, their ``value`` the frame's tensor
+    (or None); the parts listed in ``coded`` are decoded with the message's ``codec``."""
     parts, coded = msg.get('parts'), msg.get('coded') or []
     if not isinstance(parts, list) or (with_frames and len(parts) != len(msg.frames)):
         raise KVError('malformed request: parts do not match the frames')
@@ -102,36 +144,40 @@ def read_parts(msg, with_frames):
     out = []
     for i, p in enumerate(parts):
         key, dtype, shape, start, stop = _fields(p)
-        t = None
+        value = None
         if with_frames and i in coded:
             try:
-                t = codec.decode(msg.frames[i], stop - start, wire.DTYPES[dtype])
+                value = codec.decode(msg.frames[i], stop - start, wire.DTYPES[dtype])
             except ValueError as e:
                 raise KVError(f'key {key!r}: {e}') from None
         elif with_frames:
-            t = _tensor(key, dtype, stop - start, msg.frames[i])
-        out.append((key, dtype, shape, start, stop, t))
+            value = _tensor(key, dtype, stop - start, msg.frames[i])
+        out.append(Part(key, dtype, shape, start, stop, value))
     return out
 
 
-def read_row_parts(msg, with_values):
-    """The row parts of a received message as (key, dtype, shape, start, stop, positions,
-    values or None): positions in the slice, checked against the rows and the count."""
+def read_row_parts(msg, with_values, rows=None):
+    """The row parts of a received message as ``RowPart``s: the positions of their rows
+    in the slice, checked against the count, and ``with_values`` their values.
+
+    Each part's frames are its row ids (int64, increasing) and its values; a VALUES
+    answer leaves out the ids, for the worker knows which ``rows`` it asked for."""
     from .placement import row_positions
-    parts, per = msg.get('parts'), 2 if with_values else 1
+    parts, per = msg.get('parts'), int(rows is None) + int(with_values)   # frames a part
     if not isinstance(parts, list) or len(parts) * per != len(msg.frames):
         raise KVError('malformed request: row parts do not match the frames')
     out = []
     for i, p in enumerate(parts):
         key, dtype, shape, start, stop, count = _fields(p, extra=1)
-        frame = msg.frames[i * per]
-        rows = _tensor(key, 'int64', len(frame) // 8, frame)
-        if not shape or rows.numel() and (rows[0] < 0 or rows[-1] >= shape[0]
-                                          or (rows[1:] <= rows[:-1]).any()):
+        frames = msg.frames[i * per:(i + 1) * per]
+        ids = rows if rows is not None else _tensor(key, 'int64', len(frames[0]) // 8,
+                                                    frames[0])
+        if not shape or ids.numel() and (ids[0] < 0 or ids[-1] >= shape[0]
+                                         or (ids[1:] <= ids[:-1]).any()):
             raise KVError(f'key {key!r}: row ids must increase within the rows of {shape}')
-        positions, _ = row_positions(rows, math.prod(shape[1:]), start, stop)
+        positions, _ = row_positions(ids, math.prod(shape[1:]), start, stop)
         if positions.numel() != count:
             raise KVError(f'key {key!r}: {count} values for {positions.numel()} elements')
-        values = _tensor(key, dtype, count, msg.frames[i * 2 + 1]) if with_values else None
-        out.append((key, dtype, shape, start, stop, positions, values))
+        values = _tensor(key, dtype, count, frames[-1]) if with_values else None
+        out.append(RowPart(key, dtype, shape, start, stop, positions, values))
     return out

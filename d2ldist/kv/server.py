@@ -36,9 +36,52 @@ class Round:
     def __init__(self):
         self.sum, self.pushed, self.touched = None, set(), None
 
+    def add(self, part, like):
+        """Add a pushed part to the sum: all its elements, or a sparse key's rows (into
+        zeros ``like`` the key's value)."""
+        if part.positions is None:
+            if self.sum is None:
+                self.sum = part.value                    # the message's own memory, no copy
+            else:
+                self.sum.add_(part.value)                # in place, while more pushes arrive
+            self.touched = None                          # a dense push touches every row
+            return
+        if self.sum is None:
+            self.sum = like.new_zeros(like.shape)
+            self.touched = torch.zeros(like.shape, dtype=torch.bool)
+        self.sum.index_add_(0, part.positions, part.value)
+        if self.touched is not None:
+            self.touched[part.positions] = True
+
 
 class Answered(Exception):
     """A request refused, its error already sent."""
+
+
+def apply_update(updater, key, value, grad, positions=None, accumulate=False):
+    """What a server does with ``grad``, the sum of a key's pushes; returns the new value.
+
+    The optimizer (``updater``; None: none set, or a key made with optimizer=False)
+    updates ``value`` in place; without one the sum becomes the value (sync) or is
+    added to it (async: ``accumulate``). A sparse key's rows: ``grad`` holds the
+    elements at ``positions`` of the flattened value, and only they change (the MXNet
+    optimizer's lazy update; a sum that becomes the value is zero elsewhere).
+    """
+    if updater is None and not accumulate and positions is None:
+        return grad                                       # the sum becomes the value
+    if updater is None and not accumulate:
+        total = torch.zeros_like(value)                   # ... and is zero elsewhere
+        total.view(-1)[positions] = grad.view(-1)
+        return total
+    if updater is None and positions is None:
+        value.add_(grad)                                  # async: the sum is added
+    elif updater is None:
+        value.view(-1).index_add_(0, positions, grad.view(-1))
+    elif positions is None:
+        updater(key, value, grad)                         # the optimizer's step
+    else:
+        updater.update_rows(key, value.view(-1), positions, grad.view(-1))
+    return value
 
 
 class KVServer:
@@ -83,15 +126,11 @@ class KVServer:
             if msg.kind == M.PUSH:
                 return self.push(msg, M.read_parts(msg, with_frames=True))
             if msg.kind == M.PUSH_ROWS:
-                return self.push_rows(msg, M.read_row_parts(msg, with_values=True))
-            if msg.kind == M.PULL_ROWS:
-                parts = M.read_row_parts(msg, with_values=False)
-                self.check([p[:5] + (None,) for p in parts], 'pulled')
-                self.answer_after_round(msg.sender, msg['id'], parts)
+                return self.push(msg, M.read_row_parts(msg, with_values=True))
             if msg.kind == M.PULL:
-                parts = M.read_parts(msg, with_frames=False)
-                self.check(parts, 'pulled')
-                self.answer_after_round(msg.sender, msg['id'], parts)
+                self.pull(msg, M.read_parts(msg, with_frames=False))
+            elif msg.kind == M.PULL_ROWS:
+                self.pull(msg, M.read_row_parts(msg, with_values=False))
             elif msg.kind == M.INIT:
                 self.init(msg, M.read_parts(msg, with_frames=True))
             elif msg.kind == M.OPTIMIZER:
@@ -99,7 +138,7 @@ class KVServer:
             elif msg.kind == M.LEARNING_RATE:
                 self.set_learning_rate(msg)
             elif msg.kind == M.INFO:
-                self.ack(msg, keys=[[k, s.dtype, s.shape, s.start, s.stop]
+                self.ack(msg, keys=[M.Part(k, s.dtype, s.shape, s.start, s.stop).head()
                                     for k, s in self.store.items()],
                          pid=os.getpid(), optimizer=self.updater and self.updater.name)
             elif msg.kind == M.GET_STATE:
@@ -115,57 +154,27 @@ class KVServer:
 
     # -- the heart: push, aggregate, update --------------------------------------------------
     def push(self, msg, parts):
-        """Aggregate (sync) or apply (async) the pushed values; answer or ack."""
+        """Aggregate (sync) or apply (async) the pushed values -- of a sparse key, only
+        the rows pushed; answer or ack."""
         self.check(parts, 'pushed')
         sync, worker = msg.get('sync') is not False, msg.sender
-        if sync and any(worker in self.rounds.get(p[0], Round()).pushed for p in parts):
+        if sync and any(worker in self.rounds.get(p.key, Round()).pushed for p in parts):
             return False                                 # its second push waits for the round
         if sync:
             self.agree(msg, parts)
         closed = []
-        for key, *_, grad in parts:
-            if not sync:
-                self.update(key, grad, accumulate=True)  # async: apply on arrival
+        for p in parts:
+            if not sync:                                 # async: apply on arrival
+                self.update(p.key, p.value, p.positions, accumulate=True)
                 continue
-            r = self.rounds.setdefault(key, Round())
-            if r.sum is None:
-                r.sum = grad                             # the message's own memory, no copy
-            else:
-                r.sum.add_(grad)                         # in place, while more pushes arrive
-            r.touched = None                             # a dense push touches every row
-            if self.pushed(key, r, worker):
-                closed.append(key)
+            r = self.rounds.setdefault(p.key, Round())
+            r.add(p, self.store[p.key].value)
+            if self.pushed(p.key, r, worker):
+                closed.append(p.key)
         if msg.get('pull'):
             self.answer_after_round(worker, msg['id'], parts)
         else:
             self.ack(msg)
-        self.round_closed(closed)
-        return True
-
-    def push_rows(self, msg, parts):
-        """A sparse key's rows: aggregate them (sync) or apply them (async), touching
-        only those rows; the round remembers which elements were touched."""
-        self.check([p[:5] + (None,) for p in parts], 'pushed')
-        sync, worker = msg.get('sync') is not False, msg.sender
-        if sync and any(worker in self.rounds.get(p[0], Round()).pushed for p in parts):
-            return False
-        if sync:
-            self.agree(msg, parts)
-        closed = []
-        for key, *_, positions, values in parts:
-            if not sync:
-                self.update_rows(key, positions, values, accumulate=True)
-                continue
-            r = self.rounds.setdefault(key, Round())
-            if r.sum is None:
-                r.sum = self.store[key].value.new_zeros(self.store[key].value.shape)
-                r.touched = torch.zeros(r.sum.shape, dtype=torch.bool)
-            r.sum.index_add_(0, positions, values)
-            if r.touched is not None:
-                r.touched[positions] = True
-            if self.pushed(key, r, worker):
-                closed.append(key)
-        self.ack(msg)
         self.round_closed(closed)
         return True
 
@@ -175,39 +184,28 @@ class KVServer:
         if len(r.pushed) < self.node.num_workers:
             return False
         if r.touched is None:
-            self.update(key, r.sum, accumulate=False)
+            self.update(key, r.sum)
         else:                                        # only rows: update only them
             positions = r.touched.nonzero().view(-1)
-            self.update_rows(key, positions, r.sum[positions], accumulate=False,
-                             total=r.sum)
+            self.update(key, r.sum[positions], positions)
         del self.rounds[key]
         return True
 
-    def update_rows(self, key, positions, grad, accumulate, total=None):
-        """update() for some elements only: the optimizer's lazy update; without one,
-        the value becomes the round's sum (``total``) or, async, adds the rows."""
+    def update(self, key, grad, positions=None, accumulate=False):
+        """Update the key from a sum of pushes (``apply_update``), on a copy of its value
+        if that may still be on its way to a worker (``writable``)."""
         slot = self.store[key]
-        if self.updater is not None and slot.optimizer:
-            self.updater.update_rows(key, self.writable(key), positions, grad)
-        elif accumulate:
-            self.writable(key).index_add_(0, positions, grad)
-        else:
-            slot.value = total
+        slot.value = apply_update(self.updater if slot.optimizer else None, key,
+                                  self.writable(key), grad, positions, accumulate)
 
-    def update(self, key, grad, accumulate):
-        """Apply the optimizer; without one (or for a key init'ed with optimizer=False),
-        the value becomes (or, async, adds) the sum."""
-        slot = self.store[key]
-        if self.updater is not None and slot.optimizer:
-            self.updater(key, self.writable(key), grad)
-        elif accumulate:
-            self.writable(key).add_(grad)
-        else:
-            slot.value = grad
+    def pull(self, msg, parts):
+        """Send the values asked for, once the rounds this worker pushed into have closed."""
+        self.check(parts, 'pulled')
+        self.answer_after_round(msg.sender, msg['id'], parts)
 
     def answer_after_round(self, worker, rid, parts):
         """Send the values now, or once every round this worker pushed into has closed."""
-        keys = {p[0] for p in parts if worker in getattr(self.rounds.get(p[0]), 'pushed', ())}
+        keys = {p.key for p in parts if worker in getattr(self.rounds.get(p.key), 'pushed', ())}
         if keys:
             self.waiting.append([worker, rid, parts, keys])
         else:
@@ -236,7 +234,7 @@ class KVServer:
         """Sync pushes are numbered per worker and server: every worker's n-th push here
         must carry the same keys. If not, the rounds can never close: fail every worker
         waiting here, naming both sides, instead of hanging."""
-        n, keys = msg.get('n'), [p[0] for p in parts]
+        n, keys = msg.get('n'), [p.key for p in parts]
         if not isinstance(n, int):
             return
         first, firsts_keys, seen = self.nth.setdefault(n, (msg.sender, keys, set()))
@@ -265,8 +263,8 @@ class KVServer:
                 keys |= waits
         for m in self.deferred.get(msg.sender, ()):
             if m.get('id') == rid and isinstance(m.get('parts'), list):
-                keys |= {p[0] for p in m['parts'] if isinstance(p, list) and p
-                         and msg.sender in getattr(self.rounds.get(p[0]), 'pushed', ())}
+                keys |= {k for k in M.keys_of(m['parts'])
+                         if msg.sender in getattr(self.rounds.get(k), 'pushed', ())}
         missing = {}
         for key in sorted(keys, key=str):
             for w in self.node.peers('worker'):
@@ -279,16 +277,16 @@ class KVServer:
     # -- helpers ----------------------------------------------------------------------------
     def check(self, parts, what):
         """Refuse keys never initialised, and shapes, dtypes or slices that differ."""
-        for key, dtype, shape, start, stop, _ in parts:
-            slot = self.store.get(key)
+        for p in parts:
+            slot = self.store.get(p.key)
             if slot is None:
-                raise M.KVError(f'key {key!r} was never initialised (call kv.init first)')
-            if (dtype, shape) != (slot.dtype, slot.shape):
-                raise M.KVError(f'key {key!r}: {what} {M.describe(dtype, shape)} but the key '
-                                f'holds {M.describe(slot.dtype, slot.shape)}')
-            if (start, stop) != (slot.start, slot.stop):
-                raise M.KVError(f'key {key!r}: elements {start}..{stop} are not the slice '
-                                f'{slot.start}..{slot.stop} this server holds')
+                raise M.KVError(f'key {p.key!r} was never initialised (call kv.init first)')
+            if (p.dtype, p.shape) != (slot.dtype, slot.shape):
+                raise M.KVError(f'key {p.key!r}: {what} {M.describe(p.dtype, p.shape)} but the '
+                                f'key holds {M.describe(slot.dtype, slot.shape)}')
+            if (p.start, p.stop) != (slot.start, slot.stop):
+                raise M.KVError(f'key {p.key!r}: elements {p.start}..{p.stop} are not the '
+                                f'slice {slot.start}..{slot.stop} this server holds')
 
     def writable(self, key):
         """The key's value, copied first if the van or a stream may still be sending it
@@ -299,30 +297,30 @@ class KVServer:
         return slot.value
 
     def send_values(self, worker, rid, parts):
-        """The values of whole slices; for row parts (7 fields), only those rows'."""
-        if parts and len(parts[0]) == 7:
-            frames = [self.store[p[0]].value[p[5]] for p in parts]   # copies: not lent
-            heads = [list(p[:5]) + [int(p[5].numel())] for p in parts]
+        """The values of whole slices; for row parts, only those rows'."""
+        heads = [p.head() for p in parts]
+        if parts and isinstance(parts[0], M.RowPart):
+            frames = [self.store[p.key].value[p.positions] for p in parts]   # copies: not lent
             self.node.send(worker, M.VALUES, {'id': rid, 'parts': heads}, _data(frames))
             return
-        frames = [self.store[p[0]].value for p in parts]
-        heads = [list(p[:5]) for p in parts]
+        keys = [p.key for p in parts]
+        frames = [self.store[k].value for k in keys]
         if worker in self.links:                      # read in place on arrival
             try:
                 sent = self.links[worker].send(M.VALUES, {'id': rid, 'parts': heads},
                                                [f.view(-1).numpy() for f in frames])
-                return self.lend(parts, sent)
+                return self.lend(keys, sent)
             except stream.StreamBroken as e:          # (the worker is gone, most likely)
                 self.unlink(worker, e)
         trackers = self.node.send(worker, M.VALUES, {'id': rid, 'parts': heads},
                                   _data(frames), track=True)
-        self.lend(parts, lambda: all(t.done for t in trackers))
+        self.lend(keys, lambda: all(t.done for t in trackers))
 
-    def lend(self, parts, sent):
-        """The values of these parts are being sent from their own memory: until
+    def lend(self, keys, sent):
+        """The values of these keys are being sent from their own memory: until
         ``sent()``, an update must not write there (``writable`` copies first)."""
-        for p in parts:
-            self.lent.setdefault(p[0], []).append(sent)
+        for key in keys:
+            self.lent.setdefault(key, []).append(sent)
 
     def link(self, msg):
         """Send this worker's VALUES of whole slices on the stream it offers, where
@@ -346,12 +344,12 @@ class KVServer:
         self.node.send(msg.sender, M.ACK, dict(fields, id=msg.get('id')))
 
     def init(self, msg, parts):
-        for key, *_ in parts:
-            if key in self.store:
-                raise M.KVError(f'key {key!r} is already initialised')
+        for p in parts:
+            if p.key in self.store:
+                raise M.KVError(f'key {p.key!r} is already initialised')
         optimizer = msg.get('optimizer') is not False
-        for key, dtype, shape, start, stop, value in parts:
-            self.store[key] = Slot(dtype, shape, start, stop, value, optimizer)
+        for p in parts:
+            self.store[p.key] = Slot(p.dtype, p.shape, p.start, p.stop, p.value, optimizer)
         self.ack(msg)
 
     def set_optimizer(self, msg):

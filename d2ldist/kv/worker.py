@@ -17,6 +17,7 @@ from ..runtime import compression, hang, stream, timeline
 from . import messages as M
 from .optimizers import Updater, torch_names
 from .placement import place, row_positions
+from .server import apply_update
 
 KINDS = ('local', 'dist_sync', 'dist_async', 'dist_sync_device')
 # MXNet's other names for these kinds. (On one machine MXNet's 'device' and the
@@ -49,8 +50,9 @@ class KVStore:
     """What every kind shares: the API, argument checks and summing device copies."""
 
     def __init__(self, kind):
-        self.type = self.kind = kind           # type: the name given (an alias, maybe)
+        self.type = kind                       # MXNet's kv.type (kv.create: the name given)
         self.is_async = kind == 'dist_async'   # each push updates the weights on its own
+        self._sum_on_device = kind == 'dist_sync_device'   # step 2 on the first copy's device
         self._meta = {}          # key -> (shape, dtype) given at init
         self.optimizer = None    # (name, hyperparameters) of the last set_optimizer
         self._pinned = {}        # ('push' or 'pull', key) -> pinned CPU buffer for CUDA
@@ -178,7 +180,7 @@ class KVStore:
         for t in copies:
             self._check(key, t, 'pushed')
         if len(copies) > 1:   # step 2: on the CPU (dist_sync_device: on the first copy's device)
-            device = None if self.kind == 'dist_sync_device' else CPU
+            device = None if self._sum_on_device else CPU
             return self._to_cpu(key, sum_copies(copies, device))
         return self._to_cpu(key, copies[0])
 
@@ -251,10 +253,7 @@ class LocalKVStore(KVStore):
             codec = self._coded(k)
             if codec is not None:             # what the servers would get
                 v = codec.decode(codec.encode(k, v), v.numel(), v.dtype).view_as(v)
-            if self._updater is not None and k not in self._plain:
-                self._updater(k, self._store[k], v)
-            else:
-                self._store[k] = v.clone()
+            self._update(k, v)
 
     def _pull(self, keys, outs):
         for k, o in zip(keys, outs):
@@ -263,10 +262,14 @@ class LocalKVStore(KVStore):
     def _push_rows(self, key, rows, values):
         value = self._store[key]
         positions, _ = row_positions(rows, _numel(value.shape[1:]), 0, value.numel())
-        if self._updater is not None and key not in self._plain:
-            self._updater.update_rows(key, value.view(-1), positions, values.view(-1))
-        else:                           # the value becomes the pushed sum (zero elsewhere)
-            self._store[key] = torch.zeros_like(value).index_put_((rows,), values)
+        self._update(key, values, positions)
+
+    def _update(self, key, grad, positions=None):
+        """Update as a server does when a round closes (``server.apply_update``); a sum
+        that becomes the value is copied: it is the caller's tensor."""
+        updater = None if key in self._plain else self._updater
+        value = apply_update(updater, key, self._store[key], grad, positions)
+        self._store[key] = value.clone() if value is grad else value
 
     def _pull_rows(self, key, out, rows):
         for o in _as_list(out):
@@ -372,18 +375,11 @@ class DistKVStore(KVStore):
         first = _as_list(out)[0]
         staging = first if first.device.type == 'cpu' and first.is_contiguous() \
             else first.detach().to('cpu', copy=True).contiguous()
-        shape, _ = self._meta[key]
-        at = {}                                   # server -> the positions it will send
 
         def receive(msg):
-            (_, dtype, _, start, _, count), frame = msg['parts'][0], msg.frames[0]
-            values = M.wire.unpack({'dtype': dtype, 'shape': [int(count)]}, frame)
-            staging.view(-1)[start + at[msg.sender]] = values
-        msgs = self._row_messages(M.PULL_ROWS, key, rows)
-        for server, _, header, _ in msgs:
-            part = header['parts'][0]
-            at[server] = row_positions(rows, _numel(shape[1:]), part[3], part[4])[0]
-        self._ask(msgs, receive, what='pull rows')
+            for p in M.read_row_parts(msg, with_values=True, rows=rows):
+                staging.view(-1)[p.start + p.positions] = p.value
+        self._ask(self._row_messages(M.PULL_ROWS, key, rows), receive, what='pull rows')
         for o in _as_list(out):
             if o is not staging:
                 o[rows] = staging[rows].to(o.device)
@@ -401,8 +397,8 @@ class DistKVStore(KVStore):
             mine = rows[mask.view(-1, row_numel).any(1)].contiguous()   # rows in the slice
             frames = [_bytes(mine)] + ([_bytes(flat[mask].contiguous())] if flat is not None
                                        else [])
-            part = [key, M.wire.dtype_name(dtype), list(shape), start, stop, positions.numel()]
-            msgs.append((f'server:{s}', kind, dict(header, parts=[part]), frames))
+            part = M.RowPart(key, M.wire.dtype_name(dtype), shape, start, stop, positions)
+            msgs.append((f'server:{s}', kind, dict(header, parts=[part.head()]), frames))
         return msgs
 
     def _messages(self, kind, keys, values=None, coded=False, **header):
@@ -415,7 +411,7 @@ class DistKVStore(KVStore):
             codec = self._coded(k) if coded else None
             for s, start, stop in place(k, _numel(shape), self._node.num_servers):
                 parts, frames, codes = by_server.setdefault(s, ([], [], []))
-                parts.append([k, M.wire.dtype_name(dtype), list(shape), start, stop])
+                parts.append(M.Part(k, M.wire.dtype_name(dtype), shape, start, stop).head())
                 if codec is not None:                     # its own residual per slice
                     codes.append(len(parts) - 1)
                     frames.append(_bytes(codec.encode((k, start), flat[start:stop])))
@@ -446,22 +442,22 @@ class DistKVStore(KVStore):
             targets[k] = [staging, o, len(place(k, staging.numel(), self._node.num_servers))]
 
         def receive(msg):
-            parts, reads = list(M.read_parts(msg, with_frames=True)), []
-            for key, _, _, start, stop, t in parts:
-                into = targets[key][0].view(-1)[start:stop]
-                if isinstance(t, stream.Pending):      # still in its stream: read in place
-                    reads.append((t, into.view(torch.uint8).numpy()))
+            parts, reads = M.read_parts(msg, with_frames=True), []
+            for p in parts:
+                into = targets[p.key][0].view(-1)[p.start:p.stop]
+                if isinstance(p.value, stream.Pending):   # still in its stream: read in place
+                    reads.append((p.value, into.view(torch.uint8).numpy()))
                 else:
-                    into.copy_(t)
+                    into.copy_(p.value)
             reading = stream.read_later(reads)
 
             def end():
                 reading.wait()
-                for key, *_ in parts:
-                    staging, o, left = targets[key]
-                    targets[key][2] = left - 1
+                for p in parts:
+                    staging, o, left = targets[p.key]
+                    targets[p.key][2] = left - 1
                     if left == 1 and (len(_as_list(o)) > 1 or staging is not _as_list(o)[0]):
-                        self._fill(key, o, staging)
+                        self._fill(p.key, o, staging)
             return end
         return receive
 
@@ -470,7 +466,7 @@ class DistKVStore(KVStore):
 
         ``on_values(msg)`` takes each VALUES answer; what it returns, if anything, is
         called once every answer has come (``_receiver``'s reads in place end there)."""
-        keys = _keys([p[0] for _, _, header, _ in msgs for p in header.get('parts', [])])
+        keys = _keys([k for _, _, header, _ in msgs for k in M.keys_of(header.get('parts', []))])
         start, waiting = time.time(), {}
         for server, kind, header, frames in msgs:
             rid = next(self._ids)

@@ -42,22 +42,6 @@ import torch
 from ..collectives.engine import Handle
 from ..collectives.staging import staged
 from ..runtime import compression
-from ..kv.optimizers import OPTIMIZERS
-
-
-def create_optimizer(name, hyper, tensors):
-    """torch.optim's optimizer called name over tensors, e.g. ('sgd', {'lr': 0.1}, tensors).
-
-    ``name``: one of ``kv.optimizers.OPTIMIZERS``; ``hyper``: torch.optim's names. The
-    plain kernel, one operation after another, unless ``hyper`` asks for ``fused=True``:
-    it rounds exactly as the servers' formulas (``kv/optimizers.py``) do, so the ring and
-    the parameter server train the same model. torch's fused kernel is faster (one pass
-    over the memory: 9 ms instead of 35 for a ResNet-18's 45 MB) but on CPUs with AVX it
-    rounds a few elements differently, and training amplifies that last bit.
-    """
-    if name.lower() not in OPTIMIZERS:
-        raise ValueError(f'unknown optimizer {name!r}: use one of {sorted(OPTIMIZERS)}')
-    return OPTIMIZERS[name.lower()][0](tensors, **hyper)
 
 
 class AllreduceStore:

@@ -65,10 +65,11 @@ import torch
 
 from ..collectives.buckets import BUCKET_CAP_MB, Buckets
 from ..runtime import faults, timeline
+from ..kv import optimizers
 from ..kv.optimizers import ON_SERVERS, torch_names
 from ..kv.worker import sum_copies
 from .devices import split_and_load
-from .stores import create_optimizer, create_store
+from .stores import create_store
 
 STEP_NAMES = {1: 'forward and backward on each device',
               2: 'sum gradients on one device',
@@ -151,8 +152,8 @@ class Trainer:
         if not self.update_on_kvstore:
             # One tensor for the optimizer: the flat buffer (the update is elementwise,
             # so this is the same step as over each parameter, in a few big operations).
-            self._optimizer = create_optimizer(optimizer, self.optimizer_params,
-                                               [self.flat_weights])
+            self._optimizer = optimizers.create(optimizer, self.optimizer_params,
+                                                [self.flat_weights])
         self._buckets = None
         if overlap and hasattr(self.store, 'allreduce_async_') and not self.update_on_kvstore:
             self._start_buckets_in_backward(bucket_cap_mb)

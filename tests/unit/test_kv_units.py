@@ -167,7 +167,7 @@ def test_mxnet_names_for_kinds_and_pushpull_in_place():
     """MXNet's type names, broadcast, and pushpull without out (in place)."""
     for name in ('device', 'local_update_cpu', 'local_allreduce_cpu', 'local_allreduce_device'):
         store = kv.create(name)
-        assert store.type == name and store.kind == 'local'
+        assert store.type == name and isinstance(store, kv.LocalKVStore)
     with pytest.raises(ValueError, match="kvstore 'nccl' is not a parameter server"):
         kv.create('nccl')
     with pytest.raises(RuntimeError, match="kvstore 'dist_device_sync' runs in a job"):
@@ -260,12 +260,12 @@ def test_a_server_copies_a_value_before_an_update_only_while_it_is_being_sent():
     server = KVServer(SimpleNamespace(num_workers=1, id='server:0'))
     server.store['w'] = Slot('float32', [2], 0, 2, torch.zeros(2))
     on_the_way = [True]
-    server.lend([['w']], lambda: not on_the_way[0])
-    server.lend([['w']], lambda: True)                 # (another worker's: sent)
+    server.lend(['w'], lambda: not on_the_way[0])
+    server.lend(['w'], lambda: True)                 # (another worker's: sent)
     value = server.store['w'].value
     assert server.writable('w') is not value            # a copy: the first is still going
     on_the_way[0] = False
     value = server.store['w'].value
-    server.lend([['w']], lambda: not on_the_way[0])
+    server.lend(['w'], lambda: not on_the_way[0])
     assert server.writable('w') is value                # all sent: updated in place
     assert server.writable('w') is value and server.lent == {}
