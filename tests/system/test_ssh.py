@@ -1,9 +1,9 @@
 """The ssh launcher with real OpenSSH, across hosts that are network namespaces.
 
-The hosts (``netns_hosts.py``): hostA and hostB, each a namespace running Debian's
-sshd; the launcher runs in a third namespace. "No process of the job is left" is
-checked on every host's process table (the processes in its network namespace,
-other than sshd itself) and by the job's tag.
+The hosts (``d2ldist/testing/netns_hosts.py``): hostA and hostB, each a namespace
+running Debian's sshd; the launcher runs in a third namespace. "No process of the job
+is left" is checked on every host's process table (the processes in its network
+namespace, other than sshd itself) and by the job's tag.
 """
 import json
 import os
@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from conftest import ROOT, launch_argv, new_tag, tagged_pids, \
+from conftest import ROOT, hosts_for_tests, launch_argv, new_tag, tagged_pids, \
     wait_no_survivors
-from netns_hosts import LAUNCHER_NS, UNREACHABLE, hosts_for_tests, netns_pids
+from d2ldist.testing.netns_hosts import LAUNCHER_NS, UNREACHABLE, netns_pids
 
 pytestmark = pytest.mark.timeout(120)
 
