@@ -25,7 +25,7 @@ from d2ldist.kv.placement import DEFAULT_BIGARRAY_BOUND
 from d2ldist.runtime import pacing
 from d2ldist.testing import comm_step
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]   # the fixture runs all five jobs
 
 BANDWIDTH, SCALE, STEPS = '160Mbit', 16, 3
 BOUND = DEFAULT_BIGARRAY_BOUND // SCALE   # the same tensors split over servers as at full size
