@@ -5,14 +5,14 @@ hosts whose links Linux shapes, each as a fraction of what the link allows.
     python benchmarks/between_hosts.py --quick
 
 The hosts are network namespaces on one bridge, each with Debian's sshd (the ssh
-tests' ``tests/system/netns_hosts.py``), on 198.18.11.0/24; every host's outgoing link
+tests' ``d2ldist/testing/netns_hosts.py``), on 198.18.11.0/24; every host's outgoing link
 is shaped by ``tc`` (a token bucket filter) to each rate of ``--rates``. A job runs
 across them with ``d2l-launch --launcher ssh``: m = 2 workers on hostA and hostB, and
 the servers on hosts of their own (hostC; hostC and hostD), so that every byte of the
 parameter server and of the ring crosses a shaped link, as between real machines. The
-step is benchmarks/scaling.py's: kv.pushpull of ResNet-18's 62 gradient tensors
-(``--scale`` divides the channels), d2ldist's ring all-reduce of the same bytes, and
-gloo's all_reduce of them (tc shapes gloo's sockets too).
+step is benchmarks/scaling.py's (d2ldist/testing/comm_step.py): kv.pushpull of
+ResNet-18's 62 gradient tensors (``--scale`` divides the channels), d2ldist's ring
+all-reduce of the same bytes, and gloo's all_reduce of them (tc shapes gloo's sockets too).
 
 For each: busbw (nccl-tests': S/t x 2(N-1)/N for an all-reduce of S bytes, which a
 ring on links of rate R cannot push above R) as a fraction of the link's rate; for the
@@ -43,12 +43,11 @@ import subprocess
 import sys
 
 from common import ROOT                            # benchmarks/common.py
-import scaling
-
-sys.path.insert(0, str(ROOT / 'tests' / 'system'))
-from netns_hosts import NetnsHosts  # noqa: E402
-from d2ldist import cost  # noqa: E402
-from d2ldist.runtime import pacing  # noqa: E402
+from d2ldist import cost
+from d2ldist.kv.placement import DEFAULT_BIGARRAY_BOUND
+from d2ldist.runtime import pacing
+from d2ldist.testing import comm_step
+from d2ldist.testing.netns_hosts import NetnsHosts
 
 WORKERS = ['hostA', 'hostB']
 SERVERS = ['hostC', 'hostD']
@@ -114,31 +113,30 @@ def tcp_ceiling(hosts, nbytes, steps):
 
 def run_job(hosts, m, n, args):
     """One job across the hosts: {method: seconds} (the slowest worker, median step)."""
-    job = scaling.parse(['--scale', str(args.scale), '--steps', str(args.steps)])
-    bound = max(1, scaling.BIGARRAY_BOUND // args.scale)
+    bound = max(1, DEFAULT_BIGARRAY_BOUND // args.scale)
     mode = 'both' if n == m else 'ps'
     argv = ['ip', 'netns', 'exec', hosts.launcher_ns, sys.executable, '-m', 'd2ldist.launch',
             '--launcher', 'ssh', '-H', ','.join(host_order(m, n)), '--ssh-config',
             str(hosts.ssh_config), '--connect-timeout', '5', '--timeout', '600',
             '--env', f'D2L_KVSTORE_BIGARRAY_BOUND={bound}', '-n', str(m), '-s', str(n),
-            *map(str, scaling.worker_argv(mode, job))]
+            *comm_step.worker_argv(mode, args.scale, args.steps)]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=660, cwd=ROOT,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     if r.returncode != 0:
         sys.exit(f'the job {m} x {n} failed:\n{r.stdout[-3000:]}{r.stderr[-2000:]}')
-    return scaling.summarize(r.stdout, m, args.steps)
+    return comm_step.summarize(r.stdout, m, args.steps)
 
 
 def gradient_bytes(args):
-    return 4 * sum(cost.numel(s) for s in scaling.resnet18_shapes(args.scale))
+    return 4 * sum(cost.numel(s) for s in comm_step.resnet18_shapes(args.scale))
 
 
 def rows_for(rate, got, args):
     """The table's rows for one link rate: (method, ms, fraction, what the fraction is)."""
     m = len(WORKERS)
-    shapes = scaling.resnet18_shapes(args.scale)
+    shapes = comm_step.resnet18_shapes(args.scale)
     nbytes = gradient_bytes(args)
-    bound = max(1, scaling.BIGARRAY_BOUND // args.scale)
+    bound = max(1, DEFAULT_BIGARRAY_BOUND // args.scale)
     t = got['tcp']
     rows = [('tcp', t, nbytes / t / rate, 'one plain TCP stream each way at once: the most '
                                           'the link gives')]

@@ -22,13 +22,12 @@ import statistics
 import sys
 import time
 
-from common import ROOT, launch, resnet18_shapes, worker_command   # benchmarks/common.py
-
+from common import launch, worker_command   # benchmarks/common.py
+from d2ldist.testing.comm_step import resnet18_shapes
 
 
 def shm_enabled():
     """Whether the jobs' vans will use shared memory (the environment they inherit)."""
-    sys.path.insert(0, str(ROOT))
     from d2ldist.runtime.shm import enabled
     return enabled()
 

@@ -5,7 +5,8 @@
     python benchmarks/scaling.py --bandwidth 10Gbit --latency 50us --png out.png
 
 Every process's outgoing link is paced to ``--bandwidth`` (d2l-launch --bandwidth, see
-d2ldist/runtime/pacing.py). For m workers it times one synchronous step of communication:
+d2ldist/runtime/pacing.py). For m workers it times one synchronous step of communication
+(what each worker runs: d2ldist/testing/comm_step.py, which the tests measure with too):
 
 * ``PS n=1``, ``PS n=m/2``, ``PS n=m``: kv.pushpull of the 62 gradient tensors
   (dist_sync; the servers only sum) with 1, m/2 and m servers;
@@ -24,60 +25,16 @@ for ``--compute-ms`` and then communicates (no overlap), so
 efficiency = compute / (compute + comm) and throughput = m batch / (compute + comm).
 """
 import argparse
-import json
 import os
-import statistics
 import sys
-import time
 
-from common import ROOT, launch, resnet18_shapes, worker_command   # benchmarks/common.py
-
-sys.path.insert(0, str(ROOT))
-from d2ldist import cost  # noqa: E402 (light: no torch)
-from d2ldist.kv.placement import DEFAULT_BIGARRAY_BOUND  # noqa: E402
-from d2ldist.runtime import pacing  # noqa: E402
+from common import launch   # benchmarks/common.py
+from d2ldist import cost    # (light: no torch)
+from d2ldist.kv.placement import DEFAULT_BIGARRAY_BOUND
+from d2ldist.runtime import pacing
+from d2ldist.testing.comm_step import resnet18_shapes, summarize, worker_argv
 
 BIGARRAY_BOUND = DEFAULT_BIGARRAY_BOUND   # MXNet's: a value this big is split over all servers
-
-
-# -- inside the job: what each worker runs --------------------------------------------------
-def worker(args):
-    import torch
-    import torch.distributed as dist
-    import d2ldist
-    torch.set_num_threads(1)
-    shapes = resnet18_shapes(args.scale)
-    grads = [torch.ones(s) for s in shapes]
-    times = {}
-    if args.mode in ('ps', 'both'):
-        kv = d2ldist.kv.create('dist_sync')
-        weights = [torch.zeros(s) for s in shapes]
-        keys = list(range(len(shapes)))
-        kv.init(keys, weights)
-        times['ps'] = steps(args, kv.barrier, lambda: kv.pushpull(keys, grads, out=weights))
-        assert all(bool((w == kv.num_workers).all()) for w in weights), 'wrong sums'
-    if args.mode in ('ring', 'both'):
-        d2ldist.init()
-        dist.init_process_group('gloo')
-        flat = torch.ones(sum(g.numel() for g in grads))
-        times['ring'] = steps(args, d2ldist.barrier,
-                              lambda: d2ldist.allreduce_(flat.fill_(1), op=d2ldist.Sum))
-        assert bool((flat == d2ldist.size()).all()), 'wrong sums'
-        times['gloo'] = steps(args, dist.barrier, lambda: dist.all_reduce(flat))
-        dist.destroy_process_group()
-    print('RESULT ' + json.dumps(times), flush=True)
-
-
-def steps(args, barrier, step):
-    """This worker's time of each step after the warm-up ones (all start together)."""
-    out = []
-    for i in range(args.warmup + args.steps):
-        barrier()
-        t0 = time.perf_counter()
-        step()
-        if i >= args.warmup:
-            out.append(time.perf_counter() - t0)
-    return out
 
 
 # -- outside: start the jobs ------------------------------------------------------------------
@@ -88,28 +45,12 @@ def run_job(m, n, mode, args):
                '--env', f'D2L_KVSTORE_BIGARRAY_BOUND={bound}']
     if args.latency:
         options += ['--latency', args.latency]
-    r = launch(options, worker_argv(mode, args), timeout=args.job_timeout + 30)
+    r = launch(options, worker_argv(mode, args.scale, args.steps, args.warmup),
+               timeout=args.job_timeout + 30)
     if r.returncode != 0:
         raise RuntimeError(f'job {m} workers x {n} servers ({mode}) failed:\n'
                            f'{r.stdout[-3000:]}{r.stderr[-2000:]}')
     return summarize(r.stdout, m, args.steps)
-
-
-def worker_argv(mode, args):
-    """The command each worker of a job runs."""
-    return worker_command(__file__, ['--mode', mode, '--scale', args.scale,
-                                     '--steps', args.steps, '--warmup', args.warmup])
-
-
-def summarize(stdout, m, num_steps):
-    """{method: median over steps of the slowest worker's time}, from a job's output."""
-    per_worker = [json.loads(line.split('RESULT ', 1)[1]) for line in stdout.splitlines()
-                  if 'RESULT ' in line]
-    if len(per_worker) != m:
-        raise RuntimeError(f'{len(per_worker)} of {m} workers reported:\n{stdout[-3000:]}')
-    return {method: statistics.median(max(w[method][i] for w in per_worker)
-                                      for i in range(num_steps))
-            for method in per_worker[0]}
 
 
 def measure(args, log=print):
@@ -235,8 +176,6 @@ def parse(argv=None):
     p.add_argument('--batch-size', type=int, default=128, help='per worker, for throughput')
     p.add_argument('--png', default='scaling.png', help='where to draw the plot')
     p.add_argument('--job-timeout', type=float, default=600)
-    p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
-    p.add_argument('--mode', default='ps', help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.bandwidth = args.bandwidth or ('250Mbit' if args.quick else '1Gbit')
     args.scale = args.scale or (8 if args.quick else 1)
@@ -252,8 +191,6 @@ def parse(argv=None):
 
 def main(argv=None):
     args = parse(argv)
-    if args.worker:
-        return worker(args)
     try:
         rate = pacing.parse_bandwidth(args.bandwidth)
         if args.latency:

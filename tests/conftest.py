@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from d2ldist.testing.netns_hosts import NetnsHosts
+
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get('CI', '').lower() in ('1', 'true', 'yes')
 
@@ -29,6 +31,26 @@ def need(ok, what):
 
 def need_command(name):
     need(shutil.which(name) is not None, f'the command {name!r}')
+
+
+def hosts_for_tests(names, commands, why, **options):
+    """Namespace hosts with sshd for a test module (a generator for a pytest fixture):
+    skip without root (saying ``why``), fail under CI=true if a command is missing,
+    and always stop the hosts afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip(why)
+    for command in commands:
+        need_command(command)
+    need(os.access('/usr/sbin/sshd', os.X_OK), "Debian's sshd (/usr/sbin/sshd)")
+    hosts = NetnsHosts(names, **options)
+    try:
+        hosts.start()
+    except (subprocess.CalledProcessError, RuntimeError) as e:   # e.g. no CAP_SYS_ADMIN
+        need(False, f'network namespaces with sshd ({getattr(e, "stderr", None) or e})')
+    try:
+        yield hosts
+    finally:
+        hosts.stop()
 
 
 def launch_argv(*args):

@@ -74,6 +74,7 @@ def run_torchrun(script, workers=2, timeout=180):
 DIGITS = ROOT / 'examples' / 'horovod_digits.py'
 
 
+@pytest.mark.slow
 def test_a_horovod_script_runs_unchanged_on_every_backend():
     """examples/horovod_digits.py, written as Horovod's pytorch_mnist.py (DistributedSampler,
     set_epoch, lr * size, broadcasts, Compression.none, allreduce(name=...)): the same

@@ -2,8 +2,9 @@
 
 With every process's outgoing link paced to 20 MB/s -- slow enough that the pacing,
 not the 2 shared cores, sets the time -- and ResNet-18's 62 gradient tensors at 1/16
-of their size (2.9 MB), one synchronous step of communication must follow the model
-of benchmarks/scaling.py:
+of their size (2.9 MB), one synchronous step of communication (measured as
+benchmarks/scaling.py does: d2ldist/testing/comm_step.py) must follow the book's cost
+model (d2ldist/cost.py):
 
 * one parameter server: the time grows with m (the model: (1 + m) S/B);
 * as many servers as workers: flat within 25 % (the model: about 2 S/B);
@@ -14,40 +15,47 @@ of benchmarks/scaling.py:
 The parameter server runs with m = 2 and 4 only (8 workers + 8 servers on 2 cores
 start too slowly for a test); benchmarks/scaling.py runs m = 8 as well.
 """
-import sys
 import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import run_launch, wait_no_survivors
+from d2ldist import cost
+from d2ldist.kv.placement import DEFAULT_BIGARRAY_BOUND
+from d2ldist.runtime import pacing
+from d2ldist.testing import comm_step
 
-sys.path.insert(0, str(ROOT / 'benchmarks'))
-import scaling  # noqa: E402
-from d2ldist import cost  # noqa: E402
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]   # the fixture runs all five jobs
 
-pytestmark = pytest.mark.timeout(240)
-
-BANDWIDTH, SCALE = '160Mbit', 16
+BANDWIDTH, SCALE, STEPS = '160Mbit', 16, 3
+BOUND = DEFAULT_BIGARRAY_BOUND // SCALE   # the same tensors split over servers as at full size
 # (workers, servers, what runs): the ring runs in the jobs that have servers too
 JOBS = [(2, 1, 'ps'), (4, 1, 'ps'), (2, 2, 'both'), (4, 4, 'both'), (8, 0, 'ring')]
+
+
+def run_job(m, n, mode):
+    """One job on the simulated network: {method: the slowest worker's median step}."""
+    r = run_launch('-n', m, '-s', n, '--bandwidth', BANDWIDTH, '--timeout', 90,
+                   '--env', f'D2L_KVSTORE_BIGARRAY_BOUND={BOUND}',
+                   *comm_step.worker_argv(mode, SCALE, STEPS), timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert wait_no_survivors(r.tag) == []
+    return comm_step.summarize(r.stdout, m, STEPS)
 
 
 @pytest.fixture(scope='module')
 def times():
     """{('ps', m, n) or ('ring', m) or ('gloo', m): (measured seconds, model seconds)}."""
-    args = scaling.parse(['--bandwidth', BANDWIDTH, '--scale', str(SCALE), '--steps', '3',
-                          '--job-timeout', '90'])
-    rate = scaling.pacing.parse_bandwidth(BANDWIDTH)
-    shapes = scaling.resnet18_shapes(SCALE)
+    rate = pacing.parse_bandwidth(BANDWIDTH)
+    shapes = comm_step.resnet18_shapes(SCALE)
     nbytes = 4 * sum(cost.numel(s) for s in shapes)
-    bound = scaling.BIGARRAY_BOUND // SCALE
     out = {}
     for m, n, mode in JOBS:
         t0 = time.time()
-        got = scaling.run_job(m, n, mode, args)
+        got = run_job(m, n, mode)
         print(f'job {m} workers x {n} servers ({mode}): {time.time() - t0:.1f} s')
         if 'ps' in got:
-            out['ps', m, n] = got['ps'], cost.ps_time_placed(shapes, m, n, rate, 0.0, bound)
+            out['ps', m, n] = got['ps'], cost.ps_time_placed(shapes, m, n, rate, 0.0, BOUND)
         if 'ring' in got:
             out['ring', m] = got['ring'], cost.ring_time(nbytes, m, rate, 0.0)
             out['gloo', m] = got['gloo'], None

@@ -59,6 +59,7 @@ def page(site):
             browser.close()
 
 
+@pytest.mark.slow
 def test_every_chapter_reads_right(page, site):
     ORDER = load_book().CHAPTERS
     page.goto(site.as_uri())

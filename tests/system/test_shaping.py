@@ -1,8 +1,8 @@
 """Does the simulated network predict a real shaped one? Linux tc against the van's pacing.
 
-Three hosts (network namespaces with sshd, ``netns_hosts.py``, on their own subnet
-198.18.9.0/24 so that they do not meet test_ssh's), a job across them with the ssh
-launcher: one parameter server on hostB, workers on hostC and hostA, so that every
+Three hosts (network namespaces with sshd, ``d2ldist/testing/netns_hosts.py``, on their
+own subnet 198.18.9.0/24 so that they do not meet test_ssh's), a job across them with the
+ssh launcher: one parameter server on hostB, workers on hostC and hostA, so that every
 byte of the parameter server and of the ring crosses a host's link. The same job
 runs twice in this test:
 
@@ -14,20 +14,18 @@ The time of a parameter-server step and of a ring all-reduce must agree within 2
 """
 import os
 import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, launch_argv, new_tag, wait_no_survivors
-from netns_hosts import hosts_for_tests
-
-sys.path.insert(0, str(ROOT / 'benchmarks'))
-import scaling  # noqa: E402
-from d2ldist import cost  # noqa: E402
+from conftest import ROOT, hosts_for_tests, launch_argv, new_tag, wait_no_survivors
+from d2ldist import cost
+from d2ldist.kv.placement import DEFAULT_BIGARRAY_BOUND
+from d2ldist.testing import comm_step
 
 pytestmark = pytest.mark.timeout(240)
 
-RATE, SCALE = 20e6, 16            # bytes/s on every link; ResNet-18 / 16: 2.9 MB
+RATE, SCALE, STEPS = 20e6, 16, 3  # bytes/s on every link; ResNet-18 / 16: 2.9 MB
+BOUND = DEFAULT_BIGARRAY_BOUND // SCALE   # the same tensors split over servers as at full size
 
 
 @pytest.fixture(scope='module')
@@ -38,20 +36,19 @@ def hosts():
 
 
 def run_job(hosts, *options):
-    """The scaling benchmark's worker on 2 workers and 1 server across the hosts."""
-    args = scaling.parse(['--scale', str(SCALE), '--steps', '3'])
+    """The scaling study's step (comm_step) on 2 workers and 1 server across the hosts."""
     tag = new_tag()
     argv = ['ip', 'netns', 'exec', hosts.launcher_ns, *launch_argv(
         '--launcher', 'ssh', '-H', 'hostA,hostB,hostC', '--ssh-config', hosts.ssh_config,
         '--connect-timeout', '5', '--timeout', '120', '--env', f'D2L_TEST_TAG={tag}',
-        '--env', f'D2L_KVSTORE_BIGARRAY_BOUND={scaling.BIGARRAY_BOUND // SCALE}',
-        *options, '-n', '2', '-s', '1', *scaling.worker_argv('both', args))]
+        '--env', f'D2L_KVSTORE_BIGARRAY_BOUND={BOUND}',
+        *options, '-n', '2', '-s', '1', *comm_step.worker_argv('both', SCALE, STEPS))]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert 'server     0     hostB' in r.stdout          # the placement we rely on
     assert wait_no_survivors(tag) == []
-    return scaling.summarize(r.stdout, 2, args.steps)
+    return comm_step.summarize(r.stdout, 2, STEPS)
 
 
 def test_software_pacing_predicts_a_tc_shaped_link(hosts):
@@ -61,9 +58,9 @@ def test_software_pacing_predicts_a_tc_shaped_link(hosts):
     finally:
         hosts.unshape()
     simulated = run_job(hosts, '--bandwidth', f'{RATE * 8:.0f}bit')
-    shapes = scaling.resnet18_shapes(SCALE)
+    shapes = comm_step.resnet18_shapes(SCALE)
     nbytes = 4 * sum(cost.numel(s) for s in shapes)
-    model = {'ps': cost.ps_time_placed(shapes, 2, 1, RATE, 0, scaling.BIGARRAY_BOUND // SCALE),
+    model = {'ps': cost.ps_time_placed(shapes, 2, 1, RATE, 0, BOUND),
              'ring': cost.ring_time(nbytes, 2, RATE, 0)}
     print()
     for method in ('ps', 'ring', 'gloo'):

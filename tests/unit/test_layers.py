@@ -16,7 +16,8 @@ from conftest import ROOT
 
 # bottom up; a layer may import the layers of a lower number only
 LAYERS = {'report': -1, 'runtime': 0, 'kv': 1, 'collectives': 1, 'training': 2, 'cost': 2,
-          'launch': 3, 'notebook': 4, 'horovod': 5, 'timeline': 5, '__init__': 5}
+          'launch': 3, 'notebook': 4, 'horovod': 5, 'timeline': 5, '__init__': 5,
+          'testing': 6}
 
 
 def layer_of(module):
@@ -138,14 +139,33 @@ def test_public_names_import(module, name):
     assert getattr(importlib.import_module(module), name) is not None
 
 
-@pytest.mark.parametrize('module', ['d2ldist.launch', 'd2ldist.kv', 'd2ldist.runtime.scheduler',
-                                    'd2ldist.launch.guard'])
+# What ``python -m MODULE --help`` answers outside a job: (exit code, stream, first line).
+# The launcher prints its usage; the processes it starts have no options of their own and
+# refuse in one line, saying what is missing (the guard runs any command, even '--help').
+HELP_ANSWERS = {
+    'd2ldist.launch': (0, 'stdout', 'usage: d2l-launch [-h] -n NUM_WORKERS [-s NUM_SERVERS]'),
+    'd2ldist.kv': (1, 'stderr', 'd2ldist.server: D2L_SCHEDULER_URI is not set: '
+                                'start the job with d2l-launch'),
+    'd2ldist.runtime.scheduler': (1, 'stderr', 'd2ldist.scheduler: D2L_NUM_WORKER is not set '
+                                               '(start jobs with d2l-launch)'),
+    'd2ldist.launch.guard': (127, 'stderr', "d2l-launch: cannot start '--help': "
+                                            'No such file or directory'),
+}
+
+
+@pytest.mark.parametrize('module', HELP_ANSWERS)
 def test_modules_the_launcher_runs_answer(module):
-    """``python -m`` of each process kind starts (and refuses a missing job in one line)."""
+    """``python -m`` of each process kind starts and answers --help as HELP_ANSWERS says."""
     r = subprocess.run([sys.executable, '-m', module, '--help'], capture_output=True,
                        text=True, timeout=60, cwd=ROOT, env={'PATH': '/usr/bin:/bin'})
-    out = r.stdout + r.stderr
-    assert 'Traceback' not in out, out
+    code, stream, first = HELP_ANSWERS[module]
+    out, other = (r.stdout, r.stderr) if stream == 'stdout' else (r.stderr, r.stdout)
+    assert (r.returncode, other, out.splitlines()[:1]) == (code, '', [first]), r
+    if code:
+        assert out == first + '\n'                   # one line, no traceback
+    else:
+        assert '-n NUM_WORKERS, --num-workers NUM_WORKERS' in out
+        assert '--launcher {local,ssh}' in out and 'positional arguments:' in out
 
 
 @pytest.mark.parametrize('face', ['d2ldist', 'd2ldist.horovod'])

@@ -21,6 +21,9 @@ run may have left (anything named with the ``d2lssh`` prefix). Another ``prefix`
 ``shape(rate, latency)`` shapes every host's outgoing link with Linux ``tc`` (a token
 bucket filter; netem when there is a latency), the real counterpart of d2l-launch's
 simulated network; ``unshape()`` removes it.
+
+The ssh tests (tests/system, through ``hosts_for_tests`` in tests/conftest.py) and
+benchmarks/between_hosts.py use these hosts; everything here needs root.
 """
 import os
 import signal
@@ -223,24 +226,3 @@ LogLevel ERROR
         remove_stale(self.prefix)
         subprocess.run(['rm', '-rf', str(self.dir)], timeout=30)
 
-
-def hosts_for_tests(names, commands, why, **options):
-    """Namespace hosts with sshd for a test module (a generator for a pytest fixture):
-    skip without root (saying ``why``), fail under CI=true if a command is missing,
-    and always stop the hosts afterwards."""
-    import pytest
-    from conftest import need, need_command
-    if os.geteuid() != 0:
-        pytest.skip(why)
-    for command in commands:
-        need_command(command)
-    need(os.access('/usr/sbin/sshd', os.X_OK), "Debian's sshd (/usr/sbin/sshd)")
-    h = NetnsHosts(names, **options)
-    try:
-        h.start()
-    except (subprocess.CalledProcessError, RuntimeError) as e:   # e.g. no CAP_SYS_ADMIN
-        need(False, f'network namespaces with sshd ({getattr(e, "stderr", None) or e})')
-    try:
-        yield h
-    finally:
-        h.stop()
