@@ -41,15 +41,22 @@ for _ in range(3):
     d2ldist.allreduce_(X.fill_(1), op=d2ldist.Sum)
     times.append(time.perf_counter() - t0)
 assert bool((X == 2).all())
-t0 = time.perf_counter()
-d2ldist.barrier()
-print(f"allreduce {min(times):.4f} barrier {time.perf_counter() - t0:.4f}", flush=True)
+waits = []
+for _ in range(5):
+    t0 = time.perf_counter()
+    d2ldist.barrier()
+    waits.append(time.perf_counter() - t0)
+print(f"allreduce {min(times):.4f} barrier {min(waits):.4f}", flush=True)
 '''
 
 
 def test_a_job_on_a_simulated_network(write_script):
     """Two workers, 10 MB/s and 20 ms: a 1 MB ring all-reduce takes 2 steps of 0.5 MB
-    (0.1 s) plus 2 latencies; a barrier (there and back to the scheduler) 2 latencies."""
+    (0.1 s) plus 2 latencies; a barrier (there and back to the scheduler) 2 latencies.
+
+    The link sets a floor no machine can beat; above it, a busy machine adds its own
+    delays (a worker that arrives late makes the other wait in the barrier), so each
+    is timed several times and the fastest compared with the model."""
     r = run_launch('--bandwidth', '80Mbit', '--latency', '20ms', '-n', '2', '-s', '0',
                    'python', write_script(LINK_JOB))
     assert r.returncode == 0, r.stdout + r.stderr
