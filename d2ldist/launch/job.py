@@ -79,12 +79,24 @@ def describe_exit(code):
     return f'exit code {code}'
 
 
+def failure_report(proc, last_lines=True):
+    """'worker 1 failed (exit code 3); the job was stopped.', then its last lines."""
+    text = f'{proc.label} failed ({describe_exit(proc.code)}); the job was stopped.'
+    if last_lines and proc.tail:
+        text += '\nIts last lines:\n' + '\n'.join(f'  | {line}' for line in proc.tail)
+    return text
+
+
 class Job:
-    """Start a job's processes, merge their output, stop them all when it ends."""
+    """Start a job's processes, merge their output, stop them all when it ends.
+
+    ``last_lines=False``: the report of a failure is one line, without the failed
+    process's last lines (%launch: they are in the cell's log just above)."""
 
     def __init__(self, specs, timeout=None, out=None, on_line=None, on_state=None,
-                 on_tick=None):
+                 on_tick=None, last_lines=True):
         self.procs = [Proc(s) for s in specs]
+        self.last_lines = last_lines
         self.timeout, self.out = timeout, out or sys.stdout
         self.on_line = on_line or (lambda proc, line: line)   # may hide or change a line
         self.on_state = on_state or (lambda proc: None)       # state or exit code changed
@@ -114,9 +126,7 @@ class Job:
             self.stop_all('finished' if self.code == 0 else 'stopped')
             self._sel.close()
         if self.failure is not None:
-            p = self.failure
-            self._say(f'{p.label} failed ({describe_exit(p.code)}); stopped the job. '
-                      f'Its last lines:\n' + ''.join(f'  | {line}\n' for line in p.tail))
+            self._say(failure_report(self.failure, self.last_lines))
         return self.code
 
     def _verdict(self, start):

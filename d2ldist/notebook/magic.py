@@ -15,7 +15,8 @@ and runs the job with the launcher's ``Job``; it adds only the display:
 * when the job ends (finished, failed or stopped) the dashboard gives way to its
   one-line header, and the job's final form follows the log: a text summary and a
   figure (``final.py``), plain outputs that every viewer of the notebook shows;
-* a failed job raises ``JobFailed`` naming the process and showing its last lines;
+* a failed job raises ``JobFailed``: its first line names the process and how it
+  ended, the next ones are that process's last lines (the log above shows them once);
   the stop button stops every process and raises KeyboardInterrupt again;
 * the variable ``_launch`` then holds a ``LaunchResult`` for later cells.
 
@@ -32,7 +33,7 @@ from IPython.display import display
 from IPython.utils.process import arg_split
 
 from ..launch import cli
-from ..launch.job import JobFailed, describe_exit
+from ..launch.job import JobFailed, describe_exit, failure_report
 from ..launch.progress import JobModel
 from . import final
 
@@ -113,7 +114,7 @@ class LaunchMagics(Magics):
         try:        # ssh: checks the hosts and syncs the directory first
             job = cli.make_job(args, out=out, on_line=lambda p, t: on_line(p, t),
                                on_state=lambda p: on_state(p),
-                               on_tick=lambda: view.refresh())
+                               on_tick=lambda: view.refresh(), last_lines=False)
         except cli.UsageError as e:
             raise UsageError(f'%launch: {e}') from None
         model = out.model = JobModel([p.spec for p in job.procs],
@@ -144,8 +145,7 @@ class LaunchMagics(Magics):
             p = job.failure
             message = f'{p.label} failed ({describe_exit(p.code)})'
             self._finish(job, model, view, handle, 'failed', message)
-            raise JobFailed(f'{message}; the job was stopped. Its last lines:\n'
-                            + '\n'.join(f'  | {t}' for t in p.tail), proc=p)
+            raise JobFailed(failure_report(p), proc=p)
         message = f'ran longer than --timeout {args.timeout:g} s' if job.code == 124 \
             else f'exit code {job.code}'
         self._finish(job, model, view, handle, 'timeout' if job.code == 124 else 'failed', message)

@@ -91,6 +91,9 @@ def test_notebook_runs_a_job_and_keeps_its_output(tmp_path):
     assert error.ename == 'JobFailed'
     assert error.evalue.startswith('worker 1 failed (exit code 3); the job was stopped.')
     assert error.evalue.endswith('\n  | worker 1 starts\n  | worker 1: something broke')
+    log = stream_text(nb.cells[7])          # the log shows those lines once, as they came
+    assert 'd2l-launch: worker 1 failed (exit code 3); the job was stopped.\n' in log
+    assert log.count('worker 1: something broke') == 1 and 'Its last lines' not in log
     assert 'JobFailed' in str(failed.value)
     assert wait_no_survivors(tag) == []
 
