@@ -27,7 +27,7 @@ from ..runtime import faults, timeline
 from . import api, ops
 from .buckets import BUCKET_CAP_MB, Buckets
 from .ops import Average
-from .staging import staged
+from ..runtime.staging import staged
 from .world import size
 
 

@@ -64,7 +64,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from ..collectives.buckets import BUCKET_CAP_MB, Buckets
-from ..runtime import faults, timeline
+from ..runtime import faults, staging, timeline
 from ..kv import optimizers
 from ..kv.optimizers import ON_SERVERS, torch_names
 from ..kv.worker import sum_copies
@@ -139,11 +139,11 @@ class Trainer:
         if len({p.dtype for p in self.params[0]}) != 1:
             raise ValueError('all parameters must have the same dtype')
         numels = [p.numel() for p in self.params[0]]
-        dtype = self.params[0][0].dtype
-        self.flat_grads = _buffer(sum(numels), dtype, getattr(self.store, 'device', 'cpu'),
-                                  self.devices)
-        self.flat_weights = _buffer(sum(numels), dtype, 'cpu' if self.update_on_kvstore
-                                    else self.devices[0], self.devices)
+        dtype, gpu = self.params[0][0].dtype, any(d.type == 'cuda' for d in self.devices)
+        self.flat_grads = staging.buffer(sum(numels), dtype, getattr(self.store, 'device', 'cpu'),
+                                         gpu).zero_()
+        self.flat_weights = staging.buffer(sum(numels), dtype, 'cpu' if self.update_on_kvstore
+                                           else self.devices[0], gpu).zero_()
         self._grads = [v.view_as(p) for v, p in zip(self.flat_grads.split(numels),
                                                     self.params[0])]
         self._weights = [v.view_as(p) for v, p in zip(self.flat_weights.split(numels),
@@ -247,8 +247,7 @@ class Trainer:
                          for i in range(len(self.keys))]
             # Step 3: copy the sum to the CPU (pinned memory: the copy does not block).
             with self.timed(3):
-                for host_g, g in zip(self._grads, grads):
-                    host_g.copy_(g, non_blocking=True)
+                staging.copy_(self._grads, grads)
             # Step 4: push the gradients to the store; its servers sum them over all workers.
             with self.timed(4):
                 if self.update_on_kvstore:
@@ -292,7 +291,7 @@ class Trainer:
         with self.timed(2, count=False):
             g = self._sum_replicas(i)
         with self.timed(3, count=False):
-            self._grads[i].copy_(g, non_blocking=True)
+            staging.copy_([self._grads[i]], [g], wait=False)   # (_start_bucket waits)
         with self.timed(4, count=False):
             self._buckets.ready(i)    # step 4: its bucket starts if it is complete
 
@@ -407,15 +406,6 @@ class Trainer:
         dashboard labels its bars with the keys, in this order.
         """
         return {STEP_LABELS[s]: t for s, t in self.step_times.items() if t is not None}
-
-
-def _buffer(numel, dtype, device, devices):
-    """A flat buffer of zeros on device; on the CPU pinned when there are GPUs (their
-    copies to and from it then do not block)."""
-    device = torch.device(device)
-    pin = device.type == 'cpu' and any(d.type == 'cuda' for d in devices) \
-        and torch.cuda.is_available()
-    return torch.zeros(numel, dtype=dtype, device=device, pin_memory=pin)
 
 
 def train_batch(X, y, net, loss, trainer, devices):
