@@ -11,9 +11,14 @@ fusion*; starting them during backward is what DistributedDataParallel does.
 Every worker must start the same all-reduces in the same order, so a bucket
 starts only after all buckets before it, whatever order the hooks fire in.
 
-Used by ``horovod.DistributedOptimizer`` and by the ``Trainer`` with the
-stores that are all-reduces ('ring', 'torch').
+``Buckets`` is the bookkeeping (which gradients are in, which bucket starts next);
+``BackwardBuckets`` adds the hooks: each parameter's, when backward has produced its
+gradient, puts it in its bucket and may start the bucket. Used by
+``horovod.DistributedOptimizer`` and by the ``Trainer`` with the stores that are
+all-reduces ('ring', 'torch').
 """
+import torch
+
 BUCKET_CAP_MB = 25   # as DDP's default
 
 
@@ -71,3 +76,35 @@ class Buckets:
         for handle in self.handles:
             handle.wait()
         self._reset()
+
+
+class BackwardBuckets(Buckets):
+    """The buckets of ``params``' gradients, started from backward's hooks.
+
+    A hook on each parameter: when backward has produced its gradient (on the last of
+    ``backward_passes`` passes, which add up in ``.grad``), ``fill(i)`` puts it in its
+    bucket, and the bucket starts if it is complete (``ready(i)``). ``start``, ``kinds``
+    and ``cap_mb`` as ``Buckets``'. After backward: fill the gradients that never came
+    (``missing()``), then ``wait()``.
+    """
+
+    def __init__(self, params, fill, start, kinds=None, cap_mb=BUCKET_CAP_MB,
+                 backward_passes=1):
+        self.fill, self.backward_passes = fill, backward_passes
+        super().__init__([p.numel() for p in params], [p.element_size() for p in params],
+                         kinds or [None] * len(params), start, cap_mb)
+        for i, p in enumerate(params):
+            p.register_post_accumulate_grad_hook(lambda p, i=i: self._produced(i))
+
+    def _reset(self):
+        """No gradient in, no bucket started, no backward pass counted."""
+        super()._reset()
+        self.passes = [0] * len(self.bucket_of)   # backward passes since the last wait()
+
+    @torch.no_grad()
+    def _produced(self, i):
+        """Backward has produced parameter i's gradient: on its last pass, into its bucket."""
+        self.passes[i] += 1
+        if self.passes[i] >= self.backward_passes:
+            self.fill(i)
+            self.ready(i)

@@ -10,12 +10,13 @@
 How DistributedOptimizer overlaps communication with computation (``buckets.py``):
 the gradients are packed into buckets of about ``bucket_cap_mb`` (tensor fusion: one
 all-reduce per bucket, not per tensor), in reverse parameter order, the order in which
-backward produces them. A hook on each parameter copies its gradient into its bucket
-as soon as backward has computed it; when a bucket is full, its all-reduce starts on
-the communication thread while backward goes on with the earlier layers. ``step()``
-waits for the last buckets, copies the averages back into ``.grad`` and then steps.
-(A parameter that gets no gradient -- an unused layer -- holds its bucket, and the
-later ones, back until ``step()``, which counts its gradient as zero.)
+backward produces them. A hook on each parameter (``BackwardBuckets``) copies its
+gradient into its bucket as soon as backward has computed it; when a bucket is full,
+its all-reduce starts on the communication thread while backward goes on with the
+earlier layers. ``step()`` waits for the last buckets, copies the averages back into
+``.grad`` and then steps. (A parameter that gets no gradient -- an unused layer --
+holds its bucket, and the later ones, back until ``step()``, which counts its
+gradient as zero.)
 """
 import time
 import warnings
@@ -24,10 +25,10 @@ from contextlib import contextmanager
 import torch
 
 from ..runtime import faults, timeline
+from ..runtime.staging import staged
 from . import api, ops
-from .buckets import BUCKET_CAP_MB, Buckets
+from .buckets import BUCKET_CAP_MB, BackwardBuckets
 from .ops import Average
-from .staging import staged
 from .world import size
 
 
@@ -133,8 +134,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 raise ValueError('named_parameters was given, but one or more parameters '
                                  f'of the optimizer are not named ({len(unnamed)} of them)')
         self._params = [p for p in params if p.requires_grad]
-        self._buckets, self._hooks = None, []
-        self._passes = [0] * len(self._params)   # backward passes since the last step
+        self._buckets = None
         self._synchronized, self._should_synchronize = False, True
         self._computing_since = time.perf_counter()   # for d2l-launch --slow / --fail
         if size() > 1:
@@ -148,9 +148,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _make_buckets(self, cap_mb):
         """Buckets in backward's order (buckets.py), each with one flat buffer of its gradients."""
         params = self._params
-        self._buckets = Buckets([p.numel() for p in params],
-                                [p.element_size() for p in params],
-                                [(p.dtype, p.device) for p in params], self._start, cap_mb)
+        self._buckets = BackwardBuckets(params, self._fill, self._start,
+                                        [(p.dtype, p.device) for p in params], cap_mb,
+                                        self.backward_passes_per_step)
         self._slots = [None] * len(params)      # parameter i's place in its bucket's buffer
         self._buffers = []
         for group in self._buckets.groups:
@@ -162,19 +162,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._slots[i] = buffer[offset:offset + params[i].numel()].view_as(params[i])
                 offset += params[i].numel()
             self._buffers.append(buffer)
-        for i, p in enumerate(params):
-            self._hooks.append(p.register_post_accumulate_grad_hook(
-                lambda p, i=i: self._grad_ready(i)))
 
-    @torch.no_grad()
-    def _grad_ready(self, i):
-        """Backward has computed parameter i's gradient: into its bucket, which may start
-        (on the last of ``backward_passes_per_step`` passes: .grad holds their sum)."""
-        self._passes[i] += 1
-        if self._passes[i] < self.backward_passes_per_step:
-            return
+    def _fill(self, i):
+        """Parameter i's gradient (.grad: the sum of this step's passes) into its bucket."""
         self._slots[i].copy_(_dense(self._params[i].grad))
-        self._buckets.ready(i)
 
     def _start(self, b, indices):
         f = self._predivide
@@ -191,8 +182,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return
         for i in self._buckets.missing():       # gradients that never came count 0,
             g = self._params[i].grad            # fewer passes than asked count as they are
-            if g is not None and self._passes[i] > 0:
-                self._slots[i].copy_(_dense(g))
+            if g is not None and self._buckets.passes[i] > 0:
+                self._fill(i)
             else:
                 self._slots[i].zero_()
         self._buckets.wait()
@@ -201,7 +192,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = slot.clone()
             else:
                 p.grad.copy_(slot.view_as(p.grad) if not p.grad.is_sparse else slot)
-        self._passes = [0] * len(self._params)
         self._synchronized = True
 
     @contextmanager

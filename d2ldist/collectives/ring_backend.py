@@ -12,9 +12,9 @@ import math
 import torch
 
 from ..runtime.split import even_slices
+from ..runtime.staging import staged
 from ..runtime.wire import DTYPES, dtype_name
 from . import ops
-from .staging import staged
 
 
 def _call(name, tensor, detail):

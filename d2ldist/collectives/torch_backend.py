@@ -32,8 +32,8 @@ import torch.distributed as dist
 
 from ..runtime import hang
 from ..runtime.split import even_slices
+from ..runtime.staging import staged
 from . import ops
-from .staging import staged
 
 _SLURM = {'RANK': 'SLURM_PROCID', 'WORLD_SIZE': 'SLURM_NTASKS',
           'LOCAL_RANK': 'SLURM_LOCALID', 'LOCAL_WORLD_SIZE': 'SLURM_NTASKS_PER_NODE'}
@@ -90,7 +90,7 @@ def own_gpu(env=os.environ):
 
     NCCL refuses two processes on one GPU ('Duplicate GPU detected'), so with more
     workers than GPUs on a machine (two workers sharing one GPU, say) the job runs
-    on gloo, which takes the GPUs' tensors through the CPU (``staging.py``).
+    on gloo, which takes the GPUs' tensors through the CPU (``runtime/staging.py``).
     """
     local_workers = int(env.get('LOCAL_WORLD_SIZE', '1'))
     return torch.cuda.is_available() and local_workers <= torch.cuda.device_count()

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from ..runtime import compression, hang, stream, timeline
+from ..runtime import compression, hang, staging, stream, timeline
 from . import messages as M
 from .optimizers import Updater, torch_names
 from .placement import place, row_positions
@@ -188,11 +188,8 @@ class KVStore:
         """A contiguous CPU tensor; from CUDA through a pinned buffer, non-blocking."""
         if t.device.type == 'cpu':
             return t.detach().contiguous()
-        buf = self._pinned.get(('push', key))
-        if buf is None:
-            buf = self._pinned[('push', key)] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        buf.copy_(t.detach(), non_blocking=True)
-        torch.cuda.current_stream(t.device).synchronize()  # the copy must land before use
+        buf = self._pinned_buffer('push', key, t)
+        staging.copy_([buf], [t])   # (waits: the copy must land before use)
         return buf
 
     def _fill(self, key, outs, value):
@@ -203,13 +200,15 @@ class KVStore:
             if o.device.type == 'cpu':
                 o.copy_(value)
             else:
-                buf = self._pinned.get(('pull', key))
-                if buf is None:
-                    buf = self._pinned[('pull', key)] = torch.empty(o.shape, dtype=o.dtype,
-                                                                    pin_memory=True)
+                buf = self._pinned_buffer('pull', key, o)
                 buf.copy_(value)
-                o.copy_(buf, non_blocking=True)
-                torch.cuda.current_stream(o.device).synchronize()  # buf is reused next time
+                staging.copy_([o], [buf])   # (waits: buf is reused next time)
+
+    def _pinned_buffer(self, way, key, like):
+        """The key's pinned CPU buffer for ``way`` ('push' or 'pull'), made like ``like``."""
+        if (way, key) not in self._pinned:
+            self._pinned[way, key] = staging.buffer(like.shape, like.dtype)
+        return self._pinned[way, key]
 
     def _check(self, key, t, what):
         """A clear error naming the key and both shapes when a tensor does not fit."""
@@ -373,16 +372,16 @@ class DistKVStore(KVStore):
     def _pull_rows(self, key, out, rows):
         """Ask each server for its part of the rows; write them into ``out`` only."""
         first = _as_list(out)[0]
-        staging = first if first.device.type == 'cpu' and first.is_contiguous() \
+        host = first if first.device.type == 'cpu' and first.is_contiguous() \
             else first.detach().to('cpu', copy=True).contiguous()
 
         def receive(msg):
             for p in M.read_row_parts(msg, with_values=True, rows=rows):
-                staging.view(-1)[p.start + p.positions] = p.value
+                host.view(-1)[p.start + p.positions] = p.value
         self._ask(self._row_messages(M.PULL_ROWS, key, rows), receive, what='pull rows')
         for o in _as_list(out):
-            if o is not staging:
-                o[rows] = staging[rows].to(o.device)
+            if o is not host:
+                o[rows] = host[rows].to(o.device)
 
     def _row_messages(self, kind, key, rows, values=None, **header):
         """One message per server holding some of the rows: their ids (and values)."""
@@ -437,9 +436,9 @@ class DistKVStore(KVStore):
         targets = {}
         for k, o in zip(keys, outs):
             first = _as_list(o)[0]
-            staging = first if first.device.type == 'cpu' and first.is_contiguous() \
+            host = first if first.device.type == 'cpu' and first.is_contiguous() \
                 else torch.empty(first.shape, dtype=first.dtype)
-            targets[k] = [staging, o, len(place(k, staging.numel(), self._node.num_servers))]
+            targets[k] = [host, o, len(place(k, host.numel(), self._node.num_servers))]
 
         def receive(msg):
             parts, reads = M.read_parts(msg, with_frames=True), []
@@ -454,10 +453,10 @@ class DistKVStore(KVStore):
             def end():
                 reading.wait()
                 for p in parts:
-                    staging, o, left = targets[p.key]
+                    host, o, left = targets[p.key]
                     targets[p.key][2] = left - 1
-                    if left == 1 and (len(_as_list(o)) > 1 or staging is not _as_list(o)[0]):
-                        self._fill(p.key, o, staging)
+                    if left == 1 and (len(_as_list(o)) > 1 or host is not _as_list(o)[0]):
+                        self._fill(p.key, o, host)
             return end
         return receive
 

@@ -40,7 +40,7 @@ parameter server ('dist_sync', 'dist_async', 'dist_sync_device'); here
 import torch
 
 from ..collectives.engine import Handle
-from ..collectives.staging import staged
+from ..runtime.staging import staged
 from ..runtime import compression
 
 

@@ -11,8 +11,8 @@ Every batch, on every worker (one machine with several devices):
 6. the weights are copied to one device;
 7. and from there broadcast to all devices.
 
-``train_batch`` does step 1, ``Trainer.step`` steps 2 to 7; each step is timed
-(``trainer.step_times``). The store is anything with the small interface of
+``train_batch`` does step 1, ``Trainer.step`` steps 2 to 7, on one page; each step
+is timed (``trainer.step_times``). The store is anything with the small interface of
 ``training/stores.py``; ``create_store`` makes them by name:
 
 - 'local': one process (``d2ldist.kv``'s local store, which runs the optimizer);
@@ -26,13 +26,13 @@ Every batch, on every worker (one machine with several devices):
   applies the same optimizer step to the same sum.
 
 Overlap: with 'ring' and 'torch' the Trainer does not wait for backward to end.
-The gradients go into buckets (``buckets.py``, as DistributedDataParallel's and
-Horovod's), last layers first; a hook runs steps 2 and 3 for each gradient the
-moment backward has produced it on every device, and a full bucket's all-reduce
-(step 4) starts while backward computes the earlier layers. ``step`` then only
-waits for the buckets still running. Each step's time counts its own work, wherever
-it ran (step 1 does not count the hooks' steps 2 to 4). ``overlap=False`` runs the
-steps one after the other, as with the parameter server.
+The gradients go into buckets (``collectives/buckets.py``'s ``BackwardBuckets``, as
+DistributedDataParallel's and Horovod's), last layers first; a hook runs steps 2 and 3
+for each gradient the moment backward has produced it on every device, and a full
+bucket's all-reduce (step 4) starts while backward computes the earlier layers.
+``step`` then only waits for the buckets still running. Each step's time counts its
+own work, wherever it ran (step 1 does not count the hooks' steps 2 to 4).
+``overlap=False`` runs the steps one after the other, as with the parameter server.
 
 Where the buffers live. ``flat_grads`` is where the store sums: host memory (pinned
 when there are GPUs, so step 3's copies do not block), or the GPU itself for 'torch' on
@@ -63,8 +63,8 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from ..collectives.buckets import BUCKET_CAP_MB, Buckets
-from ..runtime import faults, timeline
+from ..collectives.buckets import BUCKET_CAP_MB, BackwardBuckets
+from ..runtime import faults, staging, timeline
 from ..kv import optimizers
 from ..kv.optimizers import ON_SERVERS, torch_names
 from ..kv.worker import sum_copies
@@ -91,14 +91,14 @@ class Trainer:
     deep copies. The arguments are checked at once; the store is filled at the first
     step (``init()``, as gluon's Trainer does), and each Trainer has keys of its own
     ('trainer0.0', 'trainer0.1', ...), so Trainers can share a store (updating in the
-    store, they must use the same optimizer: it runs for every key). With a store that runs the optimizer (``set_optimizer``) the
-    update happens in the store; otherwise the store only sums the gradients
-    and every worker applies the same update to the same sum. ``overlap``: start
-    the all-reduce of finished buckets of about ``bucket_cap_mb`` during backward
-    (stores with ``allreduce_async_``: 'ring', 'torch'). ``compression_params``
-    (gluon's): the gradients through 2 bits (``{'type': '2bit', 'threshold': 0.5}``,
-    parameter servers) or 16 (``{'type': 'fp16'}``, every store; see
-    ``runtime/compression.py``).
+    store, they must use the same optimizer: it runs for every key). With a store that
+    runs the optimizer (``set_optimizer``) the update happens in the store; otherwise
+    the store only sums the gradients and every worker applies the same update to the
+    same sum. ``overlap``: start the all-reduce of finished buckets of about
+    ``bucket_cap_mb`` during backward (stores with ``allreduce_async_``: 'ring',
+    'torch'). ``compression_params`` (gluon's): the gradients through 2 bits
+    (``{'type': '2bit', 'threshold': 0.5}``, parameter servers) or 16
+    (``{'type': 'fp16'}``, every store; see ``runtime/compression.py``).
 
     BatchNorm statistics (step 7) are averaged over all replicas of all workers
     rather than broadcast from rank 0 (DistributedDataParallel's way): the mean of
@@ -139,11 +139,11 @@ class Trainer:
         if len({p.dtype for p in self.params[0]}) != 1:
             raise ValueError('all parameters must have the same dtype')
         numels = [p.numel() for p in self.params[0]]
-        dtype = self.params[0][0].dtype
-        self.flat_grads = _buffer(sum(numels), dtype, getattr(self.store, 'device', 'cpu'),
-                                  self.devices)
-        self.flat_weights = _buffer(sum(numels), dtype, 'cpu' if self.update_on_kvstore
-                                    else self.devices[0], self.devices)
+        dtype, gpu = self.params[0][0].dtype, any(d.type == 'cuda' for d in self.devices)
+        grads_at = getattr(self.store, 'device', 'cpu')
+        weights_at = 'cpu' if self.update_on_kvstore else self.devices[0]
+        self.flat_grads = staging.buffer(sum(numels), dtype, grads_at, gpu).zero_()
+        self.flat_weights = staging.buffer(sum(numels), dtype, weights_at, gpu).zero_()
         self._grads = [v.view_as(p) for v, p in zip(self.flat_grads.split(numels),
                                                     self.params[0])]
         self._weights = [v.view_as(p) for v, p in zip(self.flat_weights.split(numels),
@@ -154,9 +154,13 @@ class Trainer:
             # so this is the same step as over each parameter, in a few big operations).
             self._optimizer = optimizers.create(optimizer, self.optimizer_params,
                                                 [self.flat_weights])
-        self._buckets = None
+        self._buckets = None   # overlap: steps 2 to 4 of each gradient start in backward
         if overlap and hasattr(self.store, 'allreduce_async_') and not self.update_on_kvstore:
-            self._start_buckets_in_backward(bucket_cap_mb)
+            # hooks on the last replica (its backward ends last); one kind of parameter,
+            # in order: a bucket is a slice of flat_grads
+            self._offsets = list(itertools.accumulate(numels, initial=0))
+            self._buckets = BackwardBuckets(self.params[-1], self._gradient_ready,
+                                            self._start_bucket, cap_mb=bucket_cap_mb)
         self._timers = []   # the timed blocks running now, innermost last
         self.last_batch_end = None   # when train_batch last ended (for the timeline)
         self._initialized = False
@@ -187,21 +191,9 @@ class Trainer:
                                  f'Trainer: give this one its own store, the same optimizer, '
                                  'or update_on_kvstore=False')
         self._init_buffers()
-        self._copy_weights_to_devices()
+        self._copy_to_device()                    # steps 6 and 7, without the workers:
+        self._broadcast(over_workers=False)       # the store gave every worker rank 0's
         self._initialized = True
-
-    def _start_buckets_in_backward(self, cap_mb):
-        """A hook on each parameter of the last replica runs steps 2 to 4 for its gradient."""
-        params = self.params[0]
-        self._offsets = [0]
-        for p in params:
-            self._offsets.append(self._offsets[-1] + p.numel())
-        # One kind for all: consecutive parameters, so a bucket is a slice of flat_grads.
-        self._buckets = Buckets([p.numel() for p in params],
-                                [p.element_size() for p in params],
-                                [None] * len(params), self._start_bucket, cap_mb)
-        for i, p in enumerate(self.params[-1]):   # the last replica's backward ends last
-            p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))
 
     def _choose_update_on_kvstore(self, optimizer, update_on_kvstore):
         """Update in the store if it can run this optimizer (dist_async must)."""
@@ -230,54 +222,35 @@ class Trainer:
                 group['lr'] = lr
 
     def step(self, batch_size):
-        """Steps 2 to 7: update every replica with the gradients of all workers.
+        """Steps 2 to 7: update every replica with the mean gradient of all workers' examples.
 
-        batch_size: the number of examples this worker used (the same on every
-        worker); the update uses the mean gradient over all workers' examples.
+        batch_size: the number of examples this worker used (the same on every worker).
+        With overlap the steps are the same, but steps 2 to 4 of each gradient started in
+        backward, as soon as every device had it (``_gradient_ready``): here step 4 waits
+        for them, and step 5 divides their sum by the examples.
         """
         self.init()   # (the first step, when train_batch has not done it)
         # Synchronous stores sum all workers' gradients: divide by all examples.
         # An asynchronous store applies each push alone: divide by ours.
         workers = 1 if getattr(self.store, 'is_async', False) else self.store.num_workers
         scale = 1.0 / (batch_size * workers)
+        # 1. forward and backward on each device: done by the caller (train_batch)
         if self._buckets is None:
-            # Step 2: sum the replicas' gradients on the first device.
-            with self.timed(2):
-                grads = [self._sum_replicas(i).mul_(scale)
-                         for i in range(len(self.keys))]
-            # Step 3: copy the sum to the CPU (pinned memory: the copy does not block).
-            with self.timed(3):
-                for host_g, g in zip(self._grads, grads):
-                    host_g.copy_(g, non_blocking=True)
-            # Step 4: push the gradients to the store; its servers sum them over all workers.
-            with self.timed(4):
-                if self.update_on_kvstore:
-                    self.store.push(self.keys, self._grads)
-                else:
-                    self.store.pushpull(self.keys, self._grads, out=self._grads)
-        else:
-            # Steps 2 to 4 ran during backward, bucket by bucket (_grad_ready); the
-            # gradients that never came count as zero; wait for the buckets still running.
-            with self.timed(4):
-                for i in self._buckets.missing():
-                    self._grads[i].zero_()
-                self._buckets.wait()
+            with self.timed(2):   # 2. sum each gradient over the replicas, on devices[0]
+                grads = [self._sum_replicas(i).mul_(scale) for i in range(len(self.keys))]
+            with self.timed(3):   # 3. copy the sums to the CPU, into flat_grads
+                staging.copy_(self._grads, grads)
+        else:                     # 2. and 3. ran in backward, gradient by gradient
             self._time_counts[2] += 1
             self._time_counts[3] += 1
-        # Step 5: the summed gradients update the weights; the new weights come back.
-        with self.timed(5):
-            if self.update_on_kvstore:
-                self.store.pull(self.keys, out=self._weights)
-            else:                       # every worker: the same update of the same sum
-                # (to the GPU the weights are on, if they are: one copy of the sum)
-                grad = self.flat_grads.to(self.flat_weights.device, non_blocking=True)
-                if self._buckets is not None:
-                    grad.mul_(scale)              # the hooks summed them unscaled
-                self.flat_weights.grad = grad
-                self._optimizer.step()
-        # Steps 6 and 7: to the first device, then to all the others (with the
-        # BatchNorm statistics of all workers).
-        self._copy_weights_to_devices(timed=True, share_buffers=True)
+        with self.timed(4):       # 4. push them; the store sums them over all workers
+            self._push()
+        with self.timed(5):       # 5. the sum updates the weights; they come back (pull)
+            self._update(scale)
+        with self.timed(6):       # 6. copy the new weights to devices[0]
+            self._copy_to_device()
+        with self.timed(7):       # 7. and on to all devices, with BatchNorm's statistics
+            self._broadcast()
 
     def _sum_replicas(self, i):
         """Step 2 for parameter i: the replicas' gradients summed into the first one's."""
@@ -286,42 +259,66 @@ class Trainer:
         grads += [ps[i].grad for ps in self.params[1:] if ps[i].grad is not None]
         return sum_copies(grads, into_first=True)
 
+    def _push(self):
+        """Step 4: push the gradients to the store, which sums them over all workers (and
+        runs the optimizer, if it updates). With overlap: wait for the buckets' all-reduces."""
+        if self._buckets is not None:
+            for i in self._buckets.missing():   # gradients that never came count as zero
+                self._grads[i].zero_()
+            self._buckets.wait()                # (starts the buckets they held back)
+        elif self.update_on_kvstore:
+            self.store.push(self.keys, self._grads)
+        else:
+            self.store.pushpull(self.keys, self._grads, out=self._grads)
+
+    def _update(self, scale):
+        """Step 5: the summed gradients update the weights; the new weights come back."""
+        if self.update_on_kvstore:
+            self.store.pull(self.keys, out=self._weights)
+        else:                       # every worker: the same update of the same sum
+            # (to the GPU the weights are on, if they are: one copy of the sum)
+            grad = self.flat_grads.to(self.flat_weights.device, non_blocking=True)
+            if self._buckets is not None:
+                grad.mul_(scale)    # backward's hooks summed them before batch_size was known
+            self.flat_weights.grad = grad
+            self._optimizer.step()
+
     @torch.no_grad()
-    def _grad_ready(self, i):
-        """Backward has produced gradient i on every device: steps 2 and 3 for it, now."""
+    def _copy_to_device(self):
+        """Step 6: the new weights to the first device (where they are its weights, as on
+        the CPU, there is nothing to copy)."""
+        for p, w in zip(self.params[0], self._weights):
+            if p.data_ptr() != w.data_ptr():
+                p.copy_(w, non_blocking=True)
+
+    @torch.no_grad()
+    def _broadcast(self, over_workers=True):
+        """Step 7: the weights from the first device to all the others, with the BatchNorm
+        statistics averaged over the replicas and (over_workers) the workers."""
+        params, buffers = self.params, self.buffers
+        for r in range(1, len(self.replicas)):
+            for p, p0 in zip(params[r], params[0]):
+                p.copy_(p0, non_blocking=True)
+        self._average_buffers(over_workers)
+        for r in range(1, len(self.replicas)):
+            for b, b0 in zip(buffers[r], buffers[0]):
+                b.copy_(b0, non_blocking=True)
+
+    def _gradient_ready(self, i):
+        """With overlap, when backward has produced gradient i on every device: its steps
+        2 and 3, now (``BackwardBuckets`` then starts its bucket's step 4 if complete)."""
         with self.timed(2, count=False):
-            g = self._sum_replicas(i)
+            g = self._sum_replicas(i)                          # 2. (step 5 scales it)
         with self.timed(3, count=False):
-            self._grads[i].copy_(g, non_blocking=True)
-        with self.timed(4, count=False):
-            self._buckets.ready(i)    # step 4: its bucket starts if it is complete
+            staging.copy_([self._grads[i]], [g], wait=False)   # 3. (_start_bucket waits)
 
     def _start_bucket(self, b, indices):
         """Step 4 for one bucket: start all-reducing its slice of flat_grads."""
-        if self.devices[0].type == 'cuda' and self.flat_grads.device.type == 'cpu':
-            torch.cuda.synchronize(self.devices[0])   # the copies to the host must land
-        start, stop = self._offsets[min(indices)], self._offsets[max(indices) + 1]
-        return self.store.allreduce_async_(self.flat_grads[start:stop])
-
-    def _copy_weights_to_devices(self, timed=False, share_buffers=False):
-        """Steps 6 and 7: CPU -> first device -> every device (with BatchNorm statistics)."""
-        params, buffers = self.params, self.buffers
-        with torch.no_grad():
-            # Step 6: copy the new weights to the first device.
-            with self.timed(6, timed):
-                for p, w in zip(params[0], self._weights):
-                    if p.data_ptr() != w.data_ptr():   # on the CPU: the same memory
-                        p.copy_(w, non_blocking=True)
-            # Step 7: broadcast them to all devices, with the BatchNorm running
-            # statistics averaged over the replicas and (share_buffers) the workers.
-            with self.timed(7, timed):
-                for r in range(1, len(self.replicas)):
-                    for p, p0 in zip(params[r], params[0]):
-                        p.copy_(p0, non_blocking=True)
-                self._average_buffers(over_workers=share_buffers)
-                for r in range(1, len(self.replicas)):
-                    for b, b0 in zip(buffers[r], buffers[0]):
-                        b.copy_(b0, non_blocking=True)
+        with self.timed(4, count=False):
+            if self.devices[0].type == 'cuda' and self.flat_grads.device.type == 'cpu':
+                torch.cuda.synchronize(self.devices[0])   # the copies to the host must land
+            start, stop = self._offsets[min(indices)], self._offsets[max(indices) + 1]
+            return self.store.allreduce_async_(self.flat_grads[start:stop])
 
     def _init_buffers(self):
         """The host copy of the floating-point buffers (BatchNorm's running means and
@@ -366,7 +363,7 @@ class Trainer:
             buffers[0][i].copy_(h, non_blocking=True)
 
     @contextmanager
-    def timed(self, step, enabled=True, count=True):
+    def timed(self, step, count=True):
         """Add the block's time (waiting for the devices) to the step's total, less the
         time of the steps timed inside it (the hooks of overlapping buckets).
 
@@ -377,18 +374,17 @@ class Trainer:
         start = time.perf_counter()
         self._timers.append(0.0)          # the time of the blocks nested in this one
         try:
-            with timeline.span(STEP_LABELS[step], 'step') if enabled and count else nullcontext():
+            with timeline.span(STEP_LABELS[step], 'step') if count else nullcontext():
                 yield
         finally:
             for d in set(self.devices):
-                if enabled and count and d.type == 'cuda':
+                if count and d.type == 'cuda':
                     torch.cuda.synchronize(d)
             elapsed, inner = time.perf_counter() - start, self._timers.pop()
             if self._timers:
                 self._timers[-1] += elapsed
-        if enabled:
-            self._time_sums[step] += elapsed - inner
-            self._time_counts[step] += count
+        self._time_sums[step] += elapsed - inner
+        self._time_counts[step] += count
 
     def reset_step_times(self):
         self._time_sums = dict.fromkeys(STEP_NAMES, 0.0)
@@ -407,15 +403,6 @@ class Trainer:
         dashboard labels its bars with the keys, in this order.
         """
         return {STEP_LABELS[s]: t for s, t in self.step_times.items() if t is not None}
-
-
-def _buffer(numel, dtype, device, devices):
-    """A flat buffer of zeros on device; on the CPU pinned when there are GPUs (their
-    copies to and from it then do not block)."""
-    device = torch.device(device)
-    pin = device.type == 'cpu' and any(d.type == 'cuda' for d in devices) \
-        and torch.cuda.is_available()
-    return torch.zeros(numel, dtype=dtype, device=device, pin_memory=pin)
 
 
 def train_batch(X, y, net, loss, trainer, devices):

@@ -13,7 +13,7 @@ that had not landed, a missed replica) shows at the order of lr * gradient, 1e-3
 import pytest
 import torch
 
-from d2ldist.collectives.staging import staged
+from d2ldist.runtime.staging import staged
 from d2ldist.kv import LocalKVStore
 from d2ldist.training.devices import cpu, parse_devices, split_and_load
 from d2ldist.training.stores import AllreduceStore

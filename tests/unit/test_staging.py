@@ -1,7 +1,7 @@
-"""collectives/staging.py: one flat tensor for a collective, without a copy when it can."""
+"""runtime/staging.py: one flat tensor for a collective, without a copy when it can."""
 import torch
 
-from d2ldist.collectives.staging import staged
+from d2ldist.runtime.staging import staged
 
 
 def test_views_back_to_back_are_their_own_flat_tensor():

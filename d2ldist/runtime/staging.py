@@ -1,4 +1,13 @@
-"""Staging: what a collective is given, as the one flat tensor it runs on, and back.
+"""Staging: tensors copied between GPUs and host memory, and into the flat tensor a
+collective runs on.
+
+A copy between a GPU and host memory runs asynchronously (``non_blocking=True``: the
+host goes on while the GPU's copy engine moves the bytes) only if the host memory is
+*pinned* (page-locked). The host must then wait for the copy before it reads that
+memory, or writes what the copy still reads. ``buffer`` makes such memory, ``copy_``
+copies so and waits. Three places stage through them: the Trainer's flat buffers
+(step 3 lands in pinned memory), the key-value store's worker (GPU values pushed and
+pulled through pinned buffers), and ``staged``, below.
 
 A collective runs on one 1-D contiguous tensor of one dtype on one device: the ring on
 CPU memory (it sends the bytes), torch.distributed on gloo's CPU or NCCL's GPU memory, in
@@ -10,6 +19,29 @@ buffer; the parameters ``broadcast_parameters`` sends). So one helper serves the
 tensor -- the common case, no copy -- and otherwise a copy, written back afterwards.
 """
 import torch
+
+
+def buffer(shape, dtype, device='cpu', gpu=True):
+    """An uninitialized tensor on ``device``; in host memory pinned if ``gpu`` (a GPU
+    copies to or from it) and there is CUDA, so that those copies do not block."""
+    device = torch.device(device)
+    pin = gpu and device.type == 'cpu' and torch.cuda.is_available()
+    return torch.empty(shape, dtype=dtype, device=device, pin_memory=pin)
+
+
+@torch.no_grad()
+def copy_(outs, tensors, wait=True):
+    """Copy each tensor into its out: without blocking between a GPU and pinned memory;
+    ``wait``: until those copies have landed (before the host uses the pinned memory)."""
+    landing = set()   # the GPUs whose copies may still run
+    for out, t in zip(outs, tensors):
+        gpu, host = (t, out) if t.is_cuda else (out, t)
+        non_blocking = gpu.is_cuda and not host.is_cuda and host.is_pinned()
+        out.copy_(t, non_blocking=non_blocking)
+        if non_blocking:
+            landing.add(gpu.device)
+    for device in landing if wait else ():
+        torch.cuda.current_stream(device).synchronize()
 
 
 class staged:
@@ -25,22 +57,17 @@ class staged:
     def __enter__(self):
         self.flat = _back_to_back(self.tensors, self.device, self.dtype)
         self.copied = self.flat is None
-        if self.copied:
-            # to the CPU from a GPU: through pinned memory, so both copies run asynchronously
-            self.pinned = self.device.type == 'cpu' and any(t.is_cuda for t in self.tensors)
-            self.flat = torch.empty(sum(t.numel() for t in self.tensors), dtype=self.dtype,
-                                    device=self.device, pin_memory=self.pinned)
-            for t, part in zip(self.tensors, self._parts()):
-                part.copy_(t.detach(), non_blocking=self.pinned)
-            for d in {t.device for t in self.tensors if self.pinned and t.is_cuda}:
-                torch.cuda.current_stream(d).synchronize()   # the collective reads it next
+        if self.copied:   # to the CPU from a GPU: through pinned memory, both ways
+            self.flat = buffer(sum(t.numel() for t in self.tensors), self.dtype, self.device,
+                               gpu=any(t.is_cuda for t in self.tensors))
+            copy_(self._parts(), self.tensors)    # (waits: the collective reads it next)
         return self.flat
 
     def __exit__(self, *exc):
         if self.copied and exc[0] is None:
-            with torch.no_grad():
-                for t, part in zip(self.tensors, self._parts()):
-                    t.copy_(part, non_blocking=self.pinned and t.is_cuda)
+            # back to a GPU: no waiting (the allocator keeps the pinned copy until the
+            # copy has run); back to host memory: the caller reads it next
+            copy_(self.tensors, self._parts(), wait=self.flat.is_cuda)
         return False
 
     def _parts(self):
