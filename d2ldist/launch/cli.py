@@ -16,7 +16,8 @@ import signal
 import sys
 from pathlib import Path
 
-from ..runtime import faults, hang, pacing, timeline
+from .. import config
+from ..runtime import hang, pacing
 from .job import Job, Terminated
 from .processes import local_specs, port_is_free
 from .progress import Progress
@@ -52,7 +53,7 @@ def build_parser(prog='d2l-launch'):
                    help='ssh: with --sync-dst-dir, copy .git and .venv too')
     p.add_argument('--python', default=None, metavar='PATH',
                    help="ssh: the Python on the hosts (default: the launcher's, same path)")
-    p.add_argument('--interface', default=os.environ.get('D2L_INTERFACE') or None,
+    p.add_argument('--interface', default=config.get().interface,
                    metavar='NAME', help='ssh: the network interface whose address the '
                    'processes advertise (default: $D2L_INTERFACE, else the route '
                    'to the scheduler)')
@@ -97,6 +98,10 @@ def build_parser(prog='d2l-launch'):
 
 def parse(argv, prog='d2l-launch'):
     """Parse and check the options; raise UsageError on bad input."""
+    try:               # our own D2L_* variables, which local processes inherit too
+        config.get()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     args = build_parser(prog).parse_args(argv)
     if args.num_workers < 1:
         raise UsageError(f'-n must be at least 1, got {args.num_workers}')
@@ -123,6 +128,10 @@ def parse(argv, prog='d2l-launch'):
     args.env = dict(_name_value(item) for item in args.env)
     args.env.update(_network_env(args.bandwidth, args.latency))
     args.env.update(_watch_env(args))
+    try:               # what every process will read: a bad --env value fails here, once
+        config.Config.from_env(args.env)
+    except ValueError as e:
+        raise UsageError(f'--env {e}') from None
     args.process_env = _faults(args)
     if args.launcher == 'ssh':   # the program need only exist on the hosts
         args.command = command_of(args.command, args.python or sys.executable, local=False)
@@ -142,8 +151,8 @@ def _faults(args):
     """--slow and --fail as the variables of the processes they name (runtime/faults.py)."""
     env = {}
     for option, items, sep, name, parse in (
-            ('--slow', args.slow, '=', 'D2L_SLOW', faults.parse_slow),
-            ('--fail', args.fail, '@', 'D2L_FAIL', faults.parse_fail)):
+            ('--slow', args.slow, '=', 'D2L_SLOW', config.parse_slow),
+            ('--fail', args.fail, '@', 'D2L_FAIL', config.parse_fail)):
         for item in items:
             target, mark, value = item.partition(sep)
             role, _, rank = target.partition(':')
@@ -174,7 +183,7 @@ def _watch_env(args):
         if args.timeline_steps is not None:
             if args.timeline is None:
                 raise ValueError('--timeline-steps needs --timeline FILE')
-            timeline.parse_window(args.timeline_steps)
+            config.parse_window(args.timeline_steps)
             env['D2L_TIMELINE_STEPS'] = args.timeline_steps
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -191,9 +200,9 @@ def _network_env(bandwidth, latency):
     env = {}
     try:
         if bandwidth is not None:
-            env['D2L_BANDWIDTH'] = repr(pacing.parse_bandwidth(bandwidth))
+            env['D2L_BANDWIDTH'] = repr(config.parse_bandwidth(bandwidth))
         if latency is not None:
-            env['D2L_LATENCY'] = repr(pacing.parse_latency(latency))
+            env['D2L_LATENCY'] = repr(config.parse_latency(latency))
     except ValueError as e:
         raise UsageError(f'--{e}') from None
     return env
@@ -227,8 +236,8 @@ def make_job(args, out=None, **job_options):
     With ``--launcher ssh`` the hosts are checked and the directory synced first; a
     host that fails raises UsageError. ``job_options`` go to the Job (see job.py)."""
     secret = secrets.token_hex(32)
-    if 'D2L_BANDWIDTH' in args.env or 'D2L_LATENCY' in args.env:
-        link = pacing.pacer_from_env(args.env)
+    link = pacing.pacer_of(config.Config.from_env(args.env))
+    if link is not None:
         (out or sys.stdout).write(f'd2l-launch: simulated network: every process sends at '
                                   f'{pacing.describe(link.rate, link.latency)}\n')
     if args.launcher == 'ssh':

@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from .guard import GRACE
+from .. import config
 from .job import Job
 from .processes import child_env, guarded, job_specs
 
@@ -331,10 +331,11 @@ class SshJob(Job):
                 self.swept.add(p)
         if not groups:
             return
+        grace = config.get().kill_grace
         argvs = [self.ssh.argv(self.hosts[label], shlex.join(
-                 ['sh', '-c', SWEEP, 'sweep', self.job_id, f'{GRACE:g}', *pgids]))
+                 ['sh', '-c', SWEEP, 'sweep', self.job_id, f'{grace:g}', *pgids]))
                  for label, pgids in groups.items()]
-        run_parallel(argvs, self.ssh.connect_timeout + GRACE + 5)
+        run_parallel(argvs, self.ssh.connect_timeout + grace + 5)
 
 
 # $1 job id, $2 grace, then process group ids. A group is ours if its leader is gone

@@ -19,11 +19,12 @@ reads and a small dict. ``D2L_TIMELINE_STEPS=20-40`` records steps 20 to 40 only
 """
 import atexit
 import json
-import os
 import sys
 import threading
 import time
 from contextlib import contextmanager
+
+from .. import config
 
 PREFIX = '@d2l/timeline '
 MAX_EVENTS = 100_000      # per process; past it, nothing more is recorded
@@ -31,23 +32,6 @@ MIN_WAIT = 100e-6         # shorter waits are not worth a span (seconds)
 FLUSH_EVERY = 1.0         # print the spans at least this often (seconds)
 
 
-def parse_window(text):
-    """'20-40' -> (20, 40), '7' -> (7, 7), None or '' -> None: the steps to record."""
-    if not text:
-        return None
-    first, _, last = str(text).partition('-')
-    try:
-        window = int(first), int(last or first)
-    except ValueError:
-        window = (0, -1)
-    if not 1 <= window[0] <= window[1]:
-        raise ValueError(f'timeline steps take FIRST-LAST (20-40), got {text!r}')
-    return window
-
-
-ENABLED = os.environ.get('D2L_TIMELINE') == '1'
-_window = (parse_window(os.environ.get('D2L_TIMELINE_STEPS'))   # (workers count steps;
-           if ENABLED and os.environ.get('D2L_ROLE') == 'worker' else None)  # servers: all)
 _lock = threading.Lock()
 _events, _recorded, _step = [], 0, 0
 _offset, _error = 0.0, None      # seconds to add to time.time(); half the best round trip
@@ -56,8 +40,11 @@ _last_flush = time.monotonic()
 
 def recording():
     """Whether spans are recorded now (on, within the window, below the cap)."""
-    return ENABLED and _recorded < MAX_EVENTS and (
-        _window is None or _window[0] <= _step <= _window[1])
+    cfg = config.get()
+    if not cfg.timeline or _recorded >= MAX_EVENTS:
+        return False
+    window = cfg.timeline_steps if cfg.role == 'worker' else None   # servers: every span
+    return window is None or window[0] <= _step <= window[1]
 
 
 def next_step():
@@ -69,7 +56,8 @@ def next_step():
 
 def tick():
     """Print the spans if many have piled up or a second has passed."""
-    if ENABLED and (len(_events) > 500 or time.monotonic() - _last_flush > FLUSH_EVERY):
+    if config.get().timeline and (len(_events) > 500
+                                  or time.monotonic() - _last_flush > FLUSH_EVERY):
         flush()
 
 
@@ -129,5 +117,4 @@ def flush():
         sys.stdout.flush()
 
 
-if ENABLED:
-    atexit.register(flush)
+atexit.register(flush)   # the spans still here when the process ends (none: nothing)

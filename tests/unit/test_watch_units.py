@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from d2ldist import config
 from d2ldist.kv.server import KVServer, Slot
 from d2ldist.kv import messages as M
 from d2ldist.launch import cli
@@ -36,20 +37,21 @@ def test_watch_options_reach_every_process_as_variables(tmp_path):
     assert {k: args.env[k] for k in args.env if k.startswith('D2L_')} == {
         'D2L_HANG_WARN': '2.0', 'D2L_HANG_FAIL': '5.5', 'D2L_TIMELINE': '1',
         'D2L_TIMELINE_STEPS': '20-40'}
-    assert hang.thresholds({'D2L_HANG_WARN': '2.0'}) == (2.0, None)
-    assert hang.thresholds({}) == (30.0, None)
+    read = config.Config.from_env(args.env)
+    assert (read.hang_warn, read.hang_fail, read.timeline, read.timeline_steps) == \
+        (2.0, 5.5, True, (20, 40))
+    assert (config.Config().hang_warn, config.Config().hang_fail) == (30.0, None)
 
 
-@pytest.mark.parametrize('text,window', [('20-40', (20, 40)), ('7', (7, 7)), ('', None),
-                                         (None, None)])
+@pytest.mark.parametrize('text,window', [('20-40', (20, 40)), ('7', (7, 7)), ('', None)])
 def test_timeline_windows(text, window):
-    assert timeline.parse_window(text) == window
+    assert config.Config.from_env({'D2L_TIMELINE_STEPS': text}).timeline_steps == window
 
 
 @pytest.mark.parametrize('text', ['0-3', '5-2', 'a-b', '-3'])
 def test_timeline_windows_refused(text):
-    with pytest.raises(ValueError):
-        timeline.parse_window(text)
+    with pytest.raises(ValueError, match='D2L_TIMELINE_STEPS: timeline steps take FIRST-LAST'):
+        config.Config.from_env({'D2L_TIMELINE_STEPS': text})
 
 
 def test_the_hang_line_names_the_missing_and_what_they_do():
