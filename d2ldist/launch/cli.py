@@ -151,8 +151,8 @@ def _faults(args):
     """--slow and --fail as the variables of the processes they name (runtime/faults.py)."""
     env = {}
     for option, items, sep, name, parse in (
-            ('--slow', args.slow, '=', 'D2L_SLOW', config.parse_slow),
-            ('--fail', args.fail, '@', 'D2L_FAIL', config.parse_fail)):
+            ('--slow', args.slow, '=', 'slow', config.parse_slow),
+            ('--fail', args.fail, '@', 'fail', config.parse_fail)):
         for item in items:
             target, mark, value = item.partition(sep)
             role, _, rank = target.partition(':')
@@ -167,7 +167,7 @@ def _faults(args):
                 raise UsageError(f'{option} {item}: {e}') from None
             if option == '--fail' and role == 'server' and kind[0] == 'step':
                 raise UsageError(f'--fail {item}: a server fails at a time (server:0@30s)')
-            env.setdefault((role, int(rank)), {})[name] = value
+            env.setdefault((role, int(rank)), {}).update(config.env(**{name: value}))
     return env
 
 
@@ -176,22 +176,22 @@ def _watch_env(args):
     runtime/timeline.py)."""
     env = {}
     try:
-        for option, name, value in (('--hang-warn', 'D2L_HANG_WARN', args.hang_warn),
-                                    ('--hang-fail', 'D2L_HANG_FAIL', args.hang_fail)):
+        for option, name, value in (('--hang-warn', 'hang_warn', args.hang_warn),
+                                    ('--hang-fail', 'hang_fail', args.hang_fail)):
             if value is not None:
-                env[name] = repr(hang.parse_seconds(value, option))
+                env.update(config.env(**{name: hang.parse_seconds(value, option)}))
         if args.timeline_steps is not None:
             if args.timeline is None:
                 raise ValueError('--timeline-steps needs --timeline FILE')
             config.parse_window(args.timeline_steps)
-            env['D2L_TIMELINE_STEPS'] = args.timeline_steps
+            env.update(config.env(timeline_steps=args.timeline_steps))
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.timeline is not None:
         folder = Path(args.timeline).resolve().parent
         if not folder.is_dir():
             raise UsageError(f'--timeline {args.timeline}: no folder {folder}')
-        env['D2L_TIMELINE'] = '1'
+        env.update(config.env(timeline=True))
     return env
 
 
@@ -200,9 +200,9 @@ def _network_env(bandwidth, latency):
     env = {}
     try:
         if bandwidth is not None:
-            env['D2L_BANDWIDTH'] = repr(config.parse_bandwidth(bandwidth))
+            env.update(config.env(bandwidth=config.parse_bandwidth(bandwidth)))
         if latency is not None:
-            env['D2L_LATENCY'] = repr(config.parse_latency(latency))
+            env.update(config.env(latency=config.parse_latency(latency)))
     except ValueError as e:
         raise UsageError(f'--{e}') from None
     return env
@@ -249,7 +249,7 @@ def make_job(args, out=None, **job_options):
     specs = local_specs(args.num_workers, args.num_servers, args.command, secret,
                         extra_env=args.env, process_env=args.process_env)
     if args.port:
-        specs[0].env['D2L_SCHEDULER_PORT'] = str(args.port)
+        specs[0].env.update(config.env(scheduler_port=args.port))
     return Job(specs, timeout=args.timeout, out=out, **job_options)
 
 

@@ -144,7 +144,7 @@ class Job:
         if port is None:
             return
         for p in others:
-            p.spec.env['D2L_SCHEDULER_PORT'] = port
+            p.spec.env.update(config.env(scheduler_port=port))
             self._start(p)
 
     def _start(self, p):
