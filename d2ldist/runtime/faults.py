@@ -8,7 +8,7 @@ worker's pace, and what a failure looks like. The launcher gives the process it 
 * ``D2L_FAIL``: ``step=40`` (it dies after its 40th compute step) or ``30s`` (30 s after
   it joined the job; servers too).
 
-(``config.py`` reads both.)
+(``config.py`` reads both; the steps are the timeline's count, ``timeline.step()``.)
 
 A compute step is what d2ldist sees of a script's work: the forward and backward pass
 of ``train_batch`` (step 1 of the seven), and the time between two
@@ -22,21 +22,18 @@ import threading
 import time
 
 from .. import config
-
-_steps = 0   # compute steps of this process so far
+from . import timeline
 
 
 def computed(seconds):
-    """A compute step of ``seconds`` has just ended here: stretch it (D2L_SLOW), count
-    it, and die if it is the step D2L_FAIL names."""
-    global _steps
+    """The compute of this training step has just ended, after ``seconds``: stretch it
+    (D2L_SLOW), and die if this is the step D2L_FAIL names (steps: timeline.step())."""
     cfg = config.get()
     if cfg.slow:
         factor, extra = cfg.slow
         time.sleep((factor - 1) * seconds + extra)
-    _steps += 1
-    if cfg.fail == ('step', _steps):
-        die(f'after its compute step {_steps}')
+    if cfg.fail == ('step', timeline.step()):
+        die(f'after its compute step {timeline.step()}')
 
 
 def arm():

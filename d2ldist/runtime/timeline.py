@@ -14,6 +14,11 @@ time a few times, as NTP does, and keeps the offset of the exchange with the
 shortest round trip: every span is on the scheduler's clock, to within half that
 round trip (each lane's ``clock_error_us`` in the file).
 
+Steps: this module keeps the process's one count of training steps. ``train_batch``
+and ``DistributedOptimizer.step()`` say when a step has ended (``step_done``); the step
+in progress (``step()``) is one more, counted from 1. Every span carries it, and
+``--fail step=N`` (``faults.py``) dies at the end of step N's compute.
+
 Off unless ``D2L_TIMELINE=1`` (set by ``--timeline``); then a span costs two clock
 reads and a small dict. ``D2L_TIMELINE_STEPS=20-40`` records steps 20 to 40 only.
 """
@@ -33,9 +38,22 @@ FLUSH_EVERY = 1.0         # print the spans at least this often (seconds)
 
 
 _lock = threading.Lock()
-_events, _recorded, _step = [], 0, 0
+_events, _recorded = [], 0
+_steps_done = 0                  # training steps this process has finished
 _offset, _error = 0.0, None      # seconds to add to time.time(); half the best round trip
 _last_flush = time.monotonic()
+
+
+def step():
+    """The training step in progress, counted from 1: one more than those finished."""
+    return _steps_done + 1
+
+
+def step_done():
+    """A training step has ended (train_batch; DistributedOptimizer.step)."""
+    global _steps_done
+    _steps_done += 1
+    tick()
 
 
 def recording():
@@ -44,14 +62,7 @@ def recording():
     if not cfg.timeline or _recorded >= MAX_EVENTS:
         return False
     window = cfg.timeline_steps if cfg.role == 'worker' else None   # servers: every span
-    return window is None or window[0] <= _step <= window[1]
-
-
-def next_step():
-    """A training step begins (train_batch; DistributedOptimizer.step)."""
-    global _step
-    _step += 1
-    tick()
+    return window is None or window[0] <= step() <= window[1]
 
 
 def tick():
@@ -92,7 +103,7 @@ def _add(name, cat, start, end, args):
     global _recorded
     event = {'name': name, 'cat': cat, 'ts': round((start + _offset) * 1e6, 1),
              'dur': round((end - start) * 1e6, 1), 'tid': threading.current_thread().name,
-             'args': dict(args, step=_step)}
+             'args': dict(args, step=step())}
     with _lock:
         _events.append(event)
         _recorded += 1

@@ -54,6 +54,33 @@ def test_timeline_windows_refused(text):
         config.Config.from_env({'D2L_TIMELINE_STEPS': text})
 
 
+def test_one_count_of_steps_for_the_spans_and_fail(monkeypatch, use_config):
+    """train_batch and DistributedOptimizer.step() each end a step of the one count
+    (timeline.step()); --fail step=2 dies at the end of step 2's compute on either path."""
+    import d2ldist
+    from d2ldist.runtime import faults
+    use_config({'D2L_FAIL': 'step=2'})
+    died = []
+    monkeypatch.setattr(faults, 'die', died.append)
+    net, loss = torch.nn.Linear(4, 2), torch.nn.CrossEntropyLoss(reduction='none')
+    X, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    trainer = d2ldist.Trainer(net, 'sgd', {'lr': 0.1})
+    optimizer = d2ldist.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1))
+
+    def horovod_step():
+        loss(net(X), y).sum().backward()
+        optimizer.step()
+    for step in (lambda: d2ldist.train_batch(X, y, net, loss, trainer, trainer.devices),
+                 horovod_step):
+        monkeypatch.setattr(timeline, '_steps_done', 0)
+        died.clear()
+        assert timeline.step() == 1
+        step()
+        assert (timeline.step(), died) == (2, [])
+        step()
+        assert (timeline.step(), died) == (3, ['after its compute step 2'])
+
+
 def test_the_hang_line_names_the_missing_and_what_they_do():
     assert hang.sentence([]).startswith('every node it waits for has arrived')
     one = hang.sentence([('worker:2', {'counter': 3})])
