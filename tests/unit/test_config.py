@@ -1,6 +1,11 @@
-"""The one list of D2L_* variables (d2ldist/config.py): read, typed, refused, written."""
+"""The one list of D2L_* variables (d2ldist/config.py): read, typed, refused, written,
+and ARCHITECTURE.md's table of them."""
+import re
+from dataclasses import fields
+
 import pytest
 
+from conftest import ROOT
 from d2ldist import config
 from d2ldist.config import Config
 
@@ -74,3 +79,21 @@ def test_a_process_reads_its_variables_once(monkeypatch):
     first = config.get()
     monkeypatch.setenv('D2L_KILL_GRACE', '9')      # too late: the config is frozen
     assert config.get() is first and first.kill_grace == 7.0
+
+
+# ARCHITECTURE.md's table of the variables is config.py's list, row for row.
+def table_row(f):
+    """The line of ARCHITECTURE.md's table for one field of Config."""
+    default = 'unset' if f.default is None else f'`{f.default:g}`'   # (True: 1, False: 0)
+    return f'| `{config.variable(f.name)}` | {default} | {f.metadata["doc"]} |'
+
+
+def test_architecture_lists_every_variable_as_config_does():
+    text = (ROOT / 'ARCHITECTURE.md').read_text()
+    rows = [line for line in text.splitlines() if line.startswith('| `D2L_')]
+    listed = {re.match(r'\| `(D2L_\w+)`', row)[1] for row in rows}
+    known = {config.variable(f.name) for f in fields(Config)}
+    assert sorted(known - listed) == [], f'missing from ARCHITECTURE.md: {known - listed}'
+    assert sorted(listed - known) == [], f'in ARCHITECTURE.md, not config.py: {listed - known}'
+    expected = [table_row(f) for f in fields(Config)]
+    assert rows == expected, 'the table should read:\n' + '\n'.join(expected)
