@@ -151,10 +151,11 @@ def main(argv=None):
     if args.no_shm:
         os.environ['D2L_SHM'] = '0'
     sys.path.insert(0, str(ROOT))
+    from d2ldist.config import Config
     from d2ldist.runtime.shm import enabled
     print(f'# all-reduce busbw, d2ldist ring vs torch.distributed gloo, same job; '
           f'{os.cpu_count()} CPUs; loopback; ring chunks through '
-          f'{"shared memory" if enabled() else "TCP (D2L_SHM=0)"}')
+          f'{"shared memory" if enabled(Config.from_env(os.environ)) else "TCP (D2L_SHM=0)"}')
     own = [a for a in (argv if argv is not None else sys.argv[1:]) if a != '--worker']
     for n in args.workers:
         print(f'\n# {n} workers')

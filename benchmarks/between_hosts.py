@@ -43,9 +43,8 @@ import subprocess
 import sys
 
 from common import ROOT                            # benchmarks/common.py
-from d2ldist import cost
+from d2ldist import config, cost
 from d2ldist.kv.placement import DEFAULT_BIGARRAY_BOUND
-from d2ldist.runtime import pacing
 from d2ldist.testing import comm_step
 from d2ldist.testing.netns_hosts import NetnsHosts
 
@@ -160,7 +159,7 @@ def main(argv=None):
     tables = []
     try:
         for text in args.rates.split(','):
-            rate = pacing.parse_bandwidth(text)
+            rate = config.parse_bandwidth(text)
             hosts.shape(rate)
             try:
                 got = {n: run_job(hosts, len(WORKERS), n, args) for n in (1, len(WORKERS))}

@@ -28,8 +28,9 @@ from d2ldist.testing.comm_step import resnet18_shapes
 
 def shm_enabled():
     """Whether the jobs' vans will use shared memory (the environment they inherit)."""
+    from d2ldist.config import Config
     from d2ldist.runtime.shm import enabled
-    return enabled()
+    return enabled(Config.from_env(os.environ))
 
 
 def payload(name, scale):

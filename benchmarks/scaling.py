@@ -29,7 +29,7 @@ import os
 import sys
 
 from common import launch   # benchmarks/common.py
-from d2ldist import cost    # (light: no torch)
+from d2ldist import config, cost    # (light: no torch)
 from d2ldist.kv.placement import DEFAULT_BIGARRAY_BOUND
 from d2ldist.runtime import pacing
 from d2ldist.testing.comm_step import resnet18_shapes, summarize, worker_argv
@@ -55,8 +55,8 @@ def run_job(m, n, mode, args):
 
 def measure(args, log=print):
     """Every configuration of the study: a list of result rows (dicts)."""
-    rate = pacing.parse_bandwidth(args.bandwidth)
-    latency = pacing.parse_latency(args.latency) if args.latency else 0.0
+    rate = config.parse_bandwidth(args.bandwidth)
+    latency = config.parse_latency(args.latency) if args.latency else 0.0
     shapes = resnet18_shapes(args.scale)
     nbytes = 4 * sum(cost.numel(s) for s in shapes)
     bound = max(1, BIGARRAY_BOUND // args.scale)
@@ -192,14 +192,14 @@ def parse(argv=None):
 def main(argv=None):
     args = parse(argv)
     try:
-        rate = pacing.parse_bandwidth(args.bandwidth)
+        rate = config.parse_bandwidth(args.bandwidth)
         if args.latency:
-            pacing.parse_latency(args.latency)
+            config.parse_latency(args.latency)
     except ValueError as e:
         sys.exit(f'scaling.py: error: {e}')
     nbytes = 4 * sum(cost.numel(s) for s in resnet18_shapes(args.scale))
     title = (f'{len(resnet18_shapes(args.scale))} tensors, {nbytes / 1e6:.1f} MB of gradients, '
-             f'{pacing.describe(rate, pacing.parse_latency(args.latency or "0"))} per link')
+             f'{pacing.describe(rate, config.parse_latency(args.latency or "0"))} per link')
     print(f'# {title}; compute {args.compute_ms:g} ms/step, batch {args.batch_size}; '
           f'{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}')
     print(header())

@@ -37,9 +37,10 @@ the wrong type, and a line that is not a report is just a line of the log.
 """
 import json
 import math
-import os
 import sys
 import time
+
+from . import config
 
 PREFIX = '@d2l/1 '
 FIELDS = {'epoch': int, 'num_epochs': int, 'batch': int, 'num_batches': int,
@@ -55,7 +56,7 @@ def report(**metrics):
         raise TypeError(f'report() got unknown fields: {", ".join(sorted(unknown))}')
     record = _clean({k: v for k, v in metrics.items() if v is not None})
     record['time'] = round(time.time(), 3)
-    if 'D2L_ROLE' in os.environ:              # under the launcher: the protocol line
+    if config.get().role is not None:         # under the launcher: the protocol line
         line = PREFIX + json.dumps(record, separators=(',', ':'))
     else:                                     # alone: something a person can read
         line = format_progress(record)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from d2ldist import config
 from d2ldist.testing.netns_hosts import NetnsHosts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,3 +129,12 @@ def write_script(tmp_path):
         path.write_text(text)
         return path
     return write
+
+
+@pytest.fixture
+def use_config(monkeypatch):
+    """This process's settings, for one test, as some D2L_* variables give them:
+    ``use_config({'D2L_ROLE': 'worker'})``; config.get() returns that Config until the end."""
+    def use(variables):
+        monkeypatch.setattr(config, '_current', config.Config.from_env(variables))
+    return use

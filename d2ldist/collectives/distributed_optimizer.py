@@ -221,7 +221,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             with timeline.span('update', 'step'):
                 return self.optimizer.step(closure)
         finally:
-            timeline.next_step()
+            timeline.step_done()
             self._computing_since = time.perf_counter()
 
     def zero_grad(self, set_to_none=True):

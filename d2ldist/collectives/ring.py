@@ -23,11 +23,11 @@ A worker out of data calls ``join()`` (Horovod's): it has no collective of its o
 to call, so it learns each one the others call from the first chunk that reaches it
 -- every chunk describes its call -- and takes part with zeros, until all have joined.
 """
-import os
 import time
 
 import torch
 
+from .. import config
 from ..runtime import hang, protocol, stream
 from ..runtime.split import even_slices
 
@@ -57,7 +57,7 @@ class Ring:
         self.node, self.rank, self.size = node, node.rank, node.num_workers
         self.left = f'worker:{(self.rank - 1) % self.size}'
         self.right = f'worker:{(self.rank + 1) % self.size}'
-        self.chunk_bytes = int(chunk_bytes or os.environ.get('D2L_RING_CHUNK', CHUNK_BYTES))
+        self.chunk_bytes = chunk_bytes or config.get().ring_chunk or CHUNK_BYTES
         self.calls = 0        # collectives so far: every chunk says which call it is from
         self._sent = []       # trackers of chunks ZeroMQ may still be reading
         self.joins = 0        # join() rounds ended (every worker calls join() once a round)

@@ -30,7 +30,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..runtime import hang
+from .. import config
 from ..runtime.split import even_slices
 from ..runtime.staging import staged
 from . import ops
@@ -107,7 +107,7 @@ class TorchBackend:
             cuda = own_gpu()
             if cuda:   # one GPU per process: the local rank picks it
                 torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
-            _, fail = hang.thresholds()     # --hang-fail: a collective gives up after it
+            fail = config.get().hang_fail   # --hang-fail: a collective gives up after it
             dist.init_process_group('nccl' if cuda else 'gloo', init_method='env://',
                                     timeout=timedelta(seconds=fail) if fail else None)
             # Ours to end: a group left to the interpreter's finalization can abort the
@@ -165,7 +165,7 @@ class TorchBackend:
     def barrier(self):
         """With --hang-fail on gloo, rank 0 names the ranks that did not come (monitored
         barrier); otherwise a plain barrier."""
-        _, fail = hang.thresholds()
+        fail = config.get().hang_fail
         if fail and dist.get_backend() == 'gloo':
             dist.monitored_barrier(timeout=timedelta(seconds=fail), wait_all_ranks=True)
         else:

@@ -1,6 +1,7 @@
 """Which backend the collectives run on, and this worker's place among the workers.
 
-The job's state lives here and in ``runtime/node.py`` (the node), nowhere else:
+The job's state lives here and in ``runtime/node.py`` (the node), both made from the
+process's variables (``config.py``), nowhere else:
 
 * ``init(backend)`` joins the job and chooses the backend: 'ring', d2ldist's own ring
   over the van (the default under d2l-launch), or 'torch', torch.distributed (the
@@ -16,6 +17,7 @@ messages starts fast); torch loads with the first collective.
 """
 import os
 
+from .. import config
 from ..runtime import node
 from . import backend as backends
 from .engine import Engine, Handle
@@ -42,9 +44,9 @@ def init(backend=None):
 
 
 def _choose(backend):
-    launched = 'D2L_SCHEDULER_URI' in os.environ
-    torchrun = not launched and int(os.environ.get('WORLD_SIZE', '1')) > 1
-    name = backend or os.environ.get('D2L_BACKEND') or ('torch' if torchrun else 'ring')
+    cfg = config.get()
+    torchrun = not cfg.in_job and int(os.environ.get('WORLD_SIZE', '1')) > 1
+    name = backend or cfg.backend or ('torch' if torchrun else 'ring')
     if name not in BACKENDS:
         raise ValueError(f'unknown backend {name!r}: use one of {", ".join(BACKENDS)}')
     if name == 'ring' and torchrun:
@@ -122,12 +124,14 @@ def local_size():
 
 def cross_rank():
     """The index of this worker's machine among the machines with workers (Horovod's)."""
-    return int(os.environ.get('D2L_CROSS_RANK', os.environ.get('GROUP_RANK', 0)))
+    cross = config.get().cross_rank
+    return int(os.environ.get('GROUP_RANK', 0)) if cross is None else cross
 
 
 def cross_size():
     """The number of machines with workers."""
-    return int(os.environ.get('D2L_CROSS_SIZE', max(1, size() // local_size())))
+    cross = config.get().cross_size
+    return max(1, size() // local_size()) if cross is None else cross
 
 
 def is_initialized():

@@ -12,11 +12,15 @@ import os
 import runpy
 import sys
 
+from .. import config
 from ..runtime.node import Node, PeerFailed
 
 
 def main():
-    script = os.environ.get('D2L_SERVER_SCRIPT')
+    try:
+        script = config.get().server_script
+    except ValueError as e:            # a variable of the job that cannot be read
+        sys.exit(f'd2ldist.server: {e}')
     if script:                   # the user's own server: run it like `python script`
         if not os.path.isfile(script):
             sys.exit(f'd2ldist.server: D2L_SERVER_SCRIPT: no such file: {script}')

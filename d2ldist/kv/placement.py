@@ -14,9 +14,9 @@ arithmetic on both sides, so a worker sends only row ids and the rows' values: r
 of a value with d elements per row is elements r*d .. (r+1)*d, and a row may straddle
 two servers' slices, each getting its part.
 """
-import os
 import zlib
 
+from .. import config
 from ..runtime.split import even_slices
 
 DEFAULT_BIGARRAY_BOUND = 1_000_000
@@ -24,7 +24,8 @@ DEFAULT_BIGARRAY_BOUND = 1_000_000
 
 def bigarray_bound():
     """D2L_KVSTORE_BIGARRAY_BOUND, the size from which a value is split (default 10^6)."""
-    return int(os.environ.get('D2L_KVSTORE_BIGARRAY_BOUND', DEFAULT_BIGARRAY_BOUND))
+    bound = config.get().kvstore_bigarray_bound
+    return DEFAULT_BIGARRAY_BOUND if bound is None else bound
 
 
 def place(key, numel, num_servers, bound=None):

@@ -16,7 +16,8 @@ import signal
 import sys
 from pathlib import Path
 
-from ..runtime import faults, hang, pacing, timeline
+from .. import config
+from ..runtime import hang, pacing
 from .job import Job, Terminated
 from .processes import local_specs, port_is_free
 from .progress import Progress
@@ -52,7 +53,7 @@ def build_parser(prog='d2l-launch'):
                    help='ssh: with --sync-dst-dir, copy .git and .venv too')
     p.add_argument('--python', default=None, metavar='PATH',
                    help="ssh: the Python on the hosts (default: the launcher's, same path)")
-    p.add_argument('--interface', default=os.environ.get('D2L_INTERFACE') or None,
+    p.add_argument('--interface', default=config.get().interface,
                    metavar='NAME', help='ssh: the network interface whose address the '
                    'processes advertise (default: $D2L_INTERFACE, else the route '
                    'to the scheduler)')
@@ -97,6 +98,10 @@ def build_parser(prog='d2l-launch'):
 
 def parse(argv, prog='d2l-launch'):
     """Parse and check the options; raise UsageError on bad input."""
+    try:               # our own D2L_* variables, which local processes inherit too
+        config.get()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     args = build_parser(prog).parse_args(argv)
     if args.num_workers < 1:
         raise UsageError(f'-n must be at least 1, got {args.num_workers}')
@@ -123,6 +128,10 @@ def parse(argv, prog='d2l-launch'):
     args.env = dict(_name_value(item) for item in args.env)
     args.env.update(_network_env(args.bandwidth, args.latency))
     args.env.update(_watch_env(args))
+    try:               # what every process will read: a bad --env value fails here, once
+        config.Config.from_env(args.env)
+    except ValueError as e:
+        raise UsageError(f'--env {e}') from None
     args.process_env = _faults(args)
     if args.launcher == 'ssh':   # the program need only exist on the hosts
         args.command = command_of(args.command, args.python or sys.executable, local=False)
@@ -142,8 +151,8 @@ def _faults(args):
     """--slow and --fail as the variables of the processes they name (runtime/faults.py)."""
     env = {}
     for option, items, sep, name, parse in (
-            ('--slow', args.slow, '=', 'D2L_SLOW', faults.parse_slow),
-            ('--fail', args.fail, '@', 'D2L_FAIL', faults.parse_fail)):
+            ('--slow', args.slow, '=', 'slow', config.parse_slow),
+            ('--fail', args.fail, '@', 'fail', config.parse_fail)):
         for item in items:
             target, mark, value = item.partition(sep)
             role, _, rank = target.partition(':')
@@ -158,7 +167,7 @@ def _faults(args):
                 raise UsageError(f'{option} {item}: {e}') from None
             if option == '--fail' and role == 'server' and kind[0] == 'step':
                 raise UsageError(f'--fail {item}: a server fails at a time (server:0@30s)')
-            env.setdefault((role, int(rank)), {})[name] = value
+            env.setdefault((role, int(rank)), {}).update(config.env(**{name: value}))
     return env
 
 
@@ -167,22 +176,22 @@ def _watch_env(args):
     runtime/timeline.py)."""
     env = {}
     try:
-        for option, name, value in (('--hang-warn', 'D2L_HANG_WARN', args.hang_warn),
-                                    ('--hang-fail', 'D2L_HANG_FAIL', args.hang_fail)):
+        for option, name, value in (('--hang-warn', 'hang_warn', args.hang_warn),
+                                    ('--hang-fail', 'hang_fail', args.hang_fail)):
             if value is not None:
-                env[name] = repr(hang.parse_seconds(value, option))
+                env.update(config.env(**{name: hang.parse_seconds(value, option)}))
         if args.timeline_steps is not None:
             if args.timeline is None:
                 raise ValueError('--timeline-steps needs --timeline FILE')
-            timeline.parse_window(args.timeline_steps)
-            env['D2L_TIMELINE_STEPS'] = args.timeline_steps
+            config.parse_window(args.timeline_steps)
+            env.update(config.env(timeline_steps=args.timeline_steps))
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.timeline is not None:
         folder = Path(args.timeline).resolve().parent
         if not folder.is_dir():
             raise UsageError(f'--timeline {args.timeline}: no folder {folder}')
-        env['D2L_TIMELINE'] = '1'
+        env.update(config.env(timeline=True))
     return env
 
 
@@ -191,9 +200,9 @@ def _network_env(bandwidth, latency):
     env = {}
     try:
         if bandwidth is not None:
-            env['D2L_BANDWIDTH'] = repr(pacing.parse_bandwidth(bandwidth))
+            env.update(config.env(bandwidth=config.parse_bandwidth(bandwidth)))
         if latency is not None:
-            env['D2L_LATENCY'] = repr(pacing.parse_latency(latency))
+            env.update(config.env(latency=config.parse_latency(latency)))
     except ValueError as e:
         raise UsageError(f'--{e}') from None
     return env
@@ -227,8 +236,8 @@ def make_job(args, out=None, **job_options):
     With ``--launcher ssh`` the hosts are checked and the directory synced first; a
     host that fails raises UsageError. ``job_options`` go to the Job (see job.py)."""
     secret = secrets.token_hex(32)
-    if 'D2L_BANDWIDTH' in args.env or 'D2L_LATENCY' in args.env:
-        link = pacing.pacer_from_env(args.env)
+    link = pacing.pacer_of(config.Config.from_env(args.env))
+    if link is not None:
         (out or sys.stdout).write(f'd2l-launch: simulated network: every process sends at '
                                   f'{pacing.describe(link.rate, link.latency)}\n')
     if args.launcher == 'ssh':
@@ -240,7 +249,7 @@ def make_job(args, out=None, **job_options):
     specs = local_specs(args.num_workers, args.num_servers, args.command, secret,
                         extra_env=args.env, process_env=args.process_env)
     if args.port:
-        specs[0].env['D2L_SCHEDULER_PORT'] = str(args.port)
+        specs[0].env.update(config.env(scheduler_port=args.port))
     return Job(specs, timeout=args.timeout, out=out, **job_options)
 
 

@@ -20,11 +20,13 @@ import sys
 import threading
 import time
 
-GRACE = float(os.environ.get('D2L_KILL_GRACE', '2'))
+from .. import config
 
 
-def stop_group(pgid, grace=GRACE):
-    """SIGTERM a process group, then SIGKILL whatever is left after ``grace`` seconds."""
+def stop_group(pgid, grace=None):
+    """SIGTERM a process group, then SIGKILL whatever is left after ``grace`` seconds
+    (default: D2L_KILL_GRACE)."""
+    grace = config.get().kill_grace if grace is None else grace
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:

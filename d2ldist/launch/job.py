@@ -23,8 +23,8 @@ import sys
 import time
 from collections import deque
 
+from .. import config
 from ..runtime.timeline import PREFIX as TIMELINE
-from .guard import GRACE
 
 # After the last worker, how long the servers and the scheduler get to leave by themselves
 # (the scheduler's shutdown, then each van's linger of up to 2 s) before they are stopped
@@ -154,7 +154,7 @@ class Job:
         if port is None:
             return
         for p in others:
-            p.spec.env['D2L_SCHEDULER_PORT'] = port
+            p.spec.env.update(config.env(scheduler_port=port))
             self._start(p)
 
     def _start(self, p):
@@ -257,7 +257,7 @@ class Job:
         for p in live:
             self._set_state(p, state)
             self.terminate(p)
-        deadline = time.monotonic() + GRACE + 2
+        deadline = time.monotonic() + config.get().kill_grace + 2
         while any(p.alive for p in live) and time.monotonic() < deadline:
             self._pump(0.05)
             self._reap()

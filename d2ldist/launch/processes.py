@@ -8,6 +8,8 @@ import socket
 import sys
 from dataclasses import dataclass, field
 
+from .. import config
+
 ROLES = ('scheduler', 'server', 'worker')
 # what d2ldist's own processes run (a worker runs the user's command)
 MODULES = {'scheduler': 'd2ldist.runtime.scheduler', 'server': 'd2ldist.kv'}
@@ -51,18 +53,16 @@ def assign_hosts(num_workers, num_servers, hosts=('localhost',), slots=None):
 def job_env(role, rank, *, num_workers, num_servers, scheduler_host, secret,
             master_addr, master_port, local_rank=0, local_world_size=1, cross_rank=0,
             cross_size=1, extra=()):
-    """The environment contract of one process (the table in ARCHITECTURE.md)."""
-    env = {
-        'D2L_ROLE': role, 'D2L_RANK': str(rank),
-        'D2L_NUM_WORKER': str(num_workers), 'D2L_NUM_SERVER': str(num_servers),
-        'D2L_SCHEDULER_URI': scheduler_host, 'D2L_JOB_SECRET': secret,
-        'PYTHONUNBUFFERED': '1',
-    }
+    """The environment contract of one process (the table in ARCHITECTURE.md; the
+    names and how they are read: config.py)."""
+    env = config.env(role=role, rank=rank, num_worker=num_workers, num_server=num_servers,
+                     scheduler_uri=scheduler_host, job_secret=secret)
+    env['PYTHONUNBUFFERED'] = '1'
     if role == 'worker':   # torchrun's names, so torch.distributed works unchanged
         env.update(RANK=str(rank), WORLD_SIZE=str(num_workers), LOCAL_RANK=str(local_rank),
                    LOCAL_WORLD_SIZE=str(local_world_size), MASTER_ADDR=master_addr,
-                   MASTER_PORT=str(master_port), D2L_CROSS_RANK=str(cross_rank),
-                   D2L_CROSS_SIZE=str(cross_size))
+                   MASTER_PORT=str(master_port))
+        env.update(config.env(cross_rank=cross_rank, cross_size=cross_size))
     env.update(dict(extra))
     return env
 

@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from .guard import GRACE
+from .. import config
 from .job import Job
 from .processes import child_env, guarded, job_specs
 
@@ -47,10 +47,9 @@ GUARD_PGID = re.compile(r'd2ldist\.guard: pgid (\d+)')
 SYNC_EXCLUDES = ('.git', '.venv')
 # Variables a user expects to reach every process (as ``env`` does for local jobs).
 FORWARD = ('PYTHONPATH', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS')
-FORWARD_PREFIXES = ('D2L_', 'NCCL_', 'GLOO_', 'TORCH_')
-NOT_FORWARDED = ('D2L_JOB_SECRET', 'D2L_NODE_HOST', 'D2L_INTERFACE', 'D2L_SCHEDULER_URI',
-                 'D2L_SCHEDULER_PORT', 'D2L_ROLE', 'D2L_RANK', 'D2L_NUM_WORKER',
-                 'D2L_NUM_SERVER', 'D2L_JOB_ID')
+FORWARD_PREFIXES = (config.PREFIX, 'NCCL_', 'GLOO_', 'TORCH_')
+# ... but not the job's own (the launcher sets them for each process) nor the launcher's
+NOT_FORWARDED = (*config.JOB_VARIABLES, config.variable('interface'))
 
 
 class HostError(Exception):
@@ -292,7 +291,8 @@ class SshJob(Job):
     def spawn(self, spec):
         """ssh to the host, then send the environment as the first line of stdin."""
         command = remote_command(spec, self.python, self.workdir, self.pythonpath)
-        env = {k: v for k, v in child_env(spec).items() if k != 'D2L_JOB_SECRET'}
+        secret = config.variable('job_secret')
+        env = {k: v for k, v in child_env(spec).items() if k != secret}
         popen = subprocess.Popen(
             self.ssh.argv(self.hosts[spec.host], command), env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -331,21 +331,23 @@ class SshJob(Job):
                 self.swept.add(p)
         if not groups:
             return
+        grace = config.get().kill_grace
         argvs = [self.ssh.argv(self.hosts[label], shlex.join(
-                 ['sh', '-c', SWEEP, 'sweep', self.job_id, f'{GRACE:g}', *pgids]))
+                 ['sh', '-c', SWEEP, 'sweep', self.job_id, f'{grace:g}', *pgids]))
                  for label, pgids in groups.items()]
-        run_parallel(argvs, self.ssh.connect_timeout + GRACE + 5)
+        run_parallel(argvs, self.ssh.connect_timeout + grace + 5)
 
 
 # $1 job id, $2 grace, then process group ids. A group is ours if its leader is gone
 # (a pid is never reused while its group lives) or the leader's environment holds our
 # D2L_JOB_ID; then it gets SIGTERM and, after the grace, SIGKILL.
-SWEEP = '''\
+SWEEP = f'''\
 job=$1 grace=$2; shift 2; alive=
 for g in "$@"; do
   kill -0 -"$g" 2>/dev/null || continue
   if [ -r /proc/"$g"/environ ]; then
-    tr '\\000' '\\n' < /proc/"$g"/environ | grep -qx "D2L_JOB_ID=$job" || continue
+    tr '\\000' '\\n' < /proc/"$g"/environ \\
+      | grep -qx "{config.variable('job_id')}=$job" || continue
   fi
   alive="$alive $g"; kill -TERM -"$g" 2>/dev/null
 done
@@ -363,7 +365,7 @@ def host_variables(address, port, interface, chosen, environ=os.environ):
     torch.distributed's gloo and NCCL find their own address from the host name, which
     often resolves to 127.0.0.1; naming the interface the host was reached on avoids
     that (unless the user set the variables already)."""
-    env = {'D2L_NODE_HOST': address} if chosen else {}
+    env = config.env(node_host=address) if chosen else {}
     if interface != '-':
         for name in ('GLOO_SOCKET_IFNAME', 'NCCL_SOCKET_IFNAME'):
             if name not in environ:
@@ -406,10 +408,10 @@ def prepare(args, secret, out=None, **job_options):
                       addresses={label: answers[label][0] for label in labels},
                       free_ports={label: answers[label][1] for label in labels},
                       host_env=host_env, python=python, remote=True,
-                      extra_env={**forwarded_env(), **args.env, 'D2L_JOB_ID': job_id},
+                      extra_env={**forwarded_env(), **args.env, **config.env(job_id=job_id)},
                       process_env=args.process_env)
     if args.port:
-        specs[0].env['D2L_SCHEDULER_PORT'] = str(args.port)
+        specs[0].env.update(config.env(scheduler_port=args.port))
     rule = 'workers by slots' if slots else 'servers and workers round-robin'
     out.write(f'd2l-launch: placement (scheduler on the first host, {rule}):\n'
               f'{placement_table(specs)}\n')

@@ -23,7 +23,6 @@ Some hangs need no waiting to be seen: where nodes meet -- the ring's neighbours
 server's sync round, the scheduler's barriers -- each checks that both sides called
 the same thing, and if not raises ``Disagree`` naming both, on every node concerned.
 """
-import os
 from dataclasses import dataclass, field
 
 
@@ -47,13 +46,6 @@ class Wait:
     what: str
     questions: list = field(default_factory=list)
     span: str = 'wait'        # the name of the wait on the timeline
-
-
-def thresholds(env=os.environ):
-    """(warn, fail) in seconds; fail None when off."""
-    warn = float(env.get('D2L_HANG_WARN') or 30)
-    fail = float(env.get('D2L_HANG_FAIL') or 0) or None
-    return warn, fail
 
 
 def parse_seconds(text, option):

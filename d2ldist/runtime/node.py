@@ -10,7 +10,6 @@ who is missing (``hang.py``).
 """
 import atexit
 import itertools
-import os
 import secrets
 import socket
 import sys
@@ -18,6 +17,7 @@ import threading
 import time
 from collections import deque
 
+from .. import config
 from . import faults, hang, protocol, timeline
 from . import shm, stream
 from .van import LINGER_SECONDS, Van
@@ -34,7 +34,7 @@ def join(role='worker'):
     above (kv's stores, the collectives) asks here, so a process is one node.
     """
     global _current
-    if _current is None and 'D2L_SCHEDULER_URI' in os.environ:
+    if _current is None and config.get().in_job:
         _current = Node.from_env(role=role).start()
     return _current
 
@@ -70,16 +70,17 @@ class Node:
         self._count_lock = threading.Lock()   # thread-safe: stop() must not join them)
 
     @classmethod
-    def from_env(cls, role=None, env=os.environ):
-        """The node the launcher's environment describes (see ARCHITECTURE.md)."""
+    def from_env(cls, role=None):
+        """The node the launcher's variables describe (see ARCHITECTURE.md, config.py)."""
+        cfg = config.get()
         try:
-            rank = env.get('D2L_RANK')
-            scheduler = f"tcp://{env['D2L_SCHEDULER_URI']}:{env['D2L_SCHEDULER_PORT']}"
-            return cls(role or env['D2L_ROLE'], None if rank is None else int(rank),
-                       int(env['D2L_NUM_WORKER']), int(env['D2L_NUM_SERVER']),
-                       scheduler, env['D2L_JOB_SECRET'], env.get('D2L_NODE_HOST'))
+            cfg.require('scheduler_uri', 'scheduler_port', *([] if role else ['role']),
+                        'num_worker', 'num_server', 'job_secret')
         except KeyError as e:
             raise RuntimeError(f'{e.args[0]} is not set: start the job with d2l-launch') from None
+        return cls(role or cfg.role, cfg.rank, cfg.num_worker, cfg.num_server,
+                   f'tcp://{cfg.scheduler_uri}:{cfg.scheduler_port}', cfg.job_secret,
+                   cfg.node_host)
 
     @property
     def id(self):
@@ -110,7 +111,7 @@ class Node:
         atexit.register(self.stop)
         _report_peer_failures_in_one_line()
         faults.arm()                 # d2l-launch --fail ROLE:RANK@30s
-        if timeline.ENABLED:
+        if config.get().timeline:
             self.sync_clock()
         return self
 
@@ -161,7 +162,8 @@ class Node:
         """_recv that names who is missing after D2L_HANG_WARN s, and raises hang.Hang
         after D2L_HANG_FAIL s."""
         start, wall = time.monotonic(), time.time()
-        warn, fail = hang.thresholds()
+        cfg = config.get()
+        warn, fail = cfg.hang_warn, cfg.hang_fail
         deadlines = sorted(t for t in (warn, fail) if t)
         self.doing, warned = (wait.what, start), False
         try:
@@ -261,8 +263,7 @@ class Node:
         """Tell the scheduler every second that this node is alive (own socket)."""
         van = Van(self.id, self.secret, bind=False, shaped=False)
         van.connect('scheduler', self.scheduler)
-        interval = float(os.environ.get('D2L_HEARTBEAT_INTERVAL', '1'))
-        while not self._stopped.wait(interval):
+        while not self._stopped.wait(config.get().heartbeat_interval):
             doing = self.doing
             van.send('scheduler', protocol.HEARTBEAT, {
                 'what': doing and doing[0], 'counters': dict(self.counters),

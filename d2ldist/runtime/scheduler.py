@@ -15,10 +15,10 @@ Run as ``python -m d2ldist.runtime.scheduler`` by the launcher; the environment 
 shape (see ARCHITECTURE.md). It prints ``d2ldist: scheduler ready at <address>`` once
 it listens, which is how the launcher learns the port it chose.
 """
-import os
 import sys
 import time
 
+from .. import config
 from . import protocol
 from .van import Van
 
@@ -230,18 +230,19 @@ def _by_rank(pair):
 
 
 def main():
-    env = os.environ
     try:
-        num_workers, num_servers = int(env['D2L_NUM_WORKER']), int(env['D2L_NUM_SERVER'])
-        van = Van('scheduler', env['D2L_JOB_SECRET'], host=env.get('D2L_SCHEDULER_URI', '127.0.0.1'),
-                  port=int(env.get('D2L_SCHEDULER_PORT', '0')), max_message_bytes=1 << 20)
+        cfg = config.get().require('num_worker', 'num_server', 'job_secret')
     except KeyError as e:
         sys.exit(f'd2ldist.scheduler: {e.args[0]} is not set (start jobs with d2l-launch)')
+    except ValueError as e:
+        sys.exit(f'd2ldist.scheduler: {e}')
+    try:
+        van = Van('scheduler', cfg.job_secret, host=cfg.scheduler_uri or '127.0.0.1',
+                  port=cfg.scheduler_port or 0, max_message_bytes=1 << 20)
     except Exception as e:   # e.g. the port is taken
         sys.exit(f'd2ldist.scheduler: cannot listen: {e}')
     print(f'd2ldist: scheduler ready at {van.address}', flush=True)
-    timeout = float(env.get('D2L_HEARTBEAT_TIMEOUT', '5'))
-    code = Scheduler(van, num_workers, num_servers, timeout).serve()
+    code = Scheduler(van, cfg.num_worker, cfg.num_server, cfg.heartbeat_timeout).serve()
     if van.dropped:
         print(f'd2ldist: the scheduler dropped {van.dropped} invalid messages', flush=True)
     van.close()

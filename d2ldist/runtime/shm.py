@@ -57,6 +57,8 @@ import sys
 import weakref
 from collections import OrderedDict
 
+from .. import config
+
 # Smaller frames go through the socket. benchmarks/transport.py, two processes on 2 busy
 # cores, CPU per byte of socket / shared memory: 256 KB about even (per-message costs
 # dominate), 1 MB 1.2-1.4x, 4 MB 2.2-3x, 16 MB 2.5x, 64 MB 4.7-5.6x (page faults).
@@ -69,9 +71,10 @@ NAME = 'd2ldist-shm'            # what /proc/<pid>/fd/<fd> points to: /memfd:d2l
 FREE, SENT, MAPPED = 0, 1, 2
 
 
-def enabled(env=os.environ):
-    """Whether this process may move frames through shared memory (D2L_SHM, platform)."""
-    return (env.get('D2L_SHM', '1') != '0' and sys.platform == 'linux'
+def enabled(cfg=None):
+    """Whether a process with these settings (default: this one's) may move frames
+    through shared memory (D2L_SHM, and the platform)."""
+    return ((config.get() if cfg is None else cfg).shm and sys.platform == 'linux'
             and platform.machine() in ('x86_64', 'AMD64') and hasattr(os, 'memfd_create'))
 
 

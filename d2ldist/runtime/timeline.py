@@ -14,16 +14,22 @@ time a few times, as NTP does, and keeps the offset of the exchange with the
 shortest round trip: every span is on the scheduler's clock, to within half that
 round trip (each lane's ``clock_error_us`` in the file).
 
+Steps: this module keeps the process's one count of training steps. ``train_batch``
+and ``DistributedOptimizer.step()`` say when a step has ended (``step_done``); the step
+in progress (``step()``) is one more, counted from 1. Every span carries it, and
+``--fail step=N`` (``faults.py``) dies at the end of step N's compute.
+
 Off unless ``D2L_TIMELINE=1`` (set by ``--timeline``); then a span costs two clock
 reads and a small dict. ``D2L_TIMELINE_STEPS=20-40`` records steps 20 to 40 only.
 """
 import atexit
 import json
-import os
 import sys
 import threading
 import time
 from contextlib import contextmanager
+
+from .. import config
 
 PREFIX = '@d2l/timeline '
 MAX_EVENTS = 100_000      # per process; past it, nothing more is recorded
@@ -31,45 +37,38 @@ MIN_WAIT = 100e-6         # shorter waits are not worth a span (seconds)
 FLUSH_EVERY = 1.0         # print the spans at least this often (seconds)
 
 
-def parse_window(text):
-    """'20-40' -> (20, 40), '7' -> (7, 7), None or '' -> None: the steps to record."""
-    if not text:
-        return None
-    first, _, last = str(text).partition('-')
-    try:
-        window = int(first), int(last or first)
-    except ValueError:
-        window = (0, -1)
-    if not 1 <= window[0] <= window[1]:
-        raise ValueError(f'timeline steps take FIRST-LAST (20-40), got {text!r}')
-    return window
-
-
-ENABLED = os.environ.get('D2L_TIMELINE') == '1'
-_window = (parse_window(os.environ.get('D2L_TIMELINE_STEPS'))   # (workers count steps;
-           if ENABLED and os.environ.get('D2L_ROLE') == 'worker' else None)  # servers: all)
 _lock = threading.Lock()
-_events, _recorded, _step = [], 0, 0
+_events, _recorded = [], 0
+_steps_done = 0                  # training steps this process has finished
 _offset, _error = 0.0, None      # seconds to add to time.time(); half the best round trip
 _last_flush = time.monotonic()
 
 
+def step():
+    """The training step in progress, counted from 1: one more than those finished."""
+    return _steps_done + 1
+
+
+def step_done():
+    """A training step has ended (train_batch; DistributedOptimizer.step)."""
+    global _steps_done
+    _steps_done += 1
+    tick()
+
+
 def recording():
     """Whether spans are recorded now (on, within the window, below the cap)."""
-    return ENABLED and _recorded < MAX_EVENTS and (
-        _window is None or _window[0] <= _step <= _window[1])
-
-
-def next_step():
-    """A training step begins (train_batch; DistributedOptimizer.step)."""
-    global _step
-    _step += 1
-    tick()
+    cfg = config.get()
+    if not cfg.timeline or _recorded >= MAX_EVENTS:
+        return False
+    window = cfg.timeline_steps if cfg.role == 'worker' else None   # servers: every span
+    return window is None or window[0] <= step() <= window[1]
 
 
 def tick():
     """Print the spans if many have piled up or a second has passed."""
-    if ENABLED and (len(_events) > 500 or time.monotonic() - _last_flush > FLUSH_EVERY):
+    if config.get().timeline and (len(_events) > 500
+                                  or time.monotonic() - _last_flush > FLUSH_EVERY):
         flush()
 
 
@@ -104,7 +103,7 @@ def _add(name, cat, start, end, args):
     global _recorded
     event = {'name': name, 'cat': cat, 'ts': round((start + _offset) * 1e6, 1),
              'dur': round((end - start) * 1e6, 1), 'tid': threading.current_thread().name,
-             'args': dict(args, step=_step)}
+             'args': dict(args, step=step())}
     with _lock:
         _events.append(event)
         _recorded += 1
@@ -129,5 +128,4 @@ def flush():
         sys.stdout.flush()
 
 
-if ENABLED:
-    atexit.register(flush)
+atexit.register(flush)   # the spans still here when the process ends (none: nothing)

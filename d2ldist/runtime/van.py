@@ -43,7 +43,6 @@ import hmac
 import itertools
 import json
 import math
-import os
 import platform
 import secrets
 import sys
@@ -52,8 +51,9 @@ import time
 
 import zmq
 
+from .. import config
 from . import shm
-from .pacing import pacer_from_env
+from .pacing import pacer_of
 
 MAX_HEADER_BYTES = 64 * 1024   # a header is small: kinds, keys, shapes
 MAX_FRAMES = 4096              # data frames in one message
@@ -102,24 +102,25 @@ class Message:
 
 
 class Van:
-    """Authenticated messages between the nodes of one job, over ZeroMQ."""
+    """Authenticated messages between the nodes of one job, over ZeroMQ.
+
+    ``cfg``: the settings it follows (the MAC, ZeroMQ's threads, the simulated link,
+    shared memory); by default this process's, ``config.get()``."""
 
     def __init__(self, node_id, secret, host='127.0.0.1', port=0, bind=True,
-                 max_message_bytes=-1, mac_payload=None, shaped=True):
+                 max_message_bytes=-1, mac_payload=None, shaped=True, cfg=None):
+        cfg = config.get() if cfg is None else cfg
         self.node_id = node_id
         self._key = secret.encode() if isinstance(secret, str) else bytes(secret)
         if not self._key:
             raise ValueError('the job secret is empty (set D2L_JOB_SECRET)')
-        if mac_payload is None:
-            mac_payload = os.environ.get('D2L_MAC_PAYLOAD', '0') == '1'
-        self.mac_payload = mac_payload
+        self.mac_payload = cfg.mac_payload if mac_payload is None else mac_payload
         keep_freed_memory()   # received frames reuse the same pages (once a process)
         # ZeroMQ's I/O threads do the socket calls, and so the kernel's copies of every
         # byte in and out. With two, one receives (the ROUTER) and one sends (the
         # DEALERs), so a ring worker's copies in and out run on two cores at once, as
         # gloo's receiving and sending threads do. D2L_ZMQ_IO_THREADS=1: one does both.
-        io_threads = int(os.environ.get('D2L_ZMQ_IO_THREADS', '2'))
-        self._ctx = zmq.Context.instance(io_threads=io_threads)
+        self._ctx = zmq.Context.instance(io_threads=cfg.zmq_io_threads)
         both = self._ctx.get(zmq.IO_THREADS) >= 2      # (the first van set the context)
         self._affinity = {'receive': 1 if both else 0, 'send': 2 if both else 0}
         self._session = secrets.token_hex(4)   # tells this van's sequence apart
@@ -131,11 +132,11 @@ class Van:
         self.bytes_sent = self.bytes_received = 0   # data frames only (headers aside)
         # the simulated link (None: the real network only) and the messages held
         # until their simulated delivery time: a heap of (due, arrival, message)
-        self.pacer = pacer_from_env() if shaped else None
+        self.pacer = pacer_of(cfg) if shaped else None
         self._held, self._arrivals = [], itertools.count()
         # shared memory with peers on this host (not under a simulated link: it must
         # carry the bytes): our blocks, the peers that may use them, others' blocks
-        self.shm = shm.Pool() if shm.enabled() and self.pacer is None else None
+        self.shm = shm.Pool() if shm.enabled(cfg) and self.pacer is None else None
         self._shm_peers, self._shm_maps = set(), shm.Mapper()
         self._streams = []               # stream.py's ends, opened by the ring
         self._poller = self._polled = None   # recv's poller while the streams' sockets stay

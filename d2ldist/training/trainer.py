@@ -413,7 +413,6 @@ def train_batch(X, y, net, loss, trainer, devices):
     if net is not trainer.replicas[0] or list(devices) != trainer.devices:
         raise ValueError("train_batch needs the trainer's net and devices")
     trainer.init()   # at the first batch: every worker starts from rank 0's weights
-    timeline.next_step()
     if trainer.last_batch_end is not None:   # (d2l-launch --timeline: the time between)
         timeline.record('between steps', 'data', trainer.last_batch_end, time.time())
     # Step 1: split the batch across the devices; each replica computes the
@@ -437,4 +436,5 @@ def train_batch(X, y, net, loss, trainer, devices):
     # Steps 2 to 7.
     trainer.step(X.shape[0])
     trainer.last_batch_end = time.time()
+    timeline.step_done()
     return sum(float(l) for l in losses), sum(int(c) for c in corrects)

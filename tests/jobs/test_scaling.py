@@ -22,7 +22,7 @@ import pytest
 from conftest import run_launch, wait_no_survivors
 from d2ldist import cost
 from d2ldist.kv.placement import DEFAULT_BIGARRAY_BOUND
-from d2ldist.runtime import pacing
+from d2ldist import config
 from d2ldist.testing import comm_step
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]   # the fixture runs all five jobs
@@ -46,7 +46,7 @@ def run_job(m, n, mode):
 @pytest.fixture(scope='module')
 def times():
     """{('ps', m, n) or ('ring', m) or ('gloo', m): (measured seconds, model seconds)}."""
-    rate = pacing.parse_bandwidth(BANDWIDTH)
+    rate = config.parse_bandwidth(BANDWIDTH)
     shapes = comm_step.resnet18_shapes(SCALE)
     nbytes = 4 * sum(cost.numel(s) for s in shapes)
     out = {}

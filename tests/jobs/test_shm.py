@@ -10,12 +10,14 @@ import torch
 import zmq
 
 from conftest import run_launch, wait_no_survivors
+from d2ldist.config import Config
 from d2ldist.runtime import shm
 from d2ldist.runtime.van import Van
 from d2ldist.runtime.wire import pack, unpack
 
 SECRET = 's' * 64
-pytestmark = pytest.mark.skipif(not shm.enabled({}), reason='shared memory needs x86-64 Linux')
+pytestmark = pytest.mark.skipif(not shm.enabled(Config()),
+                                reason='shared memory needs x86-64 Linux')
 
 
 @pytest.fixture
@@ -60,16 +62,15 @@ def test_a_block_is_reused_once_its_last_user_is_gone(pair):
     assert unpack({'dtype': 'float32', 'shape': [1 << 20]}, kept[0])[0] == 0
 
 
-def test_peers_on_other_hosts_and_paced_links_use_the_socket(monkeypatch):
+def test_peers_on_other_hosts_and_paced_links_use_the_socket():
     assert shm.same_host('tcp://127.0.0.1:5', 'tcp://127.0.0.2:6')
     assert shm.same_host('tcp://198.18.0.1:5', 'tcp://198.18.0.1:6')
     assert not shm.same_host('tcp://198.18.0.1:5', 'tcp://198.18.0.2:5')   # netns "hosts"
-    monkeypatch.setenv('D2L_LATENCY', '0.001')
-    assert Van('w', SECRET, bind=False).shm is None
-    monkeypatch.delenv('D2L_LATENCY')
-    monkeypatch.setenv('D2L_SHM', '0')
-    assert Van('w', SECRET, bind=False).shm is None
-    a, b = Van('worker:0', SECRET), Van('worker:1', SECRET)
+    paced = Config.from_env({'D2L_LATENCY': '0.001'})
+    assert Van('w', SECRET, bind=False, cfg=paced).shm is None
+    off = Config.from_env({'D2L_SHM': '0'})
+    assert Van('w', SECRET, bind=False, cfg=off).shm is None
+    a, b = Van('worker:0', SECRET, cfg=off), Van('worker:1', SECRET, cfg=off)
     try:
         a.connect('worker:1', b.address, same_host=True)
         a.send('worker:1', 'x', {}, [bytes(1 << 20)])

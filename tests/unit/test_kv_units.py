@@ -35,8 +35,8 @@ def test_placement_is_stable_across_processes():
     assert len(runs) == 1 and runs.pop().startswith('[[(')
 
 
-def test_bound_from_environment(monkeypatch):
-    monkeypatch.setenv('D2L_KVSTORE_BIGARRAY_BOUND', '10')
+def test_bound_from_environment(use_config):
+    use_config({'D2L_KVSTORE_BIGARRAY_BOUND': '10'})
     assert len(kv.place('w', 10, 2)) == 2 and len(kv.place('w', 9, 2)) == 1
 
 
@@ -125,8 +125,8 @@ def test_keys_without_optimizer_are_summed_not_updated():
     assert (out == 3.0).all()
 
 
-def test_dist_store_outside_a_job_says_how_to_start_one(monkeypatch):
-    monkeypatch.delenv('D2L_SCHEDULER_URI', raising=False)
+def test_dist_store_outside_a_job_says_how_to_start_one(use_config):
+    use_config({})
     with pytest.raises(RuntimeError, match='d2l-launch'):
         kv.create('dist_sync')
 

@@ -2,8 +2,9 @@
 
 Each folder of d2ldist is one layer; a module imports only from its own folder or from
 layers below it, and nothing inside the package imports ``d2ldist/__init__.py`` (the
-package's face, which gathers the public names). The public names the README and the
-chapters use are listed here and imported one by one.
+package's face, which gathers the public names). The D2L_* variables are read in one
+place, ``d2ldist/config.py`` (the bottom layer): no other module spells their names. The
+public names the README and the chapters use are listed here and imported one by one.
 """
 import ast
 import importlib
@@ -15,8 +16,8 @@ import pytest
 from conftest import ROOT
 
 # bottom up; a layer may import the layers of a lower number only
-LAYERS = {'report': -1, 'runtime': 0, 'kv': 1, 'collectives': 1, 'training': 2, 'cost': 2,
-          'launch': 3, 'notebook': 4, 'horovod': 5, 'timeline': 5, '__init__': 5,
+LAYERS = {'config': -2, 'report': -1, 'runtime': 0, 'kv': 1, 'collectives': 1, 'training': 2,
+          'cost': 2, 'launch': 3, 'notebook': 4, 'horovod': 5, 'timeline': 5, '__init__': 5,
           'testing': 6}
 
 
@@ -93,6 +94,73 @@ def test_the_check_sees_an_upward_import_and_the_face(tmp_path):
         ['d2ldist.training', 'd2ldist']
     found = violations(tmp_path)
     assert len(found) == 2 and 'not a lower layer' in found[0] and 'face' in found[1]
+
+
+def variable_uses(root=ROOT):
+    """Every D2L_* name a module other than config.py uses as a key, as 'file:line: NAME':
+    read (os.environ[...], .get(...), os.getenv(...), ... in os.environ, from any mapping)
+    or written (a subscript, a dict's key, a keyword). Only config.py spells them."""
+    found = []
+    for path in sorted((root / 'd2ldist').rglob('*.py')):
+        if path == root / 'd2ldist' / 'config.py':
+            continue
+        uses = sorted((node.lineno, name) for node in ast.walk(ast.parse(path.read_text()))
+                      for name in map(_variable_name, _keys(node)) if name)
+        found += [f'{path.relative_to(root)}:{line}: {name}' for line, name in uses]
+    return found
+
+
+def _keys(node):
+    """What a node uses as a key: a subscript's, the first argument of get, pop,
+    setdefault and getenv, the left of ``in``, a dict's keys, keyword names."""
+    if isinstance(node, ast.Subscript):
+        yield node.slice
+    elif isinstance(node, ast.Call):
+        name = getattr(node.func, 'attr', getattr(node.func, 'id', None))
+        if name in ('get', 'pop', 'setdefault', 'getenv') and node.args:
+            yield node.args[0]
+        yield from (ast.Constant(k.arg) for k in node.keywords if k.arg)
+    elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+        yield node.left
+    elif isinstance(node, ast.Dict):
+        yield from (k for k in node.keys if k is not None)
+
+
+def _variable_name(expr):
+    """'D2L_X' for the string 'D2L_X', or an f-string that begins with 'D2L_'; else None."""
+    if isinstance(expr, ast.JoinedStr) and expr.values:
+        expr = expr.values[0]
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, str) \
+            and expr.value.startswith('D2L_'):
+        return expr.value
+    return None
+
+
+def test_only_the_config_reads_d2l_variables():
+    assert variable_uses() == []
+
+
+def test_the_check_sees_every_way_of_reading_a_variable(tmp_path):
+    """The check itself: reads of os.environ in each form, an alias, an f-string, a
+    write, are found; config.py itself, and a name in a message, are not."""
+    package = tmp_path / 'd2ldist'
+    (package / 'runtime').mkdir(parents=True)
+    (package / 'config.py').write_text("import os\nx = os.environ.get('D2L_ROLE')\n")
+    (package / 'runtime' / 'bad.py').write_text(
+        "import os\n"
+        "a = os.environ['D2L_RANK']\n"
+        "b = os.environ.get('D2L_SHM', '1')\n"
+        "c = os.getenv(f'D2L_{a}')\n"
+        "d = 'D2L_ROLE' in os.environ\n"
+        "def f(env=os.environ):\n"
+        "    return env.get('D2L_HANG_WARN')\n"
+        "os.environ['D2L_SLOW'] = '3x'\n"
+        "e = dict(D2L_FAIL='step=1')\n"
+        "print('set D2L_JOB_SECRET')\n")
+    found = variable_uses(tmp_path)
+    assert [line.split(': ')[1] for line in found] == [
+        'D2L_RANK', 'D2L_SHM', 'D2L_', 'D2L_ROLE', 'D2L_HANG_WARN', 'D2L_SLOW', 'D2L_FAIL'], found
+    assert all(line.startswith('d2ldist/runtime/bad.py:') for line in found)
 
 
 # Horovod's names beyond the first set (issue 20), on both faces

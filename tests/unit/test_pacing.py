@@ -4,6 +4,8 @@ import time
 
 import pytest
 
+from d2ldist import config
+from d2ldist.config import Config
 from d2ldist.runtime import pacing
 from d2ldist.runtime.van import Van
 
@@ -16,25 +18,25 @@ SECRET = 'p' * 64
     ('12.5MB', 12.5e6), ('1MiB/s', 2**20), ('2 GB/s', 2e9), ('1e9bit', 125e6),
     ('8b', 1.0), ('1Mb', 125e3)])
 def test_bandwidth_units(text, rate):
-    assert pacing.parse_bandwidth(text) == pytest.approx(rate)
+    assert config.parse_bandwidth(text) == pytest.approx(rate)
 
 
 @pytest.mark.parametrize('text,seconds', [
     ('0.5ms', 5e-4), ('200us', 2e-4), ('1s', 1.0), ('0', 0.0), ('2 ms', 2e-3), ('.5s', 0.5)])
 def test_latency_units(text, seconds):
-    assert pacing.parse_latency(text) == pytest.approx(seconds)
+    assert config.parse_latency(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize('text', ['1G', '100', 'fast', '0bit', '1Gbit/h', '-1MB/s', '1Gbpsps'])
 def test_bad_bandwidths_are_refused(text):
     with pytest.raises(ValueError, match='bandwidth'):
-        pacing.parse_bandwidth(text)
+        config.parse_bandwidth(text)
 
 
 @pytest.mark.parametrize('text', ['5', '1 hour', '-1ms', 'ms'])
 def test_bad_latencies_are_refused(text):
     with pytest.raises(ValueError, match='latency'):
-        pacing.parse_latency(text)
+        config.parse_latency(text)
 
 
 def test_pacer_model():
@@ -52,14 +54,11 @@ def test_pacer_model():
 
 
 @pytest.fixture
-def paced_pair(monkeypatch):
+def paced_pair():
     def make(bandwidth, latency):
-        monkeypatch.setenv('D2L_BANDWIDTH', bandwidth)
-        monkeypatch.setenv('D2L_LATENCY', latency)
-        a = Van('worker:0', SECRET)
-        monkeypatch.delenv('D2L_BANDWIDTH')
-        monkeypatch.delenv('D2L_LATENCY')
-        b = Van('worker:1', SECRET)
+        link = Config.from_env({'D2L_BANDWIDTH': bandwidth, 'D2L_LATENCY': latency})
+        a = Van('worker:0', SECRET, cfg=link)
+        b = Van('worker:1', SECRET, cfg=Config())
         a.connect('worker:1', b.address)
         made.append((a, b))
         return a, b
@@ -150,6 +149,6 @@ def test_every_process_of_a_job_gets_the_link():
     specs = [proc.spec for proc in job.procs]
     assert len(specs) == 4
     for spec in specs:
-        assert pacing.pacer_from_env(spec.env).rate == 100e6
-        assert pacing.pacer_from_env(spec.env).latency == pytest.approx(1e-3)
-    assert pacing.pacer_from_env({}) is None
+        assert pacing.pacer_of(Config.from_env(spec.env)).rate == 100e6
+        assert pacing.pacer_of(Config.from_env(spec.env)).latency == pytest.approx(1e-3)
+    assert pacing.pacer_of(Config()) is None

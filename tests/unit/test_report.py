@@ -11,8 +11,8 @@ from d2ldist.launch.progress import Progress
 from d2ldist.report import PREFIX, Rate, fraction_done, parse_report
 
 
-def test_report_writes_one_versioned_line(capsys, monkeypatch):
-    monkeypatch.setenv('D2L_ROLE', 'worker')
+def test_report_writes_one_versioned_line(capsys, use_config):
+    use_config({'D2L_ROLE': 'worker'})
     d2ldist.report(epoch=1, num_epochs=3, batch=7, num_batches=10, loss=0.5, acc=0.75,
                    samples=448, step_times={'push': 0.002, 'pull': 0.001})
     out = capsys.readouterr().out
@@ -24,8 +24,8 @@ def test_report_writes_one_versioned_line(capsys, monkeypatch):
         'acc': 0.75, 'samples': 448, 'step_times': {'push': 0.002, 'pull': 0.001}}
 
 
-def test_report_alone_prints_for_people(capsys, monkeypatch):
-    monkeypatch.delenv('D2L_ROLE', raising=False)
+def test_report_alone_prints_for_people(capsys, use_config):
+    use_config({})
     d2ldist.report(epoch=2, num_epochs=5, loss=0.25)
     assert capsys.readouterr().out == 'epoch 2/5 loss 0.250\n'
 

@@ -188,7 +188,7 @@ def test_adam_on_the_store_with_torch_names():
     train_beside_torch(reference, optimizer, net, trainer, batches(2, 6))
 
 
-def test_step_times_reach_the_dashboard_by_name(capsys, monkeypatch):
+def test_step_times_reach_the_dashboard_by_name(capsys, use_config):
     """trainer.step_times_report() goes through d2ldist.report to the dashboard's bars."""
     from d2ldist.launch.progress import JobModel
     from d2ldist.notebook.final import figure, steps_table
@@ -199,7 +199,7 @@ def test_step_times_reach_the_dashboard_by_name(capsys, monkeypatch):
     trainer = Trainer(net, 'sgd', HYPER, devices=[cpu(), cpu()])
     (X, y), = batches(1, 4)
     train_batch(X, y, net, LOSS, trainer, [cpu(), cpu()])
-    monkeypatch.setenv('D2L_ROLE', 'worker')
+    use_config({'D2L_ROLE': 'worker'})
     report(step_times=trainer.step_times_report())
     r = parse_report(capsys.readouterr().out.strip())
     assert list(r['step_times']) == list(STEP_LABELS.values())     # all seven, in order

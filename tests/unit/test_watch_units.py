@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from d2ldist import config
 from d2ldist.kv.server import KVServer, Slot
 from d2ldist.kv import messages as M
 from d2ldist.launch import cli
@@ -36,20 +37,48 @@ def test_watch_options_reach_every_process_as_variables(tmp_path):
     assert {k: args.env[k] for k in args.env if k.startswith('D2L_')} == {
         'D2L_HANG_WARN': '2.0', 'D2L_HANG_FAIL': '5.5', 'D2L_TIMELINE': '1',
         'D2L_TIMELINE_STEPS': '20-40'}
-    assert hang.thresholds({'D2L_HANG_WARN': '2.0'}) == (2.0, None)
-    assert hang.thresholds({}) == (30.0, None)
+    read = config.Config.from_env(args.env)
+    assert (read.hang_warn, read.hang_fail, read.timeline, read.timeline_steps) == \
+        (2.0, 5.5, True, (20, 40))
+    assert (config.Config().hang_warn, config.Config().hang_fail) == (30.0, None)
 
 
-@pytest.mark.parametrize('text,window', [('20-40', (20, 40)), ('7', (7, 7)), ('', None),
-                                         (None, None)])
+@pytest.mark.parametrize('text,window', [('20-40', (20, 40)), ('7', (7, 7)), ('', None)])
 def test_timeline_windows(text, window):
-    assert timeline.parse_window(text) == window
+    assert config.Config.from_env({'D2L_TIMELINE_STEPS': text}).timeline_steps == window
 
 
 @pytest.mark.parametrize('text', ['0-3', '5-2', 'a-b', '-3'])
 def test_timeline_windows_refused(text):
-    with pytest.raises(ValueError):
-        timeline.parse_window(text)
+    with pytest.raises(ValueError, match='D2L_TIMELINE_STEPS: timeline steps take FIRST-LAST'):
+        config.Config.from_env({'D2L_TIMELINE_STEPS': text})
+
+
+def test_one_count_of_steps_for_the_spans_and_fail(monkeypatch, use_config):
+    """train_batch and DistributedOptimizer.step() each end a step of the one count
+    (timeline.step()); --fail step=2 dies at the end of step 2's compute on either path."""
+    import d2ldist
+    from d2ldist.runtime import faults
+    use_config({'D2L_FAIL': 'step=2'})
+    died = []
+    monkeypatch.setattr(faults, 'die', died.append)
+    net, loss = torch.nn.Linear(4, 2), torch.nn.CrossEntropyLoss(reduction='none')
+    X, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    trainer = d2ldist.Trainer(net, 'sgd', {'lr': 0.1})
+    optimizer = d2ldist.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1))
+
+    def horovod_step():
+        loss(net(X), y).sum().backward()
+        optimizer.step()
+    for step in (lambda: d2ldist.train_batch(X, y, net, loss, trainer, trainer.devices),
+                 horovod_step):
+        monkeypatch.setattr(timeline, '_steps_done', 0)
+        died.clear()
+        assert timeline.step() == 1
+        step()
+        assert (timeline.step(), died) == (2, [])
+        step()
+        assert (timeline.step(), died) == (3, ['after its compute step 2'])
 
 
 def test_the_hang_line_names_the_missing_and_what_they_do():
