@@ -25,14 +25,12 @@ from collections import deque
 
 from .. import config
 from ..runtime.timeline import PREFIX as TIMELINE
+from .processes import child_env, guarded
 
 # After the last worker, how long the servers and the scheduler get to leave by themselves
 # (the scheduler's shutdown, then each van's linger of up to 2 s) before they are stopped
 SETTLE = 5.0
-from .processes import child_env, guarded
-
 READY = re.compile(r'd2ldist: scheduler ready at tcp://(\S+):(\d+)')
-STATES = ('starting', 'running', 'finished', 'failed', 'stopped')
 
 
 class Terminated(Exception):
@@ -48,7 +46,8 @@ class JobFailed(RuntimeError):
 
 
 class Proc:
-    """A process of the job as the launcher sees it."""
+    """A process of the job as the launcher sees it; its ``state`` goes from 'starting'
+    to 'running', then 'finished', 'failed' or 'stopped' (by us)."""
 
     def __init__(self, spec):
         self.spec, self.popen, self.state, self.code = spec, None, 'starting', None
