@@ -233,7 +233,7 @@ class Receiver:
         n = int.from_bytes(got[:2], 'big')
         sender, mac = got[2:2 + n].decode(errors='replace'), got[2 + n:]
         if sender != self.peer or not hmac.compare_digest(
-                mac, _hello_mac(self.van._key, self.nonce, sender, self.van.node_id)):
+                mac, _hello_mac(self.van.mac_key, self.nonce, sender, self.van.node_id)):
             return self._refuse(conn, f'a hello from {sender[:40]!r} failed the check '
                                       '(wrong job secret?)')
         del self._hellos[conn]
@@ -248,7 +248,7 @@ class Receiver:
     def _refuse(self, conn, why):
         self._hellos.pop(conn, None)
         conn.close()
-        self.van._drop(f'stream from {self.peer}: {why}')
+        self.van.drop(f'stream from {self.peer}: {why}')
 
     def _message(self):
         """The next message's prefix and header, checked; its payload stays Pending."""
@@ -264,7 +264,7 @@ class Receiver:
         except StreamBroken as e:
             return self._lost(str(e))
         self._number += 1
-        self._mac = _message_mac(self.van._key, self.nonce, self._number, prefix, head_bytes)
+        self._mac = _message_mac(self.van.mac_key, self.nonce, self._number, prefix, head_bytes)
         if not hmac.compare_digest(mac, self._mac.digest()):
             return self._lost('bad MAC (wrong job secret?)')
         try:
@@ -352,7 +352,7 @@ class Receiver:
 
     def _lost(self, why):
         """A message failed a check, or the connection broke: it can't go on."""
-        self.van._drop(f'stream from {self.peer}: {why}; its connection is closed')
+        self.van.drop(f'stream from {self.peer}: {why}; its connection is closed')
         self.close()
 
     def close(self):
@@ -372,7 +372,7 @@ def listen(van, peer):
 
 def listening(van, peer):
     """Whether the van already has a stream from ``peer``, or listens for one."""
-    return any(isinstance(s, Receiver) and s.peer == peer for s in van._streams)
+    return any(isinstance(s, Receiver) and s.peer == peer for s in van.streams)
 
 
 # -- the sending end --------------------------------------------------------------------
@@ -393,7 +393,7 @@ class Sender:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         me = van.node_id.encode()
         self._sock.sendall(len(me).to_bytes(2, 'big') + me +
-                           _hello_mac(van._key, self.nonce, van.node_id, peer))
+                           _hello_mac(van.mac_key, self.nonce, van.node_id, peer))
         self._number, self.error = 0, None
         self._written = 0                 # messages the thread has written
         self._progress = threading.Condition()
@@ -421,8 +421,8 @@ class Sender:
                                 separators=(',', ':')).encode()
         prefix = PREFIX.pack(len(head_bytes), sum(sizes))
         self._number += 1
-        mac = _message_mac(self.van._key, self.nonce, self._number, prefix, head_bytes)
-        with self.van._lock:
+        mac = _message_mac(self.van.mac_key, self.nonce, self._number, prefix, head_bytes)
+        with self.van.send_lock:
             self.van.bytes_sent += sum(sizes)
         parts = [prefix + mac.digest() + head_bytes, *payload]
         number = self._number

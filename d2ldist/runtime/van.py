@@ -111,8 +111,9 @@ class Van:
                  max_message_bytes=-1, mac_payload=None, shaped=True, cfg=None):
         cfg = config.get() if cfg is None else cfg
         self.node_id = node_id
-        self._key = secret.encode() if isinstance(secret, str) else bytes(secret)
-        if not self._key:
+        # the job's secret: the key of every MAC, the van's and its streams' (stream.py)
+        self.mac_key = secret.encode() if isinstance(secret, str) else bytes(secret)
+        if not self.mac_key:
             raise ValueError('the job secret is empty (set D2L_JOB_SECRET)')
         self.mac_payload = cfg.mac_payload if mac_payload is None else mac_payload
         keep_freed_memory()   # received frames reuse the same pages (once a process)
@@ -125,7 +126,7 @@ class Van:
         self._affinity = {'receive': 1 if both else 0, 'send': 2 if both else 0}
         self._session = secrets.token_hex(4)   # tells this van's sequence apart
         self._seq = itertools.count(1)
-        self._lock = threading.Lock()          # one sender at a time keeps seq in order
+        self.send_lock = threading.Lock()      # one sender at a time keeps seq in order
         self._peers = {}                       # peer id -> connected DEALER socket
         self._last_seq = {}                    # (sender, session) -> last seq seen
         self._dropped, self._last_log = 0, 0.0
@@ -138,7 +139,7 @@ class Van:
         # carry the bytes): our blocks, the peers that may use them, others' blocks
         self.shm = shm.Pool() if shm.enabled(cfg) and self.pacer is None else None
         self._shm_peers, self._shm_maps = set(), shm.Mapper()
-        self._streams = []               # stream.py's ends, opened by the ring
+        self.streams = []                      # stream.py's ends (the ring's, kv's links)
         self._poller = self._polled = None   # recv's poller while the streams' sockets stay
         self.host, self.port, self._router = host, None, None
         if bind:
@@ -162,7 +163,7 @@ class Van:
     def connect(self, peer_id, address, same_host=False):
         """Open (or replace) the link to a peer's ROUTER; ``same_host``: big frames to
         it may go through shared memory."""
-        with self._lock:
+        with self.send_lock:
             self._shm_peers.discard(peer_id)
             if same_host and self.shm is not None:
                 self._shm_peers.add(peer_id)
@@ -186,11 +187,11 @@ class Van:
 
     def add_stream(self, stream):
         """Wait on a stream's sockets in recv (stream.py), and close it with the van."""
-        self._streams.append(stream)
+        self.streams.append(stream)
 
     def remove_stream(self, stream):
-        if stream in self._streams:
-            self._streams.remove(stream)
+        if stream in self.streams:
+            self.streams.remove(stream)
 
     def send(self, peer_id, kind, header=None, frames=(), track=False):
         """Send a message to a peer; frames are bytes-like (tensor memory, no copy).
@@ -204,7 +205,7 @@ class Van:
         if taken:
             raise ValueError(f'header fields {sorted(taken)} are the van\'s own: rename them')
         trackers, wait = [], 0.0
-        with self._lock:
+        with self.send_lock:
             head = dict(header or {}, kind=kind, seq=next(self._seq),
                         session=self._session, sizes=[f.nbytes for f in frames])
             self.bytes_sent += sum(head['sizes'])
@@ -242,7 +243,7 @@ class Van:
         return out, where
 
     def _mac(self, head_bytes, frames):
-        mac = hmac.new(self._key, head_bytes, hashlib.sha256)
+        mac = hmac.new(self.mac_key, head_bytes, hashlib.sha256)
         if self.mac_payload:
             for f in frames:
                 mac.update(f)
@@ -275,7 +276,7 @@ class Van:
     def _next(self, ms):
         """Wait up to ``ms`` milliseconds for the ROUTER socket and the streams; the
         message that came (checked), or None."""
-        socks = [(stream, sock) for stream in self._streams for sock in stream.fds()]
+        socks = [(stream, sock) for stream in self.streams for sock in stream.fds()]
         if not socks:                    # (the usual case: one socket to wait on)
             return self._from_router() if self._router.poll(ms) else None
         if self._poller is None or self._polled != socks:   # (kept while they stay)
@@ -310,30 +311,30 @@ class Van:
     def _check(self, parts):
         """Return the Message if ``parts`` are a valid message, else log and drop."""
         if len(parts) < 2 or len(parts) > 2 + MAX_FRAMES:
-            return self._drop(f'{len(parts)} parts')
+            return self.drop(f'{len(parts)} parts')
         mac, head_bytes, frames = parts[0].bytes, parts[1].bytes, parts[2:]
         if len(head_bytes) > MAX_HEADER_BYTES:
-            return self._drop('oversized header')
+            return self.drop('oversized header')
         data = [memoryview(f.buffer) for f in frames]
         if not hmac.compare_digest(mac, self._mac(head_bytes, data)):
-            return self._drop('bad MAC (wrong job secret?)')
+            return self.drop('bad MAC (wrong job secret?)')
         try:
             head = json.loads(head_bytes)
             kind, sender, seq, session = head['kind'], head['from'], head['seq'], head['session']
             last = self._last_seq.get((sender, session), 0)
         except (ValueError, KeyError, TypeError):
-            return self._drop('malformed header')
+            return self.drop('malformed header')
         if not (isinstance(seq, int) and isinstance(kind, str)):
-            return self._drop('malformed header')
+            return self.drop('malformed header')
         if seq <= last:
-            return self._drop(f'replayed message from {sender}')
+            return self.drop(f'replayed message from {sender}')
         if 'shm' in head:                  # frames in shared memory (checked after replay:
             try:                           # a replayed descriptor must not map anything)
                 data = self._shared_frames(head['shm'], data)
             except ValueError as e:
-                return self._drop(f'bad shared-memory descriptor: {e}')
+                return self.drop(f'bad shared-memory descriptor: {e}')
         if head.get('sizes') != [f.nbytes for f in data]:
-            return self._drop('header does not match its frames')
+            return self.drop('header does not match its frames')
         self._last_seq[(sender, session)] = seq
         return Message(kind, sender, head, data)
 
@@ -359,7 +360,7 @@ class Van:
             {'blocks': 0, 'bytes': 0, 'sent': 0, 'created': 0, 'fallbacks': 0}
         return dict(stats, received=self._shm_maps.received)
 
-    def _drop(self, why):
+    def drop(self, why):
         """Log a dropped message (at most one line a second) and go on."""
         self._dropped += 1
         now = time.monotonic()
@@ -386,9 +387,9 @@ class Van:
             deadline = time.monotonic() + LINGER_SECONDS
             while self.shm.unmapped() and time.monotonic() < deadline:
                 time.sleep(0.005)
-        for stream in list(self._streams):
+        for stream in list(self.streams):
             stream.close()
-        with self._lock:
+        with self.send_lock:
             for sock in self._peers.values():
                 sock.close()
             self._peers.clear()

@@ -155,7 +155,7 @@ for n in (0, 1, 65_537, 1_000_003):
     want = torch.arange(n, dtype=torch.float32) * kv.num_workers + sum(range(kv.num_workers))
     assert torch.equal(x, want), f'wrong all-reduce of {n}'
 stream = d2ldist.collectives.world.backend().ring._out is not None   # the ring's own link
-answers = sum(s.received for s in van._streams           # kv's VALUES on streams
+answers = sum(s.received for s in van.streams           # kv's VALUES on streams
               if isinstance(s, d2ldist.runtime.stream.Receiver) and s.peer.startswith('server'))
 print('STATS', json.dumps(dict(van.shm_stats(), kv_blocks=kv_blocks, per_step=per_step,
                                stream=stream, answers=answers)), flush=True)

@@ -96,6 +96,62 @@ def test_the_check_sees_an_upward_import_and_the_face(tmp_path):
     assert len(found) == 2 and 'not a lower layer' in found[0] and 'face' in found[1]
 
 
+def module_name(path, root=ROOT):
+    """'d2ldist/kv/worker.py' -> 'd2ldist.kv.worker' (a package: its own name)."""
+    name = '.'.join(path.relative_to(root).with_suffix('').parts)
+    return name[:-len('.__init__')] if name.endswith('.__init__') else name
+
+
+def private_reach_ins(root=ROOT):
+    """Every use of another module's private name: ``from .x import _y`` or ``x._y``."""
+    found = []
+    for path in sorted((root / 'd2ldist').rglob('*.py')):
+        modules = {}                                   # local name -> d2ldist module
+        for line, target, names in imports_of(path, root):
+            for n in names:
+                if is_module(f'{target}.{n}', root):
+                    modules[n] = f'{target}.{n}'
+                elif n.startswith('_') and not n.startswith('__'):
+                    found.append(f'{path.relative_to(root)}:{line} imports {target}.{n}')
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in modules and node.attr.startswith('_') \
+                    and not node.attr.startswith('__'):
+                found.append(f'{path.relative_to(root)}:{node.lineno} uses '
+                             f'{modules[node.value.id]}.{node.attr}')
+    return found
+
+
+def import_circles(root=ROOT):
+    """Pairs of modules that import each other, at the top or inside a function."""
+    graph = {}
+    for path in sorted((root / 'd2ldist').rglob('*.py')):
+        targets = set()
+        for _, target, names in imports_of(path, root):
+            inner = [f'{target}.{n}' for n in names if is_module(f'{target}.{n}', root)]
+            targets.update(inner or [target])
+        graph[module_name(path, root)] = targets
+    return sorted({tuple(sorted((a, b))) for a in graph for b in graph[a]
+                   if a != b and a in graph.get(b, ()) and 'd2ldist' not in (a, b)})
+
+
+def test_no_circles_and_no_private_reach_ins():
+    assert import_circles() == [] and private_reach_ins() == []
+
+
+def test_the_check_sees_a_circle_and_a_reach_in(tmp_path):
+    """The check itself, on a fake package: a circle made of a function-level import,
+    and another module's private name, imported and used."""
+    fake = tmp_path / 'd2ldist' / 'collectives'
+    fake.mkdir(parents=True)
+    (fake / '__init__.py').write_text('')
+    (fake / 'api.py').write_text('from . import world\nfrom .world import _engine\n')
+    (fake / 'world.py').write_text('def f():\n    from . import api\n    return api._run\n')
+    assert import_circles(tmp_path) == [('d2ldist.collectives.api', 'd2ldist.collectives.world')]
+    assert [f.split(' ', 1)[1] for f in private_reach_ins(tmp_path)] == [
+        'imports d2ldist.collectives.world._engine', 'uses d2ldist.collectives.api._run']
+
+
 def variable_uses(root=ROOT):
     """Every D2L_* name a module other than config.py uses as a key, as 'file:line: NAME':
     read (os.environ[...], .get(...), os.getenv(...), ... in os.environ, from any mapping)

@@ -191,7 +191,7 @@ def test_a_stream_that_breaks_while_read_later_says_so_on_wait(vans):
     assert _recv(b).kind == stream.READ    # the end of the reading is a message
     with pytest.raises(stream.StreamBroken, match='stream from worker 0 broke: the conn'):
         reading.wait()
-    assert receiver not in b._streams and b.dropped == 1
+    assert receiver not in b.streams and b.dropped == 1
     a.send('worker:1', 'note', {'x': 1})
     assert _recv(b).kind == 'note'
 
@@ -325,7 +325,7 @@ def test_a_forged_message_closes_the_stream_and_the_van_goes_on(vans):
     prefix = stream.PREFIX.pack(len(head), 4)
     raw.sendall(prefix + hmac.new(b'b' * 64, head, hashlib.sha256).digest() + head + bytes(4))
     assert _serve_until(b, lambda: b.dropped == 1)
-    assert receiver not in b._streams
+    assert receiver not in b.streams
     a.send('worker:1', 'note', {'x': 1})
     assert _recv(b).kind == 'note'
     raw.close()
@@ -346,7 +346,7 @@ def test_a_message_cannot_be_replayed_on_the_stream(vans):
 def test_a_sender_that_ends_closes_the_stream_quietly(link):
     a, b, sender, receiver = link
     sender.close()
-    assert _serve_until(b, lambda: receiver not in b._streams)
+    assert _serve_until(b, lambda: receiver not in b.streams)
     assert b.dropped == 0
 
 
