@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ..runtime import faults, timeline
+from ..runtime import faults, spans
 from ..runtime.staging import staged
 from . import api, ops
 from .buckets import BUCKET_CAP_MB, BackwardBuckets
@@ -207,21 +207,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Average the gradients over all workers, then take the wrapped optimizer's step."""
         computed = time.perf_counter() - self._computing_since
         now = time.time()                # since the last step: data, forward, backward
-        timeline.record('compute', 'step', now - computed, now)
+        spans.record('compute', 'step', now - computed, now)
         faults.computed(computed)
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn('optimizer.step() after optimizer.synchronize() without '
                               'optimizer.skip_synchronize(): the gradients are not '
                               'averaged again; wrap step() in skip_synchronize()')
-            with timeline.span('synchronize', 'step'):
+            with spans.span('synchronize', 'step'):
                 self.synchronize()
         self._synchronized = False
         try:
-            with timeline.span('update', 'step'):
+            with spans.span('update', 'step'):
                 return self.optimizer.step(closure)
         finally:
-            timeline.step_done()
+            spans.step_done()
             self._computing_since = time.perf_counter()
 
     def zero_grad(self, set_to_none=True):

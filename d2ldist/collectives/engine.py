@@ -13,7 +13,7 @@ workers still run the collectives in the same order: Horovod's background thread
 import queue
 import threading
 
-from ..runtime import timeline
+from ..runtime import spans
 
 
 class Handle:
@@ -66,7 +66,7 @@ class Engine:
         while True:
             handle, fn, args = self.queue.get()
             try:
-                with timeline.span(fn.__name__.strip('_'), 'comm', bytes=sum(
+                with spans.span(fn.__name__.strip('_'), 'comm', bytes=sum(
                         a.nbytes for a in args if isinstance(a, torch.Tensor))):
                     handle._finish(fn(*args))
             except BaseException as e:   # the caller's wait() raises it

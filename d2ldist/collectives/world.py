@@ -36,7 +36,7 @@ def init(backend=None):
         if backend is not None and name != _name:
             raise RuntimeError(f'd2ldist.init: already running with backend {_name!r}')
         return node.current()
-    joined = node.join('worker')       # also with 'torch': the scheduler watches liveness
+    joined = node.register('worker')   # also with 'torch': the scheduler watches liveness
     if name == 'torch':
         use(backends.make(name, joined))
     _name = name   # the ring is made on first use (torch loads then)

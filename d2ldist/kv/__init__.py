@@ -13,7 +13,7 @@
 """
 import importlib
 
-from ..runtime.node import join
+from ..runtime.node import register
 from .placement import place  # noqa: F401  (light: no torch)
 
 # The rest needs torch: loaded on first use, so that a server process
@@ -46,7 +46,7 @@ def create(name='local'):
     if kind == 'local':
         store = LocalKVStore()
     else:
-        node = join('worker')
+        node = register('worker')
         if node is None:
             raise RuntimeError(f"kvstore '{name}' runs in a job: start it with "
                                f'd2l-launch -n N -s S python your_script.py')

@@ -16,7 +16,7 @@ from collections import deque
 
 import torch
 
-from ..runtime import protocol, stream, timeline
+from ..runtime import protocol, spans, stream
 from . import messages as M
 from .optimizers import Updater
 
@@ -113,12 +113,12 @@ class KVServer:
             if msg.kind not in M.REQUESTS:
                 continue
             queue = self.deferred.setdefault(msg.sender, deque())
-            with timeline.span(msg.kind[3:], 'server', worker=msg.sender,
+            with spans.span(msg.kind[3:], 'server', worker=msg.sender,
                                bytes=sum(memoryview(f).nbytes for f in msg.frames)):
                 if queue or not self.handle(msg):      # keep each worker's order
                     queue.append(msg)
                 self.retry_deferred()
-            timeline.tick()
+            spans.tick()
 
     def handle(self, msg):
         """Answer one request; False if it must wait until a round closes."""

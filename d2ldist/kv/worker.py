@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from ..runtime import compression, hang, staging, stream, timeline
+from ..runtime import compression, hang, spans, staging, stream
 from . import messages as M
 from .optimizers import Updater, torch_names
 from .placement import place, row_positions
@@ -499,7 +499,7 @@ class DistKVStore(KVStore):
             del waiting[rid]
         for end in ends:                 # (wait() for the reads: they have ended)
             end()
-        timeline.record(what, 'comm', start, time.time(), keys=keys,   # (--timeline)
+        spans.record(what, 'comm', start, time.time(), keys=keys,   # (--timeline)
                         sent=sum(len(f) for *_, frames in msgs for f in frames),
                         received=sum(f.nbytes for m in answers for f in m.frames))
         return answers

@@ -173,7 +173,7 @@ def _faults(args):
 
 def _watch_env(args):
     """--hang-warn, --hang-fail and --timeline as the processes read them (runtime/hang.py,
-    runtime/timeline.py)."""
+    runtime/spans.py)."""
     env = {}
     try:
         for option, name, value in (('--hang-warn', 'hang_warn', args.hang_warn),

@@ -24,7 +24,7 @@ import time
 from collections import deque
 
 from .. import config
-from ..runtime.timeline import PREFIX as TIMELINE
+from ..runtime.spans import PREFIX as TIMELINE
 from .processes import child_env, guarded
 
 # After the last worker, how long the servers and the scheduler get to leave by themselves

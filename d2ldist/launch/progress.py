@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..report import Rate, format_progress, fraction_done, parse_report
-from ..runtime.timeline import PREFIX as TIMELINE
-from .timeline import Trace
+from ..runtime.spans import PREFIX as TIMELINE
+from .trace import Trace
 
 FINAL = ('finished', 'failed', 'stopped')
 MAX_POINTS = 1000    # history points kept per worker (halved when full)

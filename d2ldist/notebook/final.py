@@ -229,5 +229,5 @@ def outputs(model, timeline=None):
 
 def _timeline(path):
     """The last steps of a timeline file, drawn (``d2ldist/timeline.py``)."""
-    from .timeline import plot
+    from .timeline_view import plot
     return plot(path, steps=3)

@@ -8,7 +8,7 @@ worker's pace, and what a failure looks like. The launcher gives the process it 
 * ``D2L_FAIL``: ``step=40`` (it dies after its 40th compute step) or ``30s`` (30 s after
   it joined the job; servers too).
 
-(``config.py`` reads both; the steps are the timeline's count, ``timeline.step()``.)
+(``config.py`` reads both; the steps are the timeline's count, ``spans.step()``.)
 
 A compute step is what d2ldist sees of a script's work: the forward and backward pass
 of ``train_batch`` (step 1 of the seven), and the time between two
@@ -22,18 +22,18 @@ import threading
 import time
 
 from .. import config
-from . import timeline
+from . import spans
 
 
 def computed(seconds):
     """The compute of this training step has just ended, after ``seconds``: stretch it
-    (D2L_SLOW), and die if this is the step D2L_FAIL names (steps: timeline.step())."""
+    (D2L_SLOW), and die if this is the step D2L_FAIL names (steps: spans.step())."""
     cfg = config.get()
     if cfg.slow:
         factor, extra = cfg.slow
         time.sleep((factor - 1) * seconds + extra)
-    if cfg.fail == ('step', timeline.step()):
-        die(f'after its compute step {timeline.step()}')
+    if cfg.fail == ('step', spans.step()):
+        die(f'after its compute step {spans.step()}')
 
 
 def arm():

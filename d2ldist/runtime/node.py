@@ -18,7 +18,7 @@ import time
 from collections import deque
 
 from .. import config
-from . import faults, hang, protocol, timeline
+from . import faults, hang, protocol, spans
 from . import shm, stream
 from .van import LINGER_SECONDS, Van
 from ..report import report
@@ -27,8 +27,9 @@ from ..report import report
 _current = None   # this process's node, once it has joined the job
 
 
-def join(role='worker'):
-    """This process's node in the job, registered on the first call; None when run alone.
+def register(role='worker'):
+    """This process's node in the job, registered with the scheduler on the first call;
+    None when run alone.
 
     A process started by d2l-launch (D2L_SCHEDULER_URI is set) joins once; every layer
     above (kv's stores, the collectives) asks here, so a process is one node.
@@ -129,7 +130,7 @@ class Node:
             if best is None or got - sent < best[1]:
                 best = (msg['time'] - (sent + got) / 2, got - sent)
         if best is not None:
-            timeline.set_clock(best[0], best[1] / 2)
+            spans.set_clock(best[0], best[1] / 2)
 
     def host_of(self, peer):
         """The host a peer listens on, from the address book."""
@@ -171,7 +172,7 @@ class Node:
                 left = deadlines[0] - (time.monotonic() - start) if deadlines else None
                 msg = self._recv(kinds, None if left is None else max(left, 0.0))
                 if msg is not None:
-                    timeline.waited(wait.span, wall, what=wait.what)
+                    spans.waited(wait.span, wall, what=wait.what)
                     if warned and self.role == 'worker':
                         report(waiting='')               # the dashboard's warning goes
                     return msg

@@ -64,7 +64,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from ..collectives.buckets import BUCKET_CAP_MB, BackwardBuckets
-from ..runtime import faults, staging, timeline
+from ..runtime import faults, spans, staging
 from ..kv import optimizers
 from ..kv.optimizers import ON_SERVERS, torch_names
 from ..kv.worker import sum_copies
@@ -374,7 +374,7 @@ class Trainer:
         start = time.perf_counter()
         self._timers.append(0.0)          # the time of the blocks nested in this one
         try:
-            with timeline.span(STEP_LABELS[step], 'step') if count else nullcontext():
+            with spans.span(STEP_LABELS[step], 'step') if count else nullcontext():
                 yield
         finally:
             for d in set(self.devices):
@@ -414,7 +414,7 @@ def train_batch(X, y, net, loss, trainer, devices):
         raise ValueError("train_batch needs the trainer's net and devices")
     trainer.init()   # at the first batch: every worker starts from rank 0's weights
     if trainer.last_batch_end is not None:   # (d2l-launch --timeline: the time between)
-        timeline.record('between steps', 'data', trainer.last_batch_end, time.time())
+        spans.record('between steps', 'data', trainer.last_batch_end, time.time())
     # Step 1: split the batch across the devices; each replica computes the
     # loss and gradients of its slice (on GPUs, all devices work at once).
     with trainer.timed(1):
@@ -436,5 +436,5 @@ def train_batch(X, y, net, loss, trainer, devices):
     # Steps 2 to 7.
     trainer.step(X.shape[0])
     trainer.last_batch_end = time.time()
-    timeline.step_done()
+    spans.step_done()
     return sum(float(l) for l in losses), sum(int(c) for c in corrects)

@@ -10,9 +10,9 @@ from d2ldist import config
 from d2ldist.kv.server import KVServer, Slot
 from d2ldist.kv import messages as M
 from d2ldist.launch import cli
-from d2ldist.launch.timeline import Trace
+from d2ldist.launch.trace import Trace
 from d2ldist.report import format_progress, parse_report
-from d2ldist.runtime import hang, protocol, timeline
+from d2ldist.runtime import hang, protocol, spans
 from d2ldist.runtime.van import Message
 from d2ldist.timeline import breakdown, load, plot
 from fakes import FakeVan, message, scheduler
@@ -56,7 +56,7 @@ def test_timeline_windows_refused(text):
 
 def test_one_count_of_steps_for_the_spans_and_fail(monkeypatch, use_config):
     """train_batch and DistributedOptimizer.step() each end a step of the one count
-    (timeline.step()); --fail step=2 dies at the end of step 2's compute on either path."""
+    (spans.step()); --fail step=2 dies at the end of step 2's compute on either path."""
     import d2ldist
     from d2ldist.runtime import faults
     use_config({'D2L_FAIL': 'step=2'})
@@ -72,13 +72,13 @@ def test_one_count_of_steps_for_the_spans_and_fail(monkeypatch, use_config):
         optimizer.step()
     for step in (lambda: d2ldist.train_batch(X, y, net, loss, trainer, trainer.devices),
                  horovod_step):
-        monkeypatch.setattr(timeline, '_steps_done', 0)
+        monkeypatch.setattr(spans, '_steps_done', 0)
         died.clear()
-        assert timeline.step() == 1
+        assert spans.step() == 1
         step()
-        assert (timeline.step(), died) == (2, [])
+        assert (spans.step(), died) == (2, [])
         step()
-        assert (timeline.step(), died) == (3, ['after its compute step 2'])
+        assert (spans.step(), died) == (3, ['after its compute step 2'])
 
 
 def test_the_hang_line_names_the_missing_and_what_they_do():
@@ -162,14 +162,14 @@ def span(name, cat='step', ts=0.0, dur=10.0, tid='MainThread', step=1, **args):
 def test_the_trace_keeps_well_formed_spans_and_drops_the_rest(tmp_path):
     t = Trace()
     assert not t.on_line('worker 0', 'an ordinary line')
-    assert t.on_line('worker 0', timeline.PREFIX + '{not json')
-    assert t.on_line('worker 0', timeline.PREFIX + json.dumps({'events': [
+    assert t.on_line('worker 0', spans.PREFIX + '{not json')
+    assert t.on_line('worker 0', spans.PREFIX + json.dumps({'events': [
         span('1 forward, backward', ts=1000.0, dur=500.0),
         span('allreduce', 'comm', ts=1200.0, dur=100.0, tid='d2ldist-comm', bytes=40),
         span('bad', ts=float('nan')), span('bad', dur=-1), {'name': 3},
         span('nested', args_ok=None) | {'args': {'x': [1, 2]}}],
         'clock_error_us': 80.0}))
-    assert t.on_line('server 0', timeline.PREFIX + json.dumps({'events': [
+    assert t.on_line('server 0', spans.PREFIX + json.dumps({'events': [
         span('push', 'server', ts=1100.0, dur=50.0), span('pull', 'server', ts=9000.0)]}))
     assert t.count == 4
     path = tmp_path / 't.json'
@@ -182,9 +182,9 @@ def test_the_trace_keeps_well_formed_spans_and_drops_the_rest(tmp_path):
     assert threads == ['communication', 'serving', 'training']
     assert min(e['ts'] for e in data['traceEvents'] if e['ph'] == 'X') == 0
     assert data['otherData']['clock_error_us'] == {'worker 0': 80.0}
-    spans = load(path)
-    assert [s.lane for s in spans] == ['worker 0 training', 'server 0 serving',
-                                       'worker 0 communication']
+    read = load(path)
+    assert [s.lane for s in read] == ['worker 0 training', 'server 0 serving',
+                                      'worker 0 communication']
     assert breakdown(path)['worker 0 training'] == {'step': 500e-6}
     drawn = plot(path, steps=1)
     assert drawn._repr_png_().startswith(b'\x89PNG') and '3 lanes' in repr(drawn)

@@ -7,7 +7,7 @@ collective and each push or pull with its bytes, each wait for another node
 (``Node.recv``), and on a server each request it handles. Every step (or second) it prints the new spans as one line
 ``@d2l/timeline {...}`` on its stdout: the launcher reads every process's output
 anyway, locally and over ssh, and merges the spans into one Chrome trace-event file
-(``launch/timeline.py``).
+(``launch/trace.py``).
 
 Clocks: the hosts' clocks differ. When a node joins, it asks the scheduler for its
 time a few times, as NTP does, and keeps the offset of the exchange with the

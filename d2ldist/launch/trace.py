@@ -1,6 +1,6 @@
 """The job's timeline: every process's spans merged into one Chrome trace-event file.
 
-Each process prints its spans as ``@d2l/timeline {...}`` lines (``runtime/timeline.py``).
+Each process prints its spans as ``@d2l/timeline {...}`` lines (``runtime/spans.py``).
 The job model hands them here; ``Trace.write(path)`` makes the file Perfetto and
 chrome://tracing open: one lane (a trace "process") per worker and server, a row in
 it per thread (the training loop, the communication thread), times in microseconds
@@ -11,7 +11,7 @@ span is dropped.
 import json
 import math
 
-from ..runtime.timeline import PREFIX
+from ..runtime.spans import PREFIX
 
 MAX_SPANS = 1_000_000          # of the whole job; beyond it, lines are dropped
 THREADS = {'MainThread': 'training', 'd2ldist-comm': 'communication'}   # (workers')
@@ -92,7 +92,7 @@ def _number(x):
 
 
 def _well_formed(e):
-    """A span as runtime/timeline.py makes it: names, finite times, simple arguments."""
+    """A span as runtime/spans.py makes it: names, finite times, simple arguments."""
     return (isinstance(e, dict) and isinstance(e.get('name'), str)
             and isinstance(e.get('cat'), str) and isinstance(e.get('tid'), str)
             and _number(e.get('ts')) and _number(e.get('dur')) and e['dur'] >= 0

@@ -7,7 +7,7 @@
     d2ldist.timeline.breakdown(tl, steps=3)    # seconds per category, per lane
 
 The file is a Chrome trace (open it in Perfetto or chrome://tracing too): one lane per
-worker and server (``launch/timeline.py`` writes it, ``runtime/timeline.py`` records
+worker and server (``launch/trace.py`` writes it, ``runtime/spans.py`` records
 it). Categories: ``step`` (the seven steps, or a Horovod script's compute, synchronize
 and update), ``comm`` (a collective, a push or a pull), ``wait`` (for a ring neighbour,
 the servers' sync round, a barrier), ``data`` (between two steps: the next batch, a
