@@ -19,6 +19,7 @@ import json
 
 import torch
 
+from ..runtime.compression import Cast, Identity
 from ..runtime.split import even_sizes
 from . import ops, world
 from .engine import Handle  # noqa: F401  (re-exported: what the _async_ variants return)
@@ -52,7 +53,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
     (``compression``, not Horovod's here: what DistributedOptimizer's buckets go through.)"""
     op = _reduction(average, op)
-    if compression not in (None, NoneCompressor):
+    if compression not in (None, Compression.none):
         return world.run(_compressed_allreduce_, tensor, compression, op, prescale_factor,
                     postscale_factor)
     if prescale_factor == 1.0 and postscale_factor == 1.0:
@@ -86,7 +87,7 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None,
     """The reduction of ``tensor`` across all workers, as a new tensor (differentiable);
     ``compression=Compression.fp16``: through 16 bits, back in the tensor's dtype."""
     op = _reduction(average, op)
-    if compression not in (None, NoneCompressor):
+    if compression not in (None, Compression.none):
         wire, ctx = compression.compress(tensor)
         return compression.decompress(allreduce(wire, op=op, prescale_factor=prescale_factor,
                                                 postscale_factor=postscale_factor), ctx)
@@ -123,7 +124,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None,
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
                       prescale_factor=1.0, postscale_factor=1.0):
     """The reductions of a list of tensors, as new tensors (through ``compression``)."""
-    compression = compression or NoneCompressor
+    compression = compression or Compression.none
     wires, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
     summed = grouped_allreduce_async(list(wires), average, name, op, prescale_factor,
                                      postscale_factor).wait()
@@ -227,39 +228,11 @@ def alltoall(tensor, splits=None, name=None):
     return torch.cat(parts), counts[:, r].clone()
 
 
-class NoneCompressor:
-    """Horovod's Compression.none: the tensor as it is."""
-    name = 'none'
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class FP16Compressor:
-    """Horovod's Compression.fp16: floating-point tensors travel (and are summed) in
-    16 bits, and come back in their own dtype; others as they are."""
-    name = 'fp16'
-
-    @staticmethod
-    def compress(tensor):
-        if tensor.dtype.is_floating_point:
-            return tensor.type(torch.float16), tensor.dtype
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor if ctx is None else tensor.type(ctx)
-
-
 class Compression:
-    """Horovod's gradient compression: ``Compression.none``, ``Compression.fp16``."""
-    none = NoneCompressor
-    fp16 = FP16Compressor
+    """Horovod's gradient compression: ``Compression.none``, ``Compression.fp16`` (the
+    codecs of ``runtime/compression.py``, with Horovod's compress and decompress)."""
+    none = Identity()
+    fp16 = Cast('fp16')
 
 
 def poll(handle):

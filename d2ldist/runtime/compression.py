@@ -93,8 +93,24 @@ class TwoBit:
 CASTS = {'fp16': torch.float16, 'bf16': torch.bfloat16}
 
 
+class Identity:
+    """No compression, in Horovod's words (``Compression.none``): the tensor as it is."""
+
+    name = 'none'
+
+    def compress(self, tensor):
+        return tensor, None
+
+    def decompress(self, tensor, ctx):
+        return tensor
+
+
 class Cast:
-    """Values cast to 16 bits on the wire (fp16 or bf16)."""
+    """Values cast to 16 bits on the wire (fp16 or bf16).
+
+    Two ways to use it: MXNet's kvstore sends bytes (``encode``, ``decode``); Horovod's
+    and the ring's collectives reduce the 16-bit tensor itself (``compress``,
+    ``decompress``: ``hvd.Compression.fp16`` is ``Cast('fp16')``)."""
 
     def __init__(self, name):
         self.name, self.dtype = name, CASTS[name]
@@ -112,6 +128,16 @@ class Cast:
 
     def nbytes(self, numel):
         return 2 * numel
+
+    def compress(self, tensor):
+        """Floating-point values in 16 bits, to reduce as they are; what to undo it."""
+        if tensor.dtype.is_floating_point:
+            return tensor.to(self.dtype), tensor.dtype
+        return tensor, None
+
+    def decompress(self, tensor, ctx):
+        """Back in the tensor's own dtype."""
+        return tensor if ctx is None else tensor.to(ctx)
 
 
 def _pack(codes):

@@ -138,9 +138,9 @@ class AllreduceStore:
     def _sum_coded_(self, tensor):
         """The sum through 16 bits: cast, all-reduce, cast back into ``tensor``."""
         from ..collectives import ops
-        wire = tensor.to(self._codec.dtype)
+        wire, ctx = self._codec.compress(tensor)
         self._backend.allreduce_(wire, ops.Sum)
-        return tensor.copy_(wire)
+        return tensor.copy_(self._codec.decompress(wire, ctx))
 
     def barrier(self):
         self._run(self._backend.barrier).wait()
