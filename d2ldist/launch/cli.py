@@ -8,6 +8,7 @@ The options follow MXNet's tools/launch.py. Everything after the options (or aft
 ``--``) is the command each worker runs.
 """
 import argparse
+import faulthandler
 import os
 import secrets
 import shlex
@@ -260,6 +261,7 @@ def _terminate(signum, frame):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGTERM, _terminate)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)   # kill -USR1: where is it?
     progress = Progress()          # the job's model, and report lines as progress lines
     args = None
     try:

@@ -120,6 +120,18 @@ def _wait_for_ready(p, count, timeout=60):
     assert seen == count, 'the workers did not start'
 
 
+def _exit_code_or_where(p, timeout):
+    """The launcher's exit code; if it has not ended in time, fail with where it is
+    (d2l-launch prints its threads' stacks on SIGUSR1) and what it printed."""
+    try:
+        return p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        p.kill()
+        pytest.fail(f'd2l-launch still ran {timeout} s later:\n{p.stdout.read()[-6000:]}')
+
+
 @pytest.mark.parametrize('sig, code', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_to_the_launcher_stops_everything(write_script, sig, code):
     p = start_launch('-n', 2, '-s', 1, 'python', write_script(SLEEPER))
@@ -128,7 +140,7 @@ def test_signal_to_the_launcher_stops_everything(write_script, sig, code):
         assert len(tagged_pids(p.tag)) >= 8   # 4 guards + scheduler, server, 2 workers
         t = time.monotonic()
         p.send_signal(sig)
-        assert p.wait(timeout=10) == code
+        assert _exit_code_or_where(p, 10) == code
         assert time.monotonic() - t < 6
         assert wait_no_survivors(p.tag, 5) == []
     finally:
