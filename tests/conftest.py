@@ -74,13 +74,13 @@ def run_launch(*args, tag=None, timeout=120, env=None, cwd=ROOT):
     return r
 
 
-def start_launch(*args, tag=None, env=None, cwd=ROOT):
+def start_launch(*args, tag=None, env=None, cwd=ROOT, preexec_fn=None):
     """Start d2l-launch in the background (its own session); returns the Popen."""
     tag = tag or new_tag()
     full_env = dict(os.environ, **(env or {}))
     p = subprocess.Popen(launch_argv('--env', f'D2L_TEST_TAG={tag}', *args),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env=full_env, cwd=cwd, start_new_session=True)
+                         env=full_env, cwd=cwd, start_new_session=True, preexec_fn=preexec_fn)
     p.tag = tag
     return p
 

@@ -261,6 +261,9 @@ def _terminate(signum, frame):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGTERM, _terminate)
+    # Ctrl-C (SIGINT) stops the job, also where the shell that started us ignores it: a
+    # script's background job (cmd &) inherits SIGINT ignored, and would never stop
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     faulthandler.register(signal.SIGUSR1, all_threads=True)   # kill -USR1: where is it?
     progress = Progress()          # the job's model, and report lines as progress lines
     args = None

@@ -132,9 +132,13 @@ def _exit_code_or_where(p, timeout):
         pytest.fail(f'd2l-launch still ran {timeout} s later:\n{p.stdout.read()[-6000:]}')
 
 
-@pytest.mark.parametrize('sig, code', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_to_the_launcher_stops_everything(write_script, sig, code):
-    p = start_launch('-n', 2, '-s', 1, 'python', write_script(SLEEPER))
+@pytest.mark.parametrize('sig, code, inherited', [
+    (signal.SIGINT, 130, signal.SIG_DFL), (signal.SIGTERM, 143, signal.SIG_DFL),
+    (signal.SIGINT, 130, signal.SIG_IGN)])      # as a script's background job starts it
+def test_signal_to_the_launcher_stops_everything(write_script, sig, code, inherited):
+    def as_started():
+        signal.signal(signal.SIGINT, inherited)
+    p = start_launch('-n', 2, '-s', 1, 'python', write_script(SLEEPER), preexec_fn=as_started)
     try:
         _wait_for_ready(p, 2)
         assert len(tagged_pids(p.tag)) >= 8   # 4 guards + scheduler, server, 2 workers
