@@ -76,12 +76,16 @@ def main(argv=None):
         sys.exit(127)
     if remote:
         print(f'd2ldist.guard: pgid {child.pid}', flush=True)
-    stopping = threading.Event()
+    stopping, stoppers = threading.Event(), []
 
     def stop(*_):
+        # On a thread of its own: this one must go back to child.wait(), or the child,
+        # once ended, stays a zombie that stop_group counts as alive for the whole grace.
         if not stopping.is_set():
             stopping.set()
-            stop_group(child.pid)
+            stoppers.append(threading.Thread(target=stop_group, args=(child.pid,),
+                                             daemon=True))
+            stoppers[-1].start()
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)
@@ -93,6 +97,8 @@ def main(argv=None):
 
     threading.Thread(target=watch_stdin, daemon=True).start()
     code = child.wait()
+    for stopper in stoppers:            # what the command started in its group gets the
+        stopper.join()                  # whole grace too
     stop_group(child.pid, grace=0.5)    # leftovers the command started in its group
     sys.exit(128 - code if code < 0 else code)
 
