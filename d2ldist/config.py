@@ -257,6 +257,16 @@ class Config:
     fail: tuple | None = _setting(
         None, parse_fail, '`step=N` or `30s`: die (SIGKILL) after compute step N, or that '
         'long after joining (`--fail`, for the process it names)')
+    restart: int = _setting(
+        0, _whole, "which attempt of the job this is: 0 the first, then 1, 2, ... "
+        '(d2l-launch `--max-restarts`; `--fail` and `--slow` act in attempt 0 only)', job=True)
+    checkpoint_dir: str | None = _setting(
+        None, _text, "a folder every worker can read, for the job's checkpoints; set: "
+        "`d2ldist.train` saves them and resumes from the newest (`--checkpoint-dir`)")
+    checkpoint_every: int = _setting(
+        100, _positive_whole, 'steps between two checkpoints (`--checkpoint-every`)')
+    checkpoint_keep: int = _setting(
+        3, _positive_whole, 'checkpoints kept, the newest ones (`--checkpoint-keep`)')
     hang_warn: float | None = _setting(
         30.0, _seconds_or_never, 'seconds of waiting for others after which a node says '
         'who is missing, 0 for never (`--hang-warn`)')

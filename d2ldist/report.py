@@ -30,6 +30,10 @@ time          float   when the worker reported (its clock, Unix seconds; set by
                       ``report()``): rates use it, not the time the line arrived
 waiting       str     what the worker has waited for too long and who is missing
                       (the hang detector, ``runtime/hang.py``); '' when it goes on
+step          int     training steps this job has done (a resumed attempt goes on
+                      counting from its checkpoint's step)
+resumed_from  int     the checkpoint's step this attempt resumed from (once, at its
+                      start; ``training/checkpoint.py``)
 ============  ======  =========================================================
 
 Every field is optional. A reader ignores fields it does not know and values of
@@ -45,7 +49,8 @@ from . import config
 PREFIX = '@d2l/1 '
 FIELDS = {'epoch': int, 'num_epochs': int, 'batch': int, 'num_batches': int,
           'loss': float, 'acc': float, 'test_acc': float, 'samples': int,
-          'step_times': dict, 'time': float, 'waiting': str}
+          'step_times': dict, 'time': float, 'waiting': str, 'step': int,
+          'resumed_from': int}
 MAX_LINE = 1 << 16
 
 
