@@ -220,6 +220,14 @@ class KVStore:
             raise M.KVError(f'key {key!r}: {what} {_describe(t.dtype, t.shape)} but the key '
                             f'holds {_describe(dtype, shape)}')
 
+    def save_optimizer_states(self, path):
+        """Save the optimizer's states in one file (MXNet's name; tensors and numbers only)."""
+        torch.save(self.optimizer_states(), path)
+
+    def load_optimizer_states(self, path):
+        """Load a file of save_optimizer_states (read with weights_only: nothing unpickled)."""
+        self.set_optimizer_states(torch.load(path, weights_only=True))
+
     def barrier(self):
         """Wait for every worker (nothing to wait for in one process)."""
 
@@ -278,14 +286,14 @@ class LocalKVStore(KVStore):
         self._push(keys, values)
         self._pull(keys, outs)
 
-    def save_optimizer_states(self, path):
-        """Save the optimizer's state (tensors and numbers only)."""
-        states = self._updater.states if self._updater else {}
-        torch.save({'optimizer': self._updater and self._updater.name, 'states': states}, path)
+    def optimizer_states(self):
+        """The optimizer's state of every key: {'optimizer': name, 'states': {key: {...}}}."""
+        states = {k: {n: v.clone() if isinstance(v, torch.Tensor) else v for n, v in s.items()}
+                  for k, s in (self._updater.states if self._updater else {}).items()}
+        return {'optimizer': self._updater and self._updater.name, 'states': states}
 
-    def load_optimizer_states(self, path):
-        """Load states saved by save_optimizer_states (tensors and numbers only)."""
-        data = torch.load(path, weights_only=True)
+    def set_optimizer_states(self, data):
+        """Take back what optimizer_states() gave."""
         if self._updater is None:
             raise M.KVError('set the optimizer before loading its states')
         for key, state in data['states'].items():
@@ -511,8 +519,9 @@ class DistKVStore(KVStore):
         return {m.sender: {'keys': m['keys'], 'pid': m['pid'], 'optimizer': m['optimizer']}
                 for m in answers}
 
-    def save_optimizer_states(self, path):
-        """Gather the servers' optimizer states into one file (tensors and numbers only)."""
+    def optimizer_states(self):
+        """The servers' optimizer states, gathered key by key as optimizer_states() of a
+        'local' store gives them: whole tensors, whatever the number of servers."""
         answers = self._ask([(s, M.GET_STATE, {}, []) for s in self._node.peers('server')])
         states = {}
         for msg in answers:
@@ -529,11 +538,12 @@ class DistKVStore(KVStore):
                 full.view(-1)[start:stop].copy_(M.wire.unpack(
                     {'dtype': dtype, 'shape': [stop - start]}, next(frames)))
         optimizer = next((m['optimizer'] for m in answers if m['optimizer']), None)
-        torch.save({'optimizer': optimizer, 'states': states}, path)
+        return {'optimizer': optimizer, 'states': states}
 
-    def load_optimizer_states(self, path):
-        """Send saved states back to the servers (call on every worker; rank 0 sends)."""
-        data = torch.load(path, weights_only=True)          # tensors and numbers only, no code
+    def set_optimizer_states(self, data):
+        """Send states back to the servers, cut by today's placement (so a job with
+        another number of servers takes them too). Every worker calls it; rank 0 sends
+        its ``data`` (the others may pass None), and all wait until the servers have them."""
         if self.rank == 0:
             msgs = {}
             for key, state in data['states'].items():
@@ -547,7 +557,7 @@ class DistKVStore(KVStore):
                         else:
                             entries.append([key, name, None, v])
             self._ask([(s, M.SET_STATE, {'entries': e}, f) for s, (e, f) in msgs.items()])
-        self.barrier('kv.load_optimizer_states')
+        self.barrier('kv.set_optimizer_states')
 
     def _slice_on(self, key, server):
         shape, _ = self._meta[key]
