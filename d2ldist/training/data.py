@@ -56,10 +56,14 @@ class SplitSampler:
             self.part_len = (length + num_parts - 1) // num_parts
         self.start = self.part_len * part_index
         self.end = self.start + self.part_len
+        self.skip = 0
 
-    def set_epoch(self, epoch):
-        """Use the permutation of this epoch (the same on every worker)."""
-        self.epoch = epoch
+    def set_epoch(self, epoch, skip=0):
+        """Use the permutation of this epoch (the same on every worker); ``skip``: leave
+        out the first examples of this worker's part (a job resumed in mid-epoch)."""
+        if not 0 <= skip <= self.part_len:
+            raise ValueError(f'skip must be in [0, {self.part_len}], got {skip}')
+        self.epoch, self.skip = epoch, skip
 
     def __iter__(self):
         indices = list(range(self.length))
@@ -67,10 +71,10 @@ class SplitSampler:
             random.Random(self.seed + self.epoch).shuffle(indices)
         total = self.part_len * self.num_parts
         indices += indices[:total - self.length]   # pad by wrapping (no-op if dropping)
-        return iter(indices[self.start:self.end])
+        return iter(indices[self.start + self.skip:self.end])
 
     def __len__(self):
-        return self.part_len
+        return self.part_len - self.skip
 
 
 def _train_loader(dataset, batch_size, num_parts, part_index, seed, num_workers,
