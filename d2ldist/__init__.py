@@ -53,13 +53,15 @@ _LAZY = {
     'AllreduceStore': 'training.stores', 'create_store': 'training.stores',
     'Trainer': 'training.trainer', 'train_batch': 'training.trainer',
     'evaluate_accuracy': 'training.loop', 'train': 'training.loop',
+    'Checkpoint': 'training.checkpoint', 'CheckpointError': 'training.checkpoint',
 }
-_LAZY_MODULES = ('kv', 'horovod', 'timeline')
+_LAZY_MODULES = {'kv': 'kv', 'horovod': 'horovod', 'timeline': 'timeline',
+                 'checkpoint': 'training.checkpoint'}
 def __getattr__(name):
     """Load the heavy parts (torch) on first use, then keep them as module attributes."""
     import importlib
     if name in _LAZY_MODULES:
-        value = importlib.import_module(f'.{name}', __name__)
+        value = importlib.import_module(f'.{_LAZY_MODULES[name]}', __name__)
     elif name in _LAZY:
         value = getattr(importlib.import_module(f'.{_LAZY[name]}', __name__), name)
     else:                       # (Horovod's names d2ldist does not have: says why)

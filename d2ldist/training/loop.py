@@ -6,12 +6,14 @@ report every few batches (for ``d2l-launch``'s bars and ``%launch``'s dashboard)
 one line per epoch. Saved from the chapter that introduces it
 (``notebooks/multimachine_resnet18.ipynb``, its ``#@save`` cell).
 """
+import sys
 import time
 
 import torch
 from torch import nn
 
 from ..report import report
+from .checkpoint import Checkpoint, CheckpointError
 from .trainer import train_batch
 
 
@@ -30,26 +32,52 @@ def evaluate_accuracy(net, data_iter, device=None):
 
 def train(net, train_iter, test_iter, num_epochs, trainer, devices, lr_period=None,
           lr_decay=0.1, report_every=5):
-    """Train for num_epochs; report progress every few batches; return the final metrics."""
+    """Train for num_epochs; report progress every few batches; return the final metrics.
+
+    With D2L_CHECKPOINT_DIR set (``d2l-launch --checkpoint-dir``), save a checkpoint
+    every D2L_CHECKPOINT_EVERY steps and first resume from the newest one, if any."""
     loss = nn.CrossEntropyLoss(reduction='none')
-    num_batches, samples = len(train_iter), 0
-    for epoch in range(num_epochs):
-        if lr_period and epoch > 0 and epoch % lr_period == 0:
+    num_batches = len(train_iter)
+    ckpt = Checkpoint.from_config(trainer)
+    at = (ckpt and _resume(ckpt)) or {'step': 0, 'epoch': 0, 'batch': 0, 'loop': {}}
+    step, samples = at['step'], at['loop'].get('samples', 0)
+    for epoch in range(at['epoch'], num_epochs):
+        skip = at['batch'] if epoch == at['epoch'] else 0   # a resumed epoch's done batches
+        if lr_period and epoch > 0 and epoch % lr_period == 0 and skip == 0:
             trainer.set_learning_rate(trainer.learning_rate * lr_decay)
-        train_iter.sampler.set_epoch(epoch)      # a new permutation, the same on all workers
-        train_l_sum, train_acc_sum, n, start = 0.0, 0, 0, time.time()
-        for i, (X, y) in enumerate(train_iter):
+        train_iter.sampler.set_epoch(epoch, skip * train_iter.batch_size)   # a new permutation,
+        batches = iter(train_iter)                                          # the same on all workers
+        sums = at['loop'] if skip else {}
+        train_l_sum, train_acc_sum, n = (sums.get(k, 0) for k in ('loss', 'acc', 'n'))
+        if ckpt:
+            ckpt.restore_rng()        # (after iter(), which draws from torch's generator)
+        start = time.time()
+        for i, (X, y) in enumerate(batches, start=skip):
             l, acc = train_batch(X, y, net, loss, trainer, devices)
             train_l_sum, train_acc_sum, n = train_l_sum + l, train_acc_sum + acc, n + len(y)
-            samples += len(y)
+            samples, step = samples + len(y), step + 1
+            if ckpt:
+                ckpt.step_done(step, epoch, i + 1, {'loss': train_l_sum, 'acc': train_acc_sum,
+                                                    'n': n, 'samples': samples})
             if (i + 1) % report_every == 0 or i + 1 == num_batches:
                 report(epoch=epoch + 1, num_epochs=num_epochs, batch=i + 1,
                        num_batches=num_batches, loss=l / len(y), acc=acc / len(y),
-                       samples=samples, step_times=trainer.step_times_report())
+                       samples=samples, step=step, step_times=trainer.step_times_report())
         test_acc = evaluate_accuracy(net, test_iter, devices[0])
         print(f'epoch {epoch + 1}, loss {train_l_sum / n:.3f}, train acc '
               f'{train_acc_sum / n:.3f}, test acc {test_acc:.3f}, '
               f'time {time.time() - start:.1f} sec, lr {trainer.learning_rate:g}', flush=True)
         report(epoch=epoch + 1, num_epochs=num_epochs, batch=num_batches,
                num_batches=num_batches, test_acc=test_acc)
+    if ckpt:
+        ckpt.wait()
     return {'loss': train_l_sum / n, 'train_acc': train_acc_sum / n, 'test_acc': test_acc}
+
+
+def _resume(ckpt):
+    """The newest checkpoint restored, or None; a checkpoint that cannot be used: one line."""
+    try:
+        return ckpt.resume()
+    except CheckpointError as e:
+        print(f'd2ldist: {e}', file=sys.stderr, flush=True)
+        raise SystemExit(2) from None

@@ -208,8 +208,31 @@ class Trainer:
         return update_on_kvstore
 
     @property
+    def initialized(self):
+        """Whether the store has the weights (the first step, or init(), has run)."""
+        return self._initialized
+
+    @property
     def learning_rate(self):
         return self.optimizer_params.get('lr')
+
+    def optimizer_states(self):
+        """The optimizer's states (momenta, ...), wherever it runs: on the servers (the
+        store gathers them; ask on rank 0 only) or here. Tensors and numbers only."""
+        if self.update_on_kvstore:        # by parameter index: the keys' names may differ
+            held = self.store.optimizer_states()
+            return {'on': 'store', 'optimizer': held['optimizer'], 'states': {
+                i: held['states'][k] for i, k in enumerate(self.keys) if k in held['states']}}
+        return {'on': 'worker', 'states': self._optimizer.state_dict()}
+
+    def set_optimizer_states(self, data):
+        """Take back what optimizer_states() gave, after init(); every worker calls it
+        (on the servers, rank 0's ``data`` is sent)."""
+        if self.update_on_kvstore:
+            self.store.set_optimizer_states(data and {'optimizer': data['optimizer'], 'states': {
+                self.keys[i]: state for i, state in data['states'].items()}})
+        else:
+            self._optimizer.load_state_dict(data['states'])
 
     def set_learning_rate(self, lr):
         """Change the learning rate of the optimizer, wherever it runs (states stay)."""

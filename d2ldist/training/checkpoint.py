@@ -1,0 +1,276 @@
+"""Checkpoints of a whole job, and resuming from the newest: what a restart needs.
+
+A job that loses one process loses every step since it started, unless it saved them.
+Every ``every`` steps, at the step boundary, each worker saves what only it knows, and
+worker 0 also what all workers share::
+
+    DIR/step-00000120/worker-0-of-2.ckpt   the model (weights, BatchNorm statistics), the
+                                           optimizer's states (the servers': gathered
+                                           from all of them, key by key), the learning
+                                           rate, and what every worker's file has:
+    DIR/step-00000120/worker-1-of-2.ckpt   the step, its place in the data (epoch, batch),
+                                           its random generators (torch, numpy,
+                                           random) and its loop's running sums
+
+A checkpoint is *complete* when every worker's file is there and reads back whole, and
+a job resumes from the newest complete one. In ``dist_sync`` and on the ring all the
+pieces belong to one step: every worker saves after the same step, and no server can
+start the next round before worker 0 has asked for their states and pushed again. So a
+resumed job goes on bit for bit as the one that never stopped. In ``dist_async`` the
+workers are never at one step: worker ``r``'s file holds its own step 120, and the
+model is what the servers held when worker 0 had done its step 120. A resume gives a
+state asynchronous training could have been in, not the one it was in.
+
+How it is written (after CheckFreq, Mohan et al., FAST 2021): the snapshot copies the
+state in memory at the step boundary, and a thread writes it while training goes on (the
+next snapshot waits for that write). A file is written whole or not at all: a temporary
+name, fsync, rename. Its first line holds the SHA-256 of the rest (torch.save's bytes,
+read back with ``weights_only``: nothing is unpickled), so a file cut short or damaged is
+found and the checkpoint before it used. A write that fails (a full disk) is one
+warning line, and training goes on. The newest ``keep`` complete checkpoints stay.
+
+The folder must be one that every worker reads: one host, or a shared file system.
+"""
+import hashlib
+import io
+import os
+import random
+import re
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import config
+from ..report import report
+
+HEADER = re.compile(rb'd2ldist-checkpoint 1 sha256=([0-9a-f]{64})')
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: one line says which file, and why."""
+
+
+def write_file(path, state):
+    """Save ``state`` (tensors and numbers) whole or not at all: a temporary file, fsync,
+    rename. Its first line is the SHA-256 of the rest."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data = buffer.getbuffer()
+    header = b'd2ldist-checkpoint 1 sha256=%s\n' % hashlib.sha256(data).hexdigest().encode()
+    tmp = path.with_name(f'{path.name}.tmp{os.getpid()}')
+    try:
+        with open(tmp, 'wb') as f:
+            f.write(header)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    folder = os.open(path.parent, os.O_RDONLY)   # the rename itself must reach the disk
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def read_file(path):
+    """The state in a file of write_file, if it reads back whole (else CheckpointError)."""
+    try:
+        header, _, data = path.read_bytes().partition(b'\n')
+    except OSError as e:
+        raise CheckpointError(f'{path}: {e.strerror}') from None
+    match = HEADER.fullmatch(header)
+    if match is None:
+        raise CheckpointError(f'{path} is not a d2ldist checkpoint')
+    if hashlib.sha256(data).hexdigest().encode() != match.group(1):
+        raise CheckpointError(f'{path} is damaged or cut short (its SHA-256 does not match)')
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)   # tensors and numbers only
+    except Exception as e:                                     # (whatever torch says)
+        raise CheckpointError(f'{path} cannot be read: {e}'.splitlines()[0]) from None
+
+
+def rng_states():
+    """This process's random generators (torch, numpy, random), as tensors and numbers."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    states = {'torch': torch.get_rng_state(), 'random': random.getstate(),
+              'numpy': (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states['cuda'] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states):
+    """Put the generators back where rng_states() found them."""
+    torch.set_rng_state(states['torch'])
+    random.setstate(states['random'])
+    kind, keys, pos, has_gauss, gauss = states['numpy']
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if 'cuda' in states:
+        torch.cuda.set_rng_state_all(states['cuda'])
+
+
+def _copy(state):
+    """A copy on the CPU of a nest of dicts, lists and tensors (the snapshot)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to('cpu', copy=True)
+    if isinstance(state, dict):
+        return {k: _copy(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_copy(v) for v in state)
+    return state
+
+
+def _warn(text):
+    print(f'd2ldist: {text}', file=sys.stderr, flush=True)
+
+
+class Checkpoint:
+    """Save this worker's part of the job every ``every`` steps into ``directory``;
+    resume() from the newest complete checkpoint. ``d2ldist.train`` uses one when
+    D2L_CHECKPOINT_DIR is set (``d2l-launch --checkpoint-dir``)."""
+
+    def __init__(self, directory, trainer, every=100, keep=3):
+        self.dir, self.trainer, self.every, self.keep = Path(directory), trainer, every, keep
+        cfg = config.get()
+        self.rank, self.num_workers = cfg.rank or 0, cfg.num_worker or 1
+        # Rank 0 saves what the workers share; a worker that trains alone (kvstore
+        # 'local' in a job), saves and reads its own.
+        self.source = 0 if trainer.store.num_workers > 1 else self.rank
+        self.writes = 0          # files written (the benchmark counts them)
+        self._writer = None      # the thread writing the last snapshot
+        self._rng = None         # a resumed worker's generators, until its epoch starts
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CheckpointError(f'checkpoint folder {self.dir}: {e.strerror}') from None
+
+    @classmethod
+    def from_config(cls, trainer):
+        """The Checkpoint D2L_CHECKPOINT_* ask for, or None (unset)."""
+        cfg = config.get()
+        if cfg.checkpoint_dir is None:
+            return None
+        return cls(cfg.checkpoint_dir, trainer, cfg.checkpoint_every, cfg.checkpoint_keep)
+
+    # -- saving ------------------------------------------------------------------------
+    def step_done(self, step, epoch, batch, loop):
+        """After step ``step`` (batch ``batch`` of ``epoch`` done): every ``every`` steps,
+        snapshot this worker's state in memory and write it on a thread."""
+        if step % self.every == 0:
+            self.wait()                       # (the write before must have ended)
+            state = self.snapshot(step, epoch, batch, loop)
+            self._writer = threading.Thread(target=self._write, args=(step, state),
+                                            name='d2ldist-checkpoint')
+            self._writer.start()
+
+    def snapshot(self, step, epoch, batch, loop):
+        """This worker's state at the step boundary, copied (training goes on meanwhile)."""
+        t = self.trainer
+        state = {'step': step, 'epoch': epoch, 'batch': batch, 'loop': dict(loop),
+                 'rng': rng_states()}
+        if self.rank == self.source:
+            state['model'] = t.replicas[0].state_dict()
+            state['optimizer'] = t.optimizer_states()   # (the servers': one request)
+            state['lr'] = t.learning_rate
+        return _copy(state)
+
+    def _write(self, step, state):
+        folder = self.dir / f'step-{step:08d}'
+        try:
+            folder.mkdir(exist_ok=True)
+            write_file(self.file(folder, self.rank), state)
+        except OSError as e:
+            _warn(f'checkpoint of step {step} not written: {e.strerror or e}')
+            return
+        self.writes += 1
+        self.prune()
+
+    def wait(self):
+        """Until the last snapshot is on disk (or has failed to get there)."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+
+    def prune(self):
+        """Keep the newest ``keep`` complete checkpoints, and any newer still being
+        written: remove this worker's files of the older ones."""
+        steps = self.steps()
+        complete = [step for step, folder in steps if self.complete(folder)]
+        if len(complete) < self.keep:
+            return
+        for step, folder in steps:
+            if step < complete[self.keep - 1]:
+                self.file(folder, self.rank).unlink(missing_ok=True)
+                try:
+                    folder.rmdir()            # (the last worker to leave removes it)
+                except OSError:
+                    pass
+
+    def steps(self):
+        """The checkpoints' (step, folder), newest first."""
+        found = [(int(m.group(1)), p) for p in self.dir.iterdir()
+                 if (m := re.fullmatch(r'step-(\d+)', p.name)) and p.is_dir()]
+        return sorted(found, reverse=True)
+
+    def file(self, folder, rank):
+        """Worker ``rank``'s file in a checkpoint's folder (its name says how many workers)."""
+        return folder / f'worker-{rank}-of-{self.num_workers}.ckpt'
+
+    def complete(self, folder):
+        """Whether every worker's file of this checkpoint is there."""
+        return all(self.file(folder, r).exists() for r in range(self.num_workers))
+
+    # -- resuming ----------------------------------------------------------------------
+    def resume(self):
+        """Before the first step: restore the newest complete checkpoint, if there is one.
+        Returns its position {'step', 'epoch', 'batch', 'loop'}, or None."""
+        for step, folder in self.steps():
+            others = {int(m.group(1)) for p in folder.iterdir()
+                      if (m := re.fullmatch(r'worker-\d+-of-(\d+)\.ckpt', p.name))}
+            for saved_by in others - {self.num_workers}:
+                raise CheckpointError(
+                    f'{folder} was saved by {saved_by} workers and this job has '
+                    f'{self.num_workers}: start it with -n {saved_by}, or give it another '
+                    'checkpoint folder')
+            if not self.complete(folder):
+                continue                      # (its writing was cut off by the failure)
+            try:                              # every file, so that all workers agree
+                states = [read_file(self.file(folder, r)) for r in range(self.num_workers)]
+            except CheckpointError as e:
+                if self.rank == 0:
+                    _warn(f'{e}; trying the checkpoint before it')
+                continue
+            self.restore(states[self.source])
+            mine = states[self.rank]
+            self._rng = mine['rng']
+            if self.rank == 0:
+                print(f'd2ldist: resumed from {folder} (step {step}: epoch '
+                      f'{mine["epoch"] + 1}, batch {mine["batch"]})', flush=True)
+            report(resumed_from=step, step=step)
+            return {k: mine[k] for k in ('step', 'epoch', 'batch', 'loop')}
+        return None
+
+    def restore(self, shared):
+        """The model, then the store (rank 0's weights), the optimizer's states, the rate."""
+        t = self.trainer
+        if t.initialized:
+            raise CheckpointError('resume() must come before the first step: the store '
+                                  'already holds other weights')
+        for replica in t.replicas:
+            replica.load_state_dict(shared['model'])
+        t.init()
+        t.set_optimizer_states(shared['optimizer'])
+        if shared['lr'] is not None:
+            t.set_learning_rate(shared['lr'])
+
+    def restore_rng(self):
+        """Once the resumed epoch's data iterator exists (making it draws a seed): this
+        worker's generators as they were at the checkpoint."""
+        if self._rng is not None:
+            set_rng_states(self._rng)
+            self._rng = None

@@ -1,0 +1,129 @@
+"""Checkpoints of whole jobs (training/checkpoint.py): a job stopped by a failure and
+started again with the same checkpoint folder goes on bit for bit, as if it never stopped."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import IN_CI, ROOT, need, run_launch, wait_no_survivors
+
+JOB = ROOT / 'tests' / 'jobs' / 'checkpoint_job.py'
+EPOCHS = 2                       # 2 x 23 steps of 2 workers on the digits
+_uninterrupted = {}
+
+
+def finals(r):
+    """Each worker's FINAL record, by rank (the job must have ended well)."""
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    found = {f['rank']: f for f in map(json.loads, re.findall(r'FINAL (.*)', r.stdout))}
+    assert sorted(found) == [0, 1], r.stdout[-3000:]
+    return found
+
+
+def job(kvstore, servers, *options, folder=None, every=10):
+    """Run the job; with ``folder``, saving checkpoints there every ``every`` steps."""
+    env = {'D2L_CHECKPOINT_DIR': str(folder), 'D2L_CHECKPOINT_EVERY': str(every)} \
+        if folder else {}
+    r = run_launch('-n', 2, '-s', servers, *options, '--timeout', 120, sys.executable, JOB,
+                   kvstore, EPOCHS, env=env, timeout=180)
+    assert wait_no_survivors(r.tag) == []
+    return r
+
+
+def uninterrupted(kvstore):
+    """The SHA-256 of the final weights of the job that never stopped (once per store)."""
+    if kvstore not in _uninterrupted:
+        found = finals(job(kvstore, 2 if kvstore.startswith('dist') else 0))
+        assert found[0]['sha256'] == found[1]['sha256']
+        _uninterrupted[kvstore] = found[0]['sha256']
+    return _uninterrupted[kvstore]
+
+
+def stopped(kvstore, servers, folder, fail='worker:1@step=25'):
+    """The job, killed by --fail after its checkpoints of steps 10 and 20."""
+    r = job(kvstore, servers, '--fail', fail, folder=folder)
+    assert r.returncode != 0 and 'fails on purpose' in r.stdout + r.stderr
+    names = sorted(p.name for p in folder.iterdir())
+    if kvstore == 'dist_async':         # worker 0 went on alone until the job was stopped
+        assert names[:2] == ['step-00000010', 'step-00000020'], names
+        assert not list(folder.glob('step-0000003*/worker-1-*')), 'worker 1 died at step 25'
+    else:
+        assert names == ['step-00000010', 'step-00000020']
+    return r
+
+
+@pytest.mark.parametrize('kvstore,servers,again,fail', [
+    ('dist_sync', 2, 2, 'worker:1@step=25'),
+    ('dist_sync', 2, 1, 'worker:0@step=25'),     # resumed with 1 server: states re-cut
+    ('ring', 0, 0, 'worker:1@step=25')])
+def test_a_stopped_job_resumes_bit_for_bit(tmp_path, kvstore, servers, again, fail):
+    stopped(kvstore, servers, tmp_path, fail)
+    r = job(kvstore, again, folder=tmp_path)
+    assert f'resumed from {tmp_path}/step-00000020 (step 20: epoch 1, batch 20)' in r.stdout
+    assert {f['sha256'] for f in finals(r).values()} == {uninterrupted(kvstore)}
+
+
+def test_a_damaged_newest_checkpoint_is_passed_over_in_one_line(tmp_path):
+    stopped('dist_sync', 2, tmp_path)
+    newest = tmp_path / 'step-00000020' / 'worker-1-of-2.ckpt'
+    raw = bytearray(newest.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    newest.write_bytes(raw)
+    r = job('dist_sync', 2, folder=tmp_path)
+    lines = [line for line in (r.stdout + r.stderr).splitlines() if 'is damaged or cut short' in line]
+    assert len(lines) == 1 and str(newest) in lines[0] and 'trying the checkpoint before' in lines[0]
+    assert f'resumed from {tmp_path}/step-00000010 (step 10' in r.stdout
+    assert {f['sha256'] for f in finals(r).values()} == {uninterrupted('dist_sync')}
+
+
+def test_another_number_of_workers_is_refused_in_one_line(tmp_path):
+    stopped('ring', 0, tmp_path)
+    r = run_launch('-n', 3, '-s', 0, '--timeout', 60, sys.executable, JOB, 'ring', EPOCHS,
+                   env={'D2L_CHECKPOINT_DIR': str(tmp_path)}, timeout=120)
+    assert r.returncode != 0
+    assert re.search(r'step-00000020 was saved by 2 workers and this job has 3: start it with '
+                     r'-n 2, or give it another checkpoint folder', r.stdout + r.stderr)
+    assert 'Traceback' not in r.stdout + r.stderr
+    assert wait_no_survivors(r.tag) == []
+
+
+def test_dist_async_resumes_each_worker_at_its_own_step(tmp_path):
+    """In dist_async a checkpoint is each worker at its step 20 and the servers' weights
+    when worker 0 was there: not bit for bit, but the job finishes every step, and learns."""
+    stopped('dist_async', 2, tmp_path)
+    r = job('dist_async', 2, folder=tmp_path)
+    assert f'resumed from {tmp_path}/step-00000020' in r.stdout
+    assert all(f['test_acc'] > 0.85 for f in finals(r).values())
+    assert len(re.findall(r'\[worker [01]\] epoch 2, loss', r.stdout)) == 2
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 160 KB tmpfs: room for two or three of the job's checkpoint files, not more."""
+    folder = tmp_path / 'disk'
+    folder.mkdir()
+    if os.geteuid() != 0 and not IN_CI:
+        pytest.skip('mounting a tmpfs needs root')
+    done = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=160k', 'tmpfs', str(folder)],
+                          capture_output=True, text=True)
+    need(done.returncode == 0, f'a small tmpfs ({done.stderr.strip()})')
+    try:
+        yield folder
+    finally:
+        subprocess.run(['umount', '-l', str(folder)], check=False)
+
+
+def test_a_full_disk_warns_once_per_write_and_training_goes_on(small_disk):
+    from d2ldist.training.checkpoint import read_file
+    r = job('dist_sync', 2, folder=small_disk, every=5)
+    warnings = [line for line in (r.stdout + r.stderr).splitlines() if 'not written' in line]
+    assert warnings and all('No space left on device' in line for line in warnings)
+    assert {f['sha256'] for f in finals(r).values()} == {uninterrupted('dist_sync')}
+    files = list(small_disk.rglob('*'))
+    assert not [f for f in files if '.tmp' in f.name], 'a temporary file was left'
+    for f in files:                   # whatever is there reads back whole
+        if f.is_file():
+            read_file(f)

@@ -1,0 +1,123 @@
+"""Checkpoint files (whole or refused), the random generators, the data position, and
+which checkpoints stay, in one process (training/checkpoint.py)."""
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import d2ldist
+from d2ldist.training import checkpoint
+from d2ldist.training.checkpoint import Checkpoint, CheckpointError, read_file, write_file
+from d2ldist.training.data import SplitSampler
+
+
+def test_a_file_reads_back_as_written(tmp_path):
+    state = {'w': torch.arange(6.).view(2, 3), 'lr': 0.1, 'pos': (3, [1, 2]), 'name': 'sgd'}
+    write_file(tmp_path / 'a.ckpt', state)
+    back = read_file(tmp_path / 'a.ckpt')
+    assert torch.equal(back['w'], state['w']) and back['lr'] == 0.1
+    assert back['pos'] == (3, [1, 2]) and back['name'] == 'sgd'
+    assert [p.name for p in tmp_path.iterdir()] == ['a.ckpt']       # no temporary file left
+
+
+@pytest.mark.parametrize('damage', ['cut', 'flip', 'header', 'empty'])
+def test_a_damaged_file_is_refused_in_one_line(tmp_path, damage):
+    path = tmp_path / 'a.ckpt'
+    write_file(path, {'w': torch.randn(1000)})
+    raw = bytearray(path.read_bytes())
+    if damage == 'cut':
+        raw = raw[:len(raw) // 2]
+    elif damage == 'flip':
+        raw[-100] ^= 1
+    elif damage == 'header':
+        raw[:10] = b'not-a-ckpt'
+    else:
+        raw = bytearray()
+    path.write_bytes(raw)
+    with pytest.raises(CheckpointError) as e:
+        read_file(path)
+    assert str(path) in str(e.value) and '\n' not in str(e.value)
+
+
+def test_nothing_is_unpickled(tmp_path):
+    """A file whose hash is right but holds an object: torch.load(weights_only) refuses it."""
+    import hashlib
+    import io
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ('unpickled!',))
+    buffer = io.BytesIO()
+    torch.save({'x': Evil()}, buffer)
+    data = buffer.getvalue()
+    (tmp_path / 'e.ckpt').write_bytes(
+        b'd2ldist-checkpoint 1 sha256=%s\n' % hashlib.sha256(data).hexdigest().encode() + data)
+    with pytest.raises(CheckpointError, match='cannot be read'):
+        read_file(tmp_path / 'e.ckpt')
+
+
+def test_random_generators_come_back(tmp_path):
+    states = checkpoint.rng_states()
+    write_file(tmp_path / 'r.ckpt', states)
+    first = (torch.rand(3), np.random.rand(3), random.random())
+    checkpoint.set_rng_states(read_file(tmp_path / 'r.ckpt'))
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(first[0], again[0]) and (first[1] == again[1]).all()
+    assert first[2] == again[2]
+
+
+def test_the_sampler_skips_the_done_part_of_an_epoch():
+    s = SplitSampler(100, num_parts=2, part_index=1, seed=3)
+    s.set_epoch(4)
+    whole = list(s)
+    s.set_epoch(4, skip=20)
+    assert list(s) == whole[20:] and len(s) == 30
+    with pytest.raises(ValueError, match='skip'):
+        s.set_epoch(4, skip=51)
+
+
+def small_job(tmp_path, every=5, keep=2):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 2))
+    trainer = d2ldist.Trainer(net, 'sgd', {'lr': 0.1, 'momentum': 0.9})
+    return net, trainer, Checkpoint(tmp_path, trainer, every=every, keep=keep)
+
+
+def test_every_few_steps_and_the_newest_kept(tmp_path):
+    net, trainer, ckpt = small_job(tmp_path, every=5, keep=2)
+    X, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    loss = nn.CrossEntropyLoss(reduction='none')
+    for step in range(1, 23):
+        d2ldist.train_batch(X, y, net, loss, trainer, trainer.devices)
+        ckpt.step_done(step, 0, step, {'n': step})
+    ckpt.wait()
+    assert [s for s, _ in ckpt.steps()] == [20, 15] and ckpt.writes == 4
+    assert sorted(p.name for p in (tmp_path / 'step-00000020').iterdir()) == ['worker-0-of-1.ckpt']
+
+
+def test_resume_restores_weights_and_momenta_and_falls_back_past_a_damaged_file(tmp_path, capsys):
+    net, trainer, ckpt = small_job(tmp_path, every=5, keep=3)
+    X, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    loss = nn.CrossEntropyLoss(reduction='none')
+    for step in range(1, 11):
+        d2ldist.train_batch(X, y, net, loss, trainer, trainer.devices)
+        ckpt.step_done(step, 0, step, {'n': step})
+        if step == 5:
+            at_5 = {k: v.clone() for k, v in net.state_dict().items()}
+            momenta_5 = checkpoint._copy(trainer.optimizer_states())
+    ckpt.wait()
+    newest = tmp_path / 'step-00000010' / 'worker-0-of-1.ckpt'
+    newest.write_bytes(newest.read_bytes()[:-10])              # cut short
+    net2, trainer2, ckpt2 = small_job(tmp_path, every=5, keep=3)
+    at = ckpt2.resume()
+    assert at == {'step': 5, 'epoch': 0, 'batch': 5, 'loop': {'n': 5}}
+    assert all(torch.equal(v, at_5[k]) for k, v in net2.state_dict().items())
+    momenta = trainer2.optimizer_states()
+    assert momenta['on'] == 'store' and sorted(momenta['states']) == [0, 1, 2, 3, 4, 5]
+    assert all(torch.equal(momenta['states'][i]['momentum_buffer'],
+                           momenta_5['states'][i]['momentum_buffer'])
+               for i in range(6))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'step-00000010' in err[0] and 'cut short' in err[0], err
