@@ -36,6 +36,7 @@ that d2l-launch shows a progress bar and ``%launch`` its dashboard: loss,
 accuracy, samples per second and the time of each of the seven steps.
 """
 import argparse
+import hashlib
 import os
 import sys
 
@@ -109,6 +110,15 @@ def main():
     times = ', '.join(f'{s} {t * 1000:.1f}' for s, t in trainer.step_times.items()
                       if t is not None)
     print(f'mean time per batch of steps 1-7 (ms): {times}', flush=True)
+    print(f'final weights and BatchNorm statistics: SHA-256 {fingerprint(net)}', flush=True)
+
+
+def fingerprint(net):
+    """The first 16 hex digits of the SHA-256 of the model's floats: equal on every worker
+    of a synchronous job, and equal again after a restart from a checkpoint."""
+    flat = torch.cat([t.detach().reshape(-1).float().cpu()
+                      for t in net.state_dict().values() if t.is_floating_point()])
+    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
 
 
 if __name__ == '__main__':

@@ -127,3 +127,40 @@ def test_a_full_disk_warns_once_per_write_and_training_goes_on(small_disk):
     for f in files:                   # whatever is there reads back whole
         if f.is_file():
             read_file(f)
+
+
+# -- with d2l-launch --max-restarts: one command, the job stopped and started again ----------
+@pytest.mark.parametrize('fail', ['worker:1@step=25', 'server:0@step=25', 'scheduler@4s'])
+def test_a_restarted_job_ends_as_if_nothing_had_failed(tmp_path, fail):
+    """A worker, a server (each at a chosen step) or the scheduler (at a time) killed; the
+    launcher starts the job again and it resumes: the same final weights, nothing left."""
+    r = run_launch('-n', 2, '-s', 2, '--max-restarts', 1, '--checkpoint-dir', tmp_path,
+                   '--checkpoint-every', 10, '--fail', fail, '--timeout', 150,
+                   sys.executable, JOB, 'dist_sync', EPOCHS, timeout=240)
+    assert wait_no_survivors(r.tag) == []
+    out = r.stdout + r.stderr
+    assert 'fails on purpose' in out and 'restart 1 of 1' in out
+    if 'step' in fail:                   # (the scheduler's time may come before step 10)
+        assert f'resumed from {tmp_path}/step-00000020 (step 20' in out
+    assert {f['sha256'] for f in finals(r).values()} == {uninterrupted('dist_sync')}
+
+
+def test_the_books_training_script_resumes_bit_for_bit(tmp_path):
+    """examples/multimachine_cifar10_train.py (the ResNet-18 chapter's script, on
+    d2ldist.train) restarted after a kill prints the uninterrupted run's fingerprint."""
+    script = [sys.executable, ROOT / 'examples' / 'multimachine_cifar10_train.py', '--kvstore',
+              'dist_sync', '--data', 'digits', '--epochs', 1, '--width', 8, '--threads', 1]
+
+    def fingerprints(r):
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert wait_no_survivors(r.tag) == []
+        return re.findall(r'\[worker (\d)\] final weights and BatchNorm statistics: SHA-256 '
+                          r'([0-9a-f]{16})', r.stdout)
+
+    plain = fingerprints(run_launch('-n', 2, '-s', 2, '--timeout', 150, *script, timeout=240))
+    assert len(plain) == 2 and plain[0][1] == plain[1][1]
+    r = run_launch('-n', 2, '-s', 2, '--max-restarts', 1, '--checkpoint-dir', tmp_path,
+                   '--checkpoint-every', 5, '--fail', 'worker:0@step=13', '--timeout', 150,
+                   *script, timeout=240)
+    assert f'resumed from {tmp_path}/step-00000010 (step 10' in r.stdout
+    assert sorted(fingerprints(r)) == sorted(plain)
