@@ -157,8 +157,11 @@ def _faults(args):
         for item in items:
             target, mark, value = item.partition(sep)
             role, _, rank = target.partition(':')
-            count = {'worker': args.num_workers, 'server': args.num_servers}.get(role)
-            roles = ('worker',) if option == '--slow' else ('worker', 'server')
+            if target == 'scheduler':           # the one scheduler: no rank needed
+                rank = '0'
+            count = {'worker': args.num_workers, 'server': args.num_servers,
+                     'scheduler': 1}.get(role)
+            roles = ('worker',) if option == '--slow' else ('worker', 'server', 'scheduler')
             if not mark or role not in roles or not rank.isdigit() or int(rank) >= count:
                 raise UsageError(f'{option} takes {"worker:R=3x" if sep == "=" else "ROLE:R@step=N"}'
                                  f' with a rank of this job, got {item!r}')
@@ -166,8 +169,8 @@ def _faults(args):
                 kind = parse(value)
             except ValueError as e:
                 raise UsageError(f'{option} {item}: {e}') from None
-            if option == '--fail' and role == 'server' and kind[0] == 'step':
-                raise UsageError(f'--fail {item}: a server fails at a time (server:0@30s)')
+            if option == '--fail' and role == 'scheduler' and kind[0] == 'step':
+                raise UsageError(f'--fail {item}: the scheduler fails at a time (scheduler@5s)')
             env.setdefault((role, int(rank)), {}).update(config.env(**{name: value}))
     return env
 
