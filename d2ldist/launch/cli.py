@@ -74,9 +74,10 @@ def build_parser(prog='d2l-launch'):
                    help='make worker R a straggler: each compute step SLOW times as long '
                    '(3x) or longer by a time (+200ms); repeatable')
     p.add_argument('--fail', action='append', default=[], metavar='ROLE:R@WHEN',
-                   help='kill worker or server R (SIGKILL, as a crash) after its compute '
-                   'step N (worker:1@step=40; a server: its N-th sync round) or a time '
-                   'after it joined (server:0@30s, scheduler@5s); repeatable')
+                   help='kill a process (SIGKILL, as a crash): worker R after its compute '
+                   'step N (worker:1@step=40), server R after its N-th sync round '
+                   '(server:0@step=3), or either, or the scheduler, a time after it '
+                   'joined (server:0@30s, scheduler@5s); repeatable')
     p.add_argument('--max-restarts', type=int, default=0, metavar='K',
                    help='when a process fails, stop the job and start every process again, '
                    'up to K times (default: 0); --fail and --slow act in the first '
