@@ -255,8 +255,8 @@ class Config:
         None, parse_slow, '`3x` or `+200ms`: each compute step that much slower '
         '(`--slow`, for the worker it names)')
     fail: tuple | None = _setting(
-        None, parse_fail, '`step=N` or `30s`: die (SIGKILL) after compute step N, or that '
-        'long after joining (`--fail`, for the process it names)')
+        None, parse_fail, '`step=N` or `30s`: die (SIGKILL) after compute step N (a server: '
+        'its N-th sync round), or that long after joining (`--fail`, for the process it names)')
     restart: int = _setting(
         0, _whole, "which attempt of the job this is: 0 the first, then 1, 2, ... "
         '(d2l-launch `--max-restarts`; `--fail` and `--slow` act in attempt 0 only)', job=True)

@@ -124,12 +124,14 @@ def fraction_done(r):
 
 
 def format_progress(r, rate=None):
-    """One compact line: 'epoch 2/5 batch 40/98 loss 0.812 acc 0.713 1530 samples/s'."""
+    """One compact line: 'epoch 2/5 batch 40/98 step 236 loss 0.812 acc 0.713 1530 samples/s'."""
     parts = []
     if 'epoch' in r:
         parts.append(f"epoch {r['epoch']}" + (f"/{r['num_epochs']}" if 'num_epochs' in r else ''))
     if 'batch' in r:
         parts.append(f"batch {r['batch']}" + (f"/{r['num_batches']}" if 'num_batches' in r else ''))
+    if 'step' in r:
+        parts.append(f"step {r['step']}")
     for name in ('loss', 'acc', 'test_acc'):
         if name in r:
             parts.append(f'{name} {r[name]:.3f}')

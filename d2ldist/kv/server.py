@@ -16,7 +16,7 @@ from collections import deque
 
 import torch
 
-from ..runtime import protocol, spans, stream
+from ..runtime import faults, protocol, spans, stream
 from . import messages as M
 from .optimizers import Updater
 
@@ -97,6 +97,7 @@ class KVServer:
         self.lent = {}         # key -> [sent(), ...]: its value went out without a copy
         self.nth = {}          # n -> (first worker, its keys, workers seen): sync push n
         self.links = {}        # worker -> the stream its VALUES go on (M.LINK)
+        self.closed = 0        # sync rounds closed on the first key held (--fail step=N)
 
     def serve(self):
         """Answer requests until the scheduler says the job is over."""
@@ -189,6 +190,9 @@ class KVServer:
             positions = r.touched.nonzero().view(-1)
             self.update(key, r.sum[positions], positions)
         del self.rounds[key]
+        if key == next(iter(self.store)):
+            self.closed += 1
+            faults.served(self.closed)               # d2l-launch --fail server:R@step=N
         return True
 
     def update(self, key, grad, positions=None, accumulate=False):

@@ -74,9 +74,22 @@ def build_parser(prog='d2l-launch'):
                    help='make worker R a straggler: each compute step SLOW times as long '
                    '(3x) or longer by a time (+200ms); repeatable')
     p.add_argument('--fail', action='append', default=[], metavar='ROLE:R@WHEN',
-                   help='kill worker or server R (SIGKILL, as a crash) after its compute '
-                   'step N (worker:1@step=40) or a time after it joined (server:0@30s); '
-                   'repeatable')
+                   help='kill a process (SIGKILL, as a crash): worker R after its compute '
+                   'step N (worker:1@step=40), server R after its N-th sync round '
+                   '(server:0@step=3), or either, or the scheduler, a time after it '
+                   'joined (server:0@30s, scheduler@5s); repeatable')
+    p.add_argument('--max-restarts', type=int, default=0, metavar='K',
+                   help='when a process fails, stop the job and start every process again, '
+                   'up to K times (default: 0); --fail and --slow act in the first '
+                   'attempt only')
+    p.add_argument('--checkpoint-dir', default=None, metavar='DIR',
+                   help="a folder every worker can read, for the job's checkpoints: "
+                   'd2ldist.train saves them there and resumes from the newest')
+    p.add_argument('--checkpoint-every', type=int, default=None, metavar='N',
+                   help='with --checkpoint-dir: steps between two checkpoints (default: 100)')
+    p.add_argument('--checkpoint-keep', type=int, default=None, metavar='K',
+                   help='with --checkpoint-dir: how many checkpoints to keep, the newest '
+                   '(default: 3)')
     p.add_argument('--hang-warn', default=None, metavar='SECONDS',
                    help='a process that has waited this long for others (a collective, a '
                    'barrier, a sync round) says for what and who is missing (default: 30)')
@@ -123,12 +136,15 @@ def parse(argv, prog='d2l-launch'):
         raise UsageError(f'--connect-timeout must be positive, got {args.connect_timeout:g}')
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f'--timeout must be positive, got {args.timeout:g}')
+    if args.max_restarts < 0:
+        raise UsageError(f'--max-restarts must be 0 or more, got {args.max_restarts}')
     if args.port is not None and not (0 < args.port < 65536 and (
             args.launcher == 'ssh' or port_is_free(args.port))):
         raise UsageError(f'port {args.port} is not free')
     args.env = dict(_name_value(item) for item in args.env)
     args.env.update(_network_env(args.bandwidth, args.latency))
     args.env.update(_watch_env(args))
+    args.env.update(_checkpoint_env(args))
     try:               # what every process will read: a bad --env value fails here, once
         config.Config.from_env(args.env)
     except ValueError as e:
@@ -157,8 +173,11 @@ def _faults(args):
         for item in items:
             target, mark, value = item.partition(sep)
             role, _, rank = target.partition(':')
-            count = {'worker': args.num_workers, 'server': args.num_servers}.get(role)
-            roles = ('worker',) if option == '--slow' else ('worker', 'server')
+            if target == 'scheduler':           # the one scheduler: no rank needed
+                rank = '0'
+            count = {'worker': args.num_workers, 'server': args.num_servers,
+                     'scheduler': 1}.get(role)
+            roles = ('worker',) if option == '--slow' else ('worker', 'server', 'scheduler')
             if not mark or role not in roles or not rank.isdigit() or int(rank) >= count:
                 raise UsageError(f'{option} takes {"worker:R=3x" if sep == "=" else "ROLE:R@step=N"}'
                                  f' with a rank of this job, got {item!r}')
@@ -166,8 +185,8 @@ def _faults(args):
                 kind = parse(value)
             except ValueError as e:
                 raise UsageError(f'{option} {item}: {e}') from None
-            if option == '--fail' and role == 'server' and kind[0] == 'step':
-                raise UsageError(f'--fail {item}: a server fails at a time (server:0@30s)')
+            if option == '--fail' and role == 'scheduler' and kind[0] == 'step':
+                raise UsageError(f'--fail {item}: the scheduler fails at a time (scheduler@5s)')
             env.setdefault((role, int(rank)), {}).update(config.env(**{name: value}))
     return env
 
@@ -193,6 +212,35 @@ def _watch_env(args):
         if not folder.is_dir():
             raise UsageError(f'--timeline {args.timeline}: no folder {folder}')
         env.update(config.env(timeline=True))
+    return env
+
+
+def _checkpoint_env(args):
+    """--checkpoint-dir, --checkpoint-every and --checkpoint-keep as the workers read them.
+
+    The folder is made absolute: here, from our directory; over ssh, from the one the
+    processes run in (an absolute path stays as given, a path on the hosts)."""
+    for option, value in (('--checkpoint-every', args.checkpoint_every),
+                          ('--checkpoint-keep', args.checkpoint_keep)):
+        if value is not None and args.checkpoint_dir is None:
+            raise UsageError(f'{option} needs --checkpoint-dir DIR')
+        if value is not None and value < 1:
+            raise UsageError(f'{option} must be at least 1, got {value}')
+    if args.checkpoint_dir is None:
+        return {}
+    if not args.checkpoint_dir.strip():
+        raise UsageError('--checkpoint-dir needs a folder, got an empty name')
+    if args.launcher == 'ssh':
+        folder = os.path.join(args.sync_dst_dir or os.getcwd(), args.checkpoint_dir)
+    else:
+        folder = os.path.abspath(args.checkpoint_dir)
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            raise UsageError(f'--checkpoint-dir {args.checkpoint_dir}: not a folder')
+    env = config.env(checkpoint_dir=folder)
+    if args.checkpoint_every is not None:
+        env.update(config.env(checkpoint_every=args.checkpoint_every))
+    if args.checkpoint_keep is not None:
+        env.update(config.env(checkpoint_keep=args.checkpoint_keep))
     return env
 
 
@@ -251,7 +299,8 @@ def make_job(args, out=None, **job_options):
                         extra_env=args.env, process_env=args.process_env)
     if args.port:
         specs[0].env.update(config.env(scheduler_port=args.port))
-    return Job(specs, timeout=args.timeout, out=out, **job_options)
+    return Job(specs, timeout=args.timeout, max_restarts=args.max_restarts, out=out,
+               **job_options)
 
 
 def _terminate(signum, frame):
@@ -266,11 +315,11 @@ def main(argv=None):
     signal.signal(signal.SIGINT, signal.default_int_handler)
     faulthandler.register(signal.SIGUSR1, all_threads=True)   # kill -USR1: where is it?
     progress = Progress()          # the job's model, and report lines as progress lines
-    args = None
+    args = job = None
     try:
         args = parse(argv)
         job = make_job(args, out=progress, on_line=progress.on_line,
-                       on_state=progress.model.on_state)
+                       on_state=progress.model.on_state, on_restart=progress.on_restart)
         return job.run()
     except UsageError as e:
         print(f'd2l-launch: error: {e}', file=sys.stderr)
@@ -280,6 +329,11 @@ def main(argv=None):
     except Terminated:
         return 143
     finally:
+        if job is not None and job.attempt:      # it was restarted: how each attempt went
+            progress.model.finish(*job.ending())
+            progress.write(f'd2l-launch: {job.attempt + 1} attempts:\n'
+                           + ''.join(f'  {line}\n' for line in
+                                     progress.model.attempts_text().splitlines()))
         if args is not None and args.timeline:   # also, and above all, when the job failed
             write_timeline(progress.model.trace, args.timeline, sys.stdout)
 

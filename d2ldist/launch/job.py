@@ -11,11 +11,18 @@ to our stdout with a ``[worker 0]`` prefix, and watches for exits. It ends when
 * the timeout passes (exit code 124), or we are interrupted (KeyboardInterrupt is
   raised again once every process is gone).
 
+With ``max_restarts=K`` (``d2l-launch --max-restarts K``) a failure instead stops every
+process, prints one line (``worker 1 failed (exit code 3); restart 1 of 2``) and
+starts them all again, with a fresh secret and ``D2L_RESTART`` set to the attempt, up to
+K times; only the last attempt's failure ends the job as above. A timeout or an
+interrupt is never restarted, and the timeout counts from the first attempt.
+
 Each process runs under the guard (``guard.py``) in its own session, with a stdin
 pipe from us: if we die, the pipe closes and the guards end their process groups.
 """
 import os
 import re
+import secrets
 import selectors
 import signal
 import subprocess
@@ -78,9 +85,14 @@ def describe_exit(code):
     return f'exit code {code}'
 
 
+def what_failed(proc):
+    """'worker 1 failed (exit code 3)', or '... (killed by SIGKILL (exit code 137))'."""
+    return f'{proc.label} failed ({describe_exit(proc.code)})'
+
+
 def failure_report(proc, last_lines=True):
     """'worker 1 failed (exit code 3); the job was stopped.', then its last lines."""
-    text = f'{proc.label} failed ({describe_exit(proc.code)}); the job was stopped.'
+    text = f'{what_failed(proc)}; the job was stopped.'
     if last_lines and proc.tail:
         text += '\nIts last lines:\n' + '\n'.join(f'  | {line}' for line in proc.tail)
     return text
@@ -92,14 +104,16 @@ class Job:
     ``last_lines=False``: the report of a failure is one line, without the failed
     process's last lines (%launch: they are in the cell's log just above)."""
 
-    def __init__(self, specs, timeout=None, out=None, on_line=None, on_state=None,
-                 on_tick=None, last_lines=True):
+    def __init__(self, specs, timeout=None, max_restarts=0, out=None, on_line=None,
+                 on_state=None, on_tick=None, on_restart=None, last_lines=True):
         self.procs = [Proc(s) for s in specs]
         self.last_lines = last_lines
         self.timeout, self.out = timeout, out or sys.stdout
+        self.max_restarts, self.attempt = max_restarts, 0     # attempt: 0, then restarts
         self.on_line = on_line or (lambda proc, line: line)   # may hide or change a line
         self.on_state = on_state or (lambda proc: None)       # state or exit code changed
         self.on_tick = on_tick or (lambda: None)              # about every 0.1 s
+        self.on_restart = on_restart or (lambda attempt, why: None)   # before it starts
         self.log = []                     # the merged output: (label, line)
         self.failure = None               # the first process that failed
         self.code = None
@@ -107,15 +121,14 @@ class Job:
 
     # -- the main loop -------------------------------------------------------------
     def run(self):
-        """Run the job to its end; return its exit code."""
+        """Run the job to its end, starting it again after a failure (at most
+        ``max_restarts`` times); return its exit code."""
         start = time.monotonic()
         try:
-            self._start_all()
-            while self.code is None:
-                self._pump(0.1)
-                self._reap()
-                self.on_tick()
-                self.code = self._verdict(start)
+            self.code = self._run_attempt(start)
+            while self.failure is not None and self.attempt < self.max_restarts:
+                self._restart()
+                self.code = self._run_attempt(start)
         except (KeyboardInterrupt, Terminated):
             self._say('interrupted: stopping the job')
             self.stop_all()
@@ -127,6 +140,41 @@ class Job:
         if self.failure is not None:
             self._say(failure_report(self.failure, self.last_lines))
         return self.code
+
+    def _run_attempt(self, start):
+        """Start every process and watch them until the attempt is over; its exit code."""
+        self._start_all()
+        code = None
+        while code is None:
+            self._pump(0.1)
+            self._reap()
+            self.on_tick()
+            code = self._verdict(start)
+        return code
+
+    def _restart(self):
+        """After a failure: stop every process, say so in one line, make them anew."""
+        self.stop_all()
+        self.attempt += 1
+        why = what_failed(self.failure)
+        self._say(f'{why}; restart {self.attempt} of {self.max_restarts}')
+        self._close_pipes()
+        fresh = config.env(job_secret=secrets.token_hex(32), restart=self.attempt)
+        self.procs = [Proc(p.spec) for p in self.procs]
+        for p in self.procs:
+            p.spec.env.update(fresh)
+        self.failure = self.code = None
+        self.on_restart(self.attempt, why)
+
+    def ending(self):
+        """How the job ended, as JobModel.finish() takes it: (outcome, message)."""
+        if self.code == 0:
+            return 'finished', ''
+        if self.failure is not None:
+            return 'failed', what_failed(self.failure)
+        if self.code == 124:
+            return 'timeout', f'ran longer than --timeout {self.timeout:g} s'
+        return 'stopped', 'interrupted; every process stopped'
 
     def _verdict(self, start):
         """The job's exit code once it is over, else None."""
@@ -240,6 +288,17 @@ class Job:
 
     def _reading(self, p):
         return any(k.fileobj is p.popen.stdout for k in self._sel.get_map().values())
+
+    def _close_pipes(self):
+        """Forget the pipes of an attempt's processes, all of which have ended."""
+        for key in list(self._sel.get_map().values()):
+            self._sel.unregister(key.fileobj)
+        for p in self.procs:
+            for pipe in (p.popen.stdin, p.popen.stdout) if p.popen else ():
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
 
     def _set_state(self, p, state):
         p.state = state

@@ -56,7 +56,7 @@ def job_env(role, rank, *, num_workers, num_servers, scheduler_host, secret,
     """The environment contract of one process (the table in ARCHITECTURE.md; the
     names and how they are read: config.py)."""
     env = config.env(role=role, rank=rank, num_worker=num_workers, num_server=num_servers,
-                     scheduler_uri=scheduler_host, job_secret=secret)
+                     scheduler_uri=scheduler_host, job_secret=secret, restart=0)
     env['PYTHONUNBUFFERED'] = '1'
     if role == 'worker':   # torchrun's names, so torch.distributed works unchanged
         env.update(RANK=str(rank), WORLD_SIZE=str(num_workers), LOCAL_RANK=str(local_rank),

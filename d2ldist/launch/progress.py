@@ -15,6 +15,9 @@ to ``add_log``. Views only read the model:
   file, a pipe, CI) plain lines: a worker's report is printed when its epoch changes
   or ends, and at most every few seconds in between;
 * ``JobModel.text()``, the same model as a table of every process;
+* ``JobModel.attempts``: each start of the job's processes (``--max-restarts``): when,
+  how it ended, and from the workers' reports (``step``, ``resumed_from``) the step it
+  resumed from and the steps the failure cost;
 * ``%launch``'s ipywidgets dashboard (``d2ldist/notebook/dashboard.py``).
 
 Every text bar is drawn by ``bar()``.
@@ -79,6 +82,51 @@ class Row:
         prefix = bar(done, **bar_style) + ' ' if done is not None else ''
         return prefix + format_progress(self.metrics, self.rate)
 
+    def restart(self):
+        """Forget the live state of the attempt that ended (the curves stay)."""
+        self.state, self.code, self.metrics, self.rate, self.reports = 'starting', None, {}, None, 0
+
+
+@dataclass
+class Attempt:
+    """One start of every process of the job (``--max-restarts`` makes more)."""
+    number: int                 # 0, then the restarts
+    started: float              # on the model's clock
+    before: int = None          # the highest step reported in the attempt before
+    end: str = ''               # how it ended: 'worker 1 failed (exit code 3)', 'finished'
+    resumed_from: int = None    # the checkpoint's step it resumed from (a worker's report)
+    last_step: int = None       # the highest step a worker reported in it
+
+    @property
+    def begun_at(self):
+        """The step it began at: where it resumed, or 0 if steps come without (None: unknown)."""
+        if self.resumed_from is not None:
+            return self.resumed_from
+        return None if self.last_step is None else 0
+
+    @property
+    def steps_lost(self):
+        """Steps of the attempt before that this one does again (None: unknown)."""
+        if self.before is None or self.begun_at is None:
+            return None
+        return max(0, self.before - self.begun_at)
+
+    @property
+    def title(self):
+        """'restart 1 (resumed from step 40)', as the timeline marks it."""
+        if self.begun_at is None:
+            return f'restart {self.number}'
+        return f'restart {self.number} (resumed from step {self.begun_at})'
+
+    def describe(self, since):
+        """'attempt 1, started at 3.2 s, resumed from step 40 (3 steps lost): finished'."""
+        text = f'attempt {self.number}, started at {self.started - since:.1f} s'
+        if self.number and self.begun_at is not None:
+            text += f', resumed from step {self.begun_at}'
+            if self.steps_lost is not None:
+                text += f' ({self.steps_lost} steps lost)'
+        return f'{text}: {self.end or "running"}'
+
 
 class JobModel:
     """What we know of every process of a job, kept up to date by the launcher's hooks.
@@ -99,6 +147,7 @@ class JobModel:
         self.plot_version = 0     # bumped when a curve or step time changes
         self._rates = {}
         self.trace = Trace()      # the processes' timeline spans (d2l-launch --timeline)
+        self.attempts = [Attempt(0, self.started)]
 
     def add(self, spec):
         """A process of the job (a ``ProcSpec``): its row, in the state 'starting'."""
@@ -126,6 +175,17 @@ class JobModel:
         self.add_report(proc.label, r)
         return None
 
+    def on_restart(self, attempt, why):
+        """Job's on_restart hook: the attempt before failed (``why``); every process starts anew."""
+        before = self.attempts[-1]
+        before.end = why
+        self.attempts.append(Attempt(attempt, self.clock(), before=before.last_step))
+        for row in self.rows.values():
+            row.restart()
+        self._rates.clear()
+        self.trace.mark(attempt, self.attempts[-1].title)
+        self.version += 1
+
     def _meet(self, proc):
         """Add the row of a process the model has not heard of yet."""
         if proc.label not in self.rows:
@@ -149,6 +209,8 @@ class JobModel:
         row = self.rows[label]
         row.metrics.update(r)
         row.reports += 1
+        if 'step' in r or 'resumed_from' in r:
+            self._count_steps(r)
         if 'samples' in r:
             row.rate = self._rates.setdefault(label, Rate()).add(r.get('time', self.clock()),
                                                                  r['samples'])
@@ -164,6 +226,16 @@ class JobModel:
             self.plot_version += 1
         self.version += 1
 
+    def _count_steps(self, r):
+        """A worker's step (cumulative over attempts) or the step its attempt resumed from."""
+        attempt = self.attempts[-1]
+        if 'resumed_from' in r:
+            attempt.resumed_from = r['resumed_from']
+        if 'step' in r:
+            attempt.last_step = max(r['step'], attempt.last_step or 0)
+        if attempt.number:
+            self.trace.mark(attempt.number, attempt.title)
+
     def add_log(self, text):
         """Lines the launcher printed (the workers' output and its own messages)."""
         self.log.extend(text.splitlines())
@@ -172,6 +244,7 @@ class JobModel:
     def finish(self, outcome, message=''):
         """The job ended: 'finished', 'failed', 'stopped' or 'timeout'."""
         self.outcome, self.message, self.ended = outcome, message, self.clock()
+        self.attempts[-1].end = message or outcome
         self.version += 1
 
     # -- reading it ---------------------------------------------------------------------
@@ -186,6 +259,10 @@ class JobModel:
         text = f'{self.outcome} after {self.elapsed:.1f} s'
         return f'{text}: {self.message}' if self.message else text
 
+    def attempts_text(self):
+        """Each attempt in a line: when it started, where it resumed, how it ended."""
+        return '\n'.join(a.describe(self.started) for a in self.attempts)
+
     def text(self):
         """The job as a table of text, one process a line (the dashboard without widgets)."""
         lines = [f'{self.title}: {self.status()}']
@@ -196,6 +273,8 @@ class JobModel:
             if row.role == 'worker' and row.reports:
                 line += ' ' + row.progress(width=10, ends='||', full='█', empty=' ')
             lines.append(line.rstrip())
+        if len(self.attempts) > 1:
+            lines += ['  ' + a.describe(self.started) for a in self.attempts]
         return '\n'.join(lines)
 
     __repr__ = text
@@ -222,6 +301,12 @@ class Progress:
         if shown is None and not line.startswith(TIMELINE):   # a report, not spans
             self._show(self.model.rows[proc.label])
         return shown
+
+    def on_restart(self, attempt, why):
+        """Job's on_restart hook: the model starts a new attempt; old progress lines go."""
+        self.model.on_restart(attempt, why)
+        self.lines.clear()
+        self.epochs.clear()
 
     def _show(self, row):
         """Redraw the progress lines (a terminal) or print the row's line when due."""

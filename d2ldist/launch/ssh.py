@@ -417,5 +417,6 @@ def prepare(args, secret, out=None, **job_options):
               f'{placement_table(specs)}\n')
     out.flush()
     return SshJob(specs, hosts, ssh, python, workdir, pythonpath, job_id,
-                  timeout=args.timeout, out=out, **job_options)
+                  timeout=args.timeout, max_restarts=args.max_restarts, out=out,
+                  **job_options)
 

@@ -6,10 +6,12 @@ chrome://tracing open: one lane (a trace "process") per worker and server, a row
 it per thread (the training loop, the communication thread), times in microseconds
 from the first span, on the scheduler's clock. The lines come from the job's
 processes, over ssh too: they are parsed as JSON, and whatever is not a well-formed
-span is dropped.
+span is dropped. Each restart of the job (``--max-restarts``) is an instant across all
+lanes, named after the step it resumed from, at the launcher's time.
 """
 import json
 import math
+import time
 
 from ..runtime.spans import PREFIX
 
@@ -24,6 +26,7 @@ class Trace:
         self.spans = {}           # process label -> [span dict]
         self.clock_error = {}     # process label -> microseconds
         self.count = 0
+        self.marks = {}           # restart number -> [unix microseconds, name]
 
     def on_line(self, label, line):
         """Take a timeline line of process ``label``; False if it is not one."""
@@ -44,6 +47,10 @@ class Trace:
                 self.count += 1
         return True
 
+    def mark(self, restart, name):
+        """Mark restart number ``restart`` (now, the first time) with ``name``."""
+        self.marks.setdefault(restart, [time.time() * 1e6, name])[1] = name
+
     def window(self):
         """(first, last) microsecond of the workers' spans: servers are cut to it."""
         ends = [(e['ts'], e['ts'] + e['dur']) for label, spans in self.spans.items()
@@ -57,7 +64,8 @@ class Trace:
         spans = {label: [e for e in self.spans[label] if window is None or
                          label.startswith('worker') or window[0] <= e['ts'] <= window[1]]
                  for label in labels}
-        start = min((e['ts'] for s in spans.values() for e in s), default=0.0)
+        start = min([e['ts'] for s in spans.values() for e in s]
+                    + [ts for ts, _ in self.marks.values()], default=0.0)
         out = []
         for pid, label in enumerate(labels, 1):
             out.append({'ph': 'M', 'name': 'process_name', 'pid': pid, 'tid': 0,
@@ -74,6 +82,9 @@ class Trace:
                 name = 'serving' if label.startswith('server') else THREADS.get(thread, thread)
                 out.append({'ph': 'M', 'name': 'thread_name', 'pid': pid, 'tid': tid,
                             'args': {'name': name}})
+        for ts, name in self.marks.values():      # global instants: a line across all lanes
+            out.append({'name': name, 'cat': 'restart', 'ph': 'i', 's': 'g', 'pid': 0,
+                        'tid': 0, 'ts': round(ts - start, 1)})
         return out, start
 
     def write(self, path):

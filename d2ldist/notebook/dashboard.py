@@ -10,6 +10,9 @@ cell starts, and afterwards only its widgets' values change, at most every
 The progress columns appear with a worker's first report: a script that never
 reports shows only states and exit codes.
 
+A job restarted (``--max-restarts``) shows its attempts under the header, one a line:
+when each started, where it resumed (the workers' reports) and how it ended.
+
 The log is not here: every line the processes print is in the cell's output below,
 once. When the job ends, ``finish()`` replaces the dashboard by its one-line header
 and closes its widgets, and the magic shows the job's final form (``final.py``).
@@ -39,6 +42,7 @@ class Dashboard:
         self.redraws = self.plot_redraws = 0
         self._seen, self._plotted, self._reported = None, 0, False
         self.header = w.HTML()
+        self.attempts = w.HTML()
         self.heads = [w.HTML(f'<b>{c}</b>') for c in COLUMNS + REPORT_COLUMNS]
         self.cells = {}
         for row in model.rows.values():
@@ -54,7 +58,7 @@ class Dashboard:
                                                overflow='auto'))
         self._columns(reported=False)
         self.plot = w.Image(format='png', layout=w.Layout(display='none', max_width='100%'))
-        self.box = w.VBox([self.header, self.table, self.plot])
+        self.box = w.VBox([self.header, self.attempts, self.table, self.plot])
         self.box.add_class('d2l-dashboard')
         self.refresh(force=True)
 
@@ -87,6 +91,10 @@ class Dashboard:
         colour = COLOURS.get(m.outcome, COLOURS['failed'])
         self.header.value = (f'<b>{html.escape(m.title)}</b> &nbsp; <span style="color:'
                              f'{colour}"><b>{html.escape(m.status())}</b></span>')
+        if len(m.attempts) > 1:
+            self.attempts.value = '<br>'.join(
+                f"<span class='d2l-attempt'>{html.escape(a.describe(m.started))}</span>"
+                for a in m.attempts)
         if not self._reported and any(r.reports for r in m.workers):
             self._columns(reported=True)
         for row in m.rows.values():
@@ -135,7 +143,7 @@ class Dashboard:
 
     def widgets(self):
         """Every widget of the dashboard (closed when it is done)."""
-        found = [self.box, self.header, self.table, self.plot, *self.heads]
+        found = [self.box, self.header, self.attempts, self.table, self.plot, *self.heads]
         found += [c for cells in self.cells.values() for c in cells.values()]
         return list({id(x): x for x in found}.values())
 

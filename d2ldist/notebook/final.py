@@ -18,6 +18,11 @@ time per step (matplotlib, Agg; none when the workers never reported)::
       time per batch        worker 0  worker 1
       1 forward, backward   230.1 ms  228.7 ms
 
+A job that was restarted (``--max-restarts``) lists its attempts after the processes::
+
+      attempt 0, started at 0.0 s: worker 1 failed (killed by SIGKILL (exit code 137))
+      attempt 1, started at 3.2 s, resumed from step 40 (3 steps lost): finished
+
 What is measured (a loss, an accuracy, samples/s, milliseconds) stands only in the
 rows of the last two tables, in a form ``notebooks/sanitize.cfg`` masks, so nbval
 compares the rest: the states, the exit codes, how far every worker got.
@@ -46,9 +51,10 @@ def _count(n, what):
 
 
 def summary(model):
-    """The finished job as text: its processes, each worker's last report, its step times."""
+    """The finished job as text: its processes, its attempts (if it was restarted), each
+    worker's last report, its step times."""
     parts = [f'job {model.status()}\n' + process_table(model)]
-    for table in (metrics_table(model), steps_table(model)):
+    for table in (attempts_table(model), metrics_table(model), steps_table(model)):
         if table:
             parts.append(table)
     return '\n\n'.join(parts)
@@ -77,6 +83,13 @@ def _progress(row):
     done = row.done
     prefix = bar(done, width=10, ends='||', full='█', empty=' ') + ' ' if done is not None else ''
     return prefix + ', '.join(parts) if parts else ''
+
+
+def attempts_table(model):
+    """Each attempt of a restarted job: when it started, where it resumed, how it ended."""
+    if len(model.attempts) < 2:
+        return ''
+    return '\n'.join('  ' + a.describe(model.started) for a in model.attempts)
 
 
 def metrics_table(model):

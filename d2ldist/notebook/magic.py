@@ -15,6 +15,8 @@ and runs the job with the launcher's ``Job``; it adds only the display:
 * when the job ends (finished, failed or stopped) the dashboard gives way to its
   one-line header, and the job's final form follows the log: a text summary and a
   figure (``final.py``), plain outputs that every viewer of the notebook shows;
+* with ``--max-restarts``, a failure before the last attempt is one line of the log,
+  and the dashboard and the final summary list the attempts (``JobModel.attempts``);
 * a failed job raises ``JobFailed``: its first line names the process and how it
   ended, the next ones are that process's last lines (the log above shows them once);
   the stop button stops every process and raises KeyboardInterrupt again;
@@ -114,6 +116,7 @@ class LaunchMagics(Magics):
         try:        # ssh: checks the hosts and syncs the directory first
             job = cli.make_job(args, out=out, on_line=lambda p, t: on_line(p, t),
                                on_state=lambda p: on_state(p),
+                               on_restart=lambda n, why: on_restart(n, why),
                                on_tick=lambda: view.refresh(), last_lines=False)
         except cli.UsageError as e:
             raise UsageError(f'%launch: {e}') from None
@@ -131,6 +134,10 @@ class LaunchMagics(Magics):
         def on_state(proc):
             model.on_state(proc)
             view.refresh()
+
+        def on_restart(attempt, why):
+            model.on_restart(attempt, why)
+            view.refresh(force=True)
 
         try:
             job.run()

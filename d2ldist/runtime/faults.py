@@ -5,10 +5,13 @@ worker's pace, and what a failure looks like. The launcher gives the process it 
 
 * ``D2L_SLOW``: ``3x`` (each compute step takes 3 times as long) or ``+200ms`` (200 ms
   longer): the process sleeps after its real work, so the others wait for it;
-* ``D2L_FAIL``: ``step=40`` (it dies after its 40th compute step) or ``30s`` (30 s after
-  it joined the job; servers too).
+* ``D2L_FAIL``: ``step=40`` (it dies after its 40th compute step; a server after the
+  40th sync round it closed on the first key it holds) or ``30s`` (30 s after it joined
+  the job; servers and the scheduler too).
 
-(``config.py`` reads both; the steps are the timeline's count, ``spans.step()``.)
+(``config.py`` reads both; the steps are the timeline's count, ``spans.step()``.) Both
+act in the job's first attempt only (``D2L_RESTART=0``): a restart (``d2l-launch
+--max-restarts``) replays the job without them.
 
 A compute step is what d2ldist sees of a script's work: the forward and backward pass
 of ``train_batch`` (step 1 of the seven), and the time between two
@@ -29,6 +32,8 @@ def computed(seconds):
     """The compute of this training step has just ended, after ``seconds``: stretch it
     (D2L_SLOW), and die if this is the step D2L_FAIL names (steps: spans.step())."""
     cfg = config.get()
+    if cfg.restart != 0:             # a restart replays the job without its faults
+        return
     if cfg.slow:
         factor, extra = cfg.slow
         time.sleep((factor - 1) * seconds + extra)
@@ -36,10 +41,17 @@ def computed(seconds):
         die(f'after its compute step {spans.step()}')
 
 
+def served(rounds):
+    """A server has closed ``rounds`` sync rounds of its first key: die if D2L_FAIL names it."""
+    cfg = config.get()
+    if cfg.restart == 0 and cfg.fail == ('step', rounds):
+        die(f'after its sync round {rounds}')
+
+
 def arm():
     """When a process joins the job: the timer of D2L_FAIL='30s', if any."""
     kind, seconds = config.get().fail or (None, None)
-    if kind == 'time':
+    if kind == 'time' and config.get().restart == 0:
         timer = threading.Timer(seconds, die, args=(f'{seconds:g} s after it joined',))
         timer.daemon = True
         timer.start()
@@ -48,6 +60,7 @@ def arm():
 def die(when):
     """Fail on purpose, as a crash: one line, then SIGKILL (no goodbye, no clean-up)."""
     cfg = config.get()
-    who = f"{cfg.role or 'process'} {'' if cfg.rank is None else cfg.rank}".strip()
+    rank = '' if cfg.rank is None or cfg.role == 'scheduler' else cfg.rank
+    who = f"{cfg.role or 'process'} {rank}".strip()
     print(f'd2ldist: {who} fails on purpose {when} (--fail)', file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)

@@ -19,7 +19,7 @@ import sys
 import time
 
 from .. import config
-from . import protocol
+from . import faults, protocol
 from .van import Van
 
 GROUPS = ('worker', 'server', 'all')
@@ -242,6 +242,7 @@ def main():
     except Exception as e:   # e.g. the port is taken
         sys.exit(f'd2ldist.scheduler: cannot listen: {e}')
     print(f'd2ldist: scheduler ready at {van.address}', flush=True)
+    faults.arm()                 # d2l-launch --fail scheduler@5s
     code = Scheduler(van, cfg.num_worker, cfg.num_server, cfg.heartbeat_timeout).serve()
     if van.dropped:
         print(f'd2ldist: the scheduler dropped {van.dropped} invalid messages', flush=True)

@@ -168,6 +168,29 @@ def test_arguments_and_env_arrive_unchanged(clean, tmp_path):
                                     'sum': 3.0}
 
 
+def test_a_restart_stops_every_host_and_starts_the_job_again(clean, tmp_path):
+    """--max-restarts over ssh: worker 1 (hostA) fails in attempt 0 while worker 0 waits
+    on hostB; the launcher ends attempt 0 on both hosts and the next attempt succeeds."""
+    hosts = clean
+    script = tmp_path / 'once.py'
+    script.write_text(
+        'import os, sys, d2ldist\n'
+        'd2ldist.init()\n'
+        'attempt = os.environ["D2L_RESTART"]\n'
+        'print("attempt", attempt, os.environ["D2L_CHECKPOINT_DIR"], flush=True)\n'
+        'if attempt == "0" and d2ldist.rank() == 1:\n'
+        '    sys.exit(3)\n'
+        'd2ldist.barrier()\n')
+    r = run_ssh(hosts, '-H', 'hostA,hostB', '-n', '2', '-s', '0', '--max-restarts', '1',
+                '--checkpoint-dir', '/shared/ck', 'python', script)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert 'd2l-launch: worker 1@hostA failed (exit code 3); restart 1 of 1' in r.stdout
+    assert r.stdout.count('scheduler ready at') == 2
+    for rank, host in ((0, 'hostB'), (1, 'hostA')):
+        assert 'attempt 1 /shared/ck' in prefixed(r.stdout, f'worker {rank}@{host}'), r.stdout
+    assert wait_no_survivors(r.tag) == []
+
+
 # -- clean-up on every host -----------------------------------------------------------
 SLEEPER = '''\
 import time, d2ldist
