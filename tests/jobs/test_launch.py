@@ -282,6 +282,11 @@ def test_guard_ends_the_process_group_when_stdin_closes(tmp_path):
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert g.stdout.readline().strip() == 'spawned'
+        # the guard, the script and sleep; a process just exec'd may show its environment
+        # (and so the tag) a moment late
+        deadline = time.monotonic() + 10
+        while len(tagged_pids(tag)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert len(tagged_pids(tag)) == 3
         g.stdin.close()
         assert g.wait(timeout=10) == 128 + signal.SIGTERM
