@@ -31,7 +31,9 @@ time          float   when the worker reported (its clock, Unix seconds; set by
 waiting       str     what the worker has waited for too long and who is missing
                       (the hang detector, ``runtime/hang.py``); '' when it goes on
 step          int     training steps this job has done (a resumed attempt goes on
-                      counting from its checkpoint's step)
+                      counting from its checkpoint's step); ``d2ldist.train`` reports
+                      it after every step, so that the launcher knows the steps a
+                      failure loses (alone, a report of only a step prints nothing)
 resumed_from  int     the checkpoint's step this attempt resumed from (once, at its
                       start; ``training/checkpoint.py``)
 ============  ======  =========================================================
@@ -63,6 +65,8 @@ def report(**metrics):
     record['time'] = round(time.time(), 3)
     if config.get().role is not None:         # under the launcher: the protocol line
         line = PREFIX + json.dumps(record, separators=(',', ':'))
+    elif set(record) <= {'step', 'time'}:     # alone, a bare step count tells nobody
+        return
     else:                                     # alone: something a person can read
         line = format_progress(record)
     sys.stdout.write(line + '\n')
@@ -130,7 +134,9 @@ def format_progress(r, rate=None):
         parts.append(f"epoch {r['epoch']}" + (f"/{r['num_epochs']}" if 'num_epochs' in r else ''))
     if 'batch' in r:
         parts.append(f"batch {r['batch']}" + (f"/{r['num_batches']}" if 'num_batches' in r else ''))
-    if 'step' in r:
+    if 'resumed_from' in r:
+        parts.append(f"resumed from the checkpoint of step {r['resumed_from']}")
+    elif 'step' in r:
         parts.append(f"step {r['step']}")
     for name in ('loss', 'acc', 'test_acc'):
         if name in r:

@@ -63,6 +63,8 @@ def train(net, train_iter, test_iter, num_epochs, trainer, devices, lr_period=No
                 report(epoch=epoch + 1, num_epochs=num_epochs, batch=i + 1,
                        num_batches=num_batches, loss=l / len(y), acc=acc / len(y),
                        samples=samples, step=step, step_times=trainer.step_times_report())
+            else:
+                report(step=step)     # (the launcher counts the steps a failure loses)
         test_acc = evaluate_accuracy(net, test_iter, devices[0])
         print(f'epoch {epoch + 1}, loss {train_l_sum / n:.3f}, train acc '
               f'{train_acc_sum / n:.3f}, test acc {test_acc:.3f}, '
