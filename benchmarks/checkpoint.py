@@ -8,8 +8,11 @@
    written on a thread), and the same job on torch.distributed (the 'torch' store, gloo)
    saves the way torchrun's recipes do: rank 0 calls torch.save of the model and the
    optimizer in the loop, and waits for it. For each k: the mean time of a step (the
-   slower worker's, after a warm-up), its overhead against k = none, and the seconds a
-   checkpoint adds (overhead x k); the last column is d2ldist's added time / torch's.
+   slower worker's, after a warm-up) and its overhead against k = none; per checkpoint,
+   the milliseconds worker 0's step waits for it and (d2ldist) the seconds its thread
+   writes, and of these the CPU's (on 2 cores busy with training, taken from it); the
+   last column is d2ldist's wait / torch's. In part 3 a checkpoint costs the wait and the
+   thread's CPU time.
 2. Recovery. The same job with ``--max-restarts 1`` and ``--fail worker:1@step=S``: the
    seconds from the last step before the kill to the first step after it (the launcher
    stops the job, starts it again, and the workers load the newest checkpoint), and the
@@ -56,6 +59,8 @@ def worker(args):
         at = ckpt.resume() or at                       # (after a restart: where it was)
     step, epoch, skip, times = at['step'], at['epoch'], at['batch'], []
     saved = os.path.join(args.dir, 'torch.pt')
+    spent = {'snapshot': 0.0, 'write': 0.0, 'write cpu': 0.0, 'count': 0}   # torch.save: all
+                                                                              # in the step
     while step < args.steps:
         train_iter.sampler.set_epoch(epoch, skip * 32)
         batches = iter(train_iter)
@@ -68,8 +73,11 @@ def worker(args):
             if ckpt:
                 ckpt.step_done(step, epoch, i + 1, {})
             elif args.every and step % args.every == 0 and store.rank == 0:
+                begin = time.perf_counter()            # torchrun's recipe: wait for it
                 torch.save({'model': net.state_dict(), 'optimizer': trainer.optimizer_states()},
-                           saved)                      # torchrun's recipe: wait for it
+                           saved)
+                spent['snapshot'] += time.perf_counter() - begin
+                spent['count'] += 1
             times.append(time.perf_counter() - start)
             print(f'STEP {step} {time.time():.3f}', flush=True)
             if step == args.steps:
@@ -77,10 +85,12 @@ def worker(args):
         epoch, skip = epoch + 1, 0
     if ckpt:
         ckpt.wait()
+        spent = dict(ckpt.seconds, count=ckpt.writes)
         saved = next(iter(ckpt.steps()), (0, None))[1]
         saved = saved and ckpt.file(saved, 0)
     size = os.path.getsize(saved) if store.rank == 0 and args.every else 0
-    print('RESULT ' + json.dumps({'rank': store.rank, 'times': times, 'bytes': size}),
+    print('RESULT ' + json.dumps({'rank': store.rank, 'times': times, 'bytes': size,
+                                  'spent': spent}),
           flush=True)
 
 
@@ -105,33 +115,40 @@ def step_time(results, warmup):
 
 def overhead(args):
     print(f'# 1. Overhead: ResNet-18 (width {args.width}) on the digits, 2 workers, '
-          f'{args.steps} steps (the first {args.warmup} untimed)')
-    print(f'{"every k steps":>13} {"d2ldist ms":>10} {"overhead":>8} {"s/ckpt":>7} '
-          f'{"torch ms":>9} {"overhead":>8} {"s/ckpt":>7} {"d2ldist/torch":>13}')
-    base, cost = {}, {}
+          f'{args.steps} steps (the first {args.warmup} untimed); per checkpoint: the time '
+          'worker 0\'s step waits (d2ldist: the snapshot; torch: torch.save) and, d2ldist '
+          'only, the write on its thread')
+    print(f'{"every k":>7} {"d2ldist ms":>10} {"overhead":>8} {"waits ms":>8} {"thread s":>8} '
+          f'{"of CPU":>6} '
+          f'{"torch ms":>9} {"overhead":>8} {"waits ms":>8} {"waits d2ldist/torch":>19}')
+    base, waits = {}, []
     for every in [0] + args.intervals:
         row = {}
         for name, store in (('d2ldist', 'dist_sync'), ('torch', 'torch')):
             with tempfile.TemporaryDirectory() as folder:
                 _, results = run(args, store, every, args.steps, folder)
             row[name] = step_time(results, args.warmup)
-            if every:
-                row[name + ' bytes'] = next(x for x in results if x['rank'] == 0)['bytes']
+            zero = next(x for x in results if x['rank'] == 0)
+            row[name + ' bytes'], spent = zero['bytes'], zero['spent']
+            count = max(1, spent['count'])
+            row[name + ' waits'], row[name + ' write'], row[name + ' cpu'] = (
+                spent['snapshot'] / count, spent['write'] / count, spent['write cpu'] / count)
         if not every:
             base = row
-            print(f'{"none":>13} {row["d2ldist"] * 1e3:>10.0f} {"":>8} {"":>7} '
+            print(f'{"none":>7} {row["d2ldist"] * 1e3:>10.0f} {"":>8} {"":>8} {"":>8} {"":>6} '
                   f'{row["torch"] * 1e3:>9.0f}', flush=True)
             continue
         o = {n: row[n] / base[n] - 1 for n in ('d2ldist', 'torch')}
-        added = {n: o[n] * base[n] * every for n in o}
-        cost[every] = added['d2ldist']
-        ratio = added['d2ldist'] / added['torch'] if added['torch'] > 0 else float('nan')
-        print(f'{every:>13} {row["d2ldist"] * 1e3:>10.0f} {o["d2ldist"]:>8.1%} '
-              f'{added["d2ldist"]:>7.2f} {row["torch"] * 1e3:>9.0f} {o["torch"]:>8.1%} '
-              f'{added["torch"]:>7.2f} {ratio:>13.2f}', flush=True)
+        waits.append(row['d2ldist waits'] + row['d2ldist cpu'])
+        print(f'{every:>7} {row["d2ldist"] * 1e3:>10.0f} {o["d2ldist"]:>8.1%} '
+              f'{row["d2ldist waits"] * 1e3:>8.0f} {row["d2ldist write"]:>8.2f} '
+              f'{row["d2ldist cpu"]:>6.2f} '
+              f'{row["torch"] * 1e3:>9.0f} {o["torch"]:>8.1%} {row["torch waits"] * 1e3:>8.0f} '
+              f'{row["d2ldist waits"] / row["torch waits"]:>19.2f}', flush=True)
     print(f'(worker 0\'s file: {row["d2ldist bytes"] / 1e6:.0f} MB, the weights, BatchNorm '
-          f'statistics and momenta; torch.save\'s: {row["torch bytes"] / 1e6:.0f} MB)')
-    return base['d2ldist'], statistics.median(cost.values())
+          f'statistics and momenta; torch.save\'s: {row["torch bytes"] / 1e6:.0f} MB, without '
+          'fsync. The overheads are differences of noisy means)')
+    return base['d2ldist'], statistics.median(waits)
 
 
 def recovery(args, folder_every=5):

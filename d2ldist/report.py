@@ -128,7 +128,7 @@ def fraction_done(r):
 
 
 def format_progress(r, rate=None):
-    """One compact line: 'epoch 2/5 batch 40/98 step 236 loss 0.812 acc 0.713 1530 samples/s'."""
+    """One compact line: 'epoch 2/5 batch 40/98 loss 0.812 acc 0.713 1530 samples/s'."""
     parts = []
     if 'epoch' in r:
         parts.append(f"epoch {r['epoch']}" + (f"/{r['num_epochs']}" if 'num_epochs' in r else ''))
@@ -136,7 +136,7 @@ def format_progress(r, rate=None):
         parts.append(f"batch {r['batch']}" + (f"/{r['num_batches']}" if 'num_batches' in r else ''))
     if 'resumed_from' in r:
         parts.append(f"resumed from the checkpoint of step {r['resumed_from']}")
-    elif 'step' in r:
+    elif 'step' in r and 'epoch' not in r:          # (with an epoch and batch: redundant)
         parts.append(f"step {r['step']}")
     for name in ('loss', 'acc', 'test_acc'):
         if name in r:

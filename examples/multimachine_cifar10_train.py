@@ -8,6 +8,8 @@ file runs alone or as every worker of a job (each worker prints its own lines):
     d2l-launch -n 2 -s 2 python examples/multimachine_cifar10_train.py --kvstore dist_sync
     d2l-launch -n 2 -s 2 -H hosts --launcher ssh python examples/multimachine_cifar10_train.py --kvstore dist_sync
     d2l-launch -n 2 python examples/multimachine_cifar10_train.py --kvstore ring
+    d2l-launch -n 2 -s 2 --checkpoint-dir ckpt --checkpoint-every 20 --max-restarts 3 \
+        python examples/multimachine_cifar10_train.py --kvstore dist_sync
 
 The data set is CIFAR-10 when it is in --root (cifar-10-batches-py), else
 scikit-learn's digits; the script says which one it uses. ``make demo`` runs
@@ -30,6 +32,11 @@ at 0.7 of the true ones after epoch 1). Measured in one process that trains as
 this job does, on the same weights (momentum does not change training), test
 accuracy after epochs 1, 2 and 3: 0.38, 0.63, 0.92 with 0.1; 0.86, 0.93, 0.97
 with 0.5; 0.91, 0.98, 0.98 with statistics recomputed for the final weights.
+
+With ``--checkpoint-dir`` d2ldist.train saves the whole job every
+``--checkpoint-every`` steps and, started again (by hand, or by ``--max-restarts``
+after a failure), resumes from the newest checkpoint: the last line, the SHA-256 of
+the final weights, is then the same as in a run that never stopped.
 
 Besides its lines, every worker calls ``d2ldist.report`` every few batches, so
 that d2l-launch shows a progress bar and ``%launch`` its dashboard: loss,

@@ -318,7 +318,10 @@ class Progress:
             self.out.flush()
 
     def _plain_due(self, label, r):
-        """Due when the worker's epoch changes or ends, else every PLAIN_EVERY seconds."""
+        """Due when the worker's epoch changes or ends, else every PLAIN_EVERY seconds
+        (a bare step count, before anything else, is bookkeeping: not shown)."""
+        if set(r) <= {'step', 'time'}:
+            return False
         throttle = self.throttles.setdefault(label, Throttle(PLAIN_EVERY, self.clock))
         ends = 'num_batches' in r and r.get('batch') == r['num_batches']
         if throttle.ready(force=ends or r.get('epoch') != self.epochs.get(label)):

@@ -38,6 +38,7 @@ import random
 import re
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -141,7 +142,10 @@ class Checkpoint:
         # Rank 0 saves what the workers share; a worker that trains alone (kvstore
         # 'local' in a job), saves and reads its own.
         self.source = 0 if trainer.store.num_workers > 1 else self.rank
-        self.writes = 0          # files written (the benchmark counts them)
+        self.writes = 0          # files written
+        # seconds: in the steps; on the thread, and its CPU time (taken from training
+        # where the CPU is what limits it)
+        self.seconds = {'snapshot': 0.0, 'write': 0.0, 'write cpu': 0.0}
         self._writer = None      # the thread writing the last snapshot
         self._rng = None         # a resumed worker's generators, until its epoch starts
         try:
@@ -162,8 +166,10 @@ class Checkpoint:
         """After step ``step`` (batch ``batch`` of ``epoch`` done): every ``every`` steps,
         snapshot this worker's state in memory and write it on a thread."""
         if step % self.every == 0:
+            start = time.perf_counter()
             self.wait()                       # (the write before must have ended)
             state = self.snapshot(step, epoch, batch, loop)
+            self.seconds['snapshot'] += time.perf_counter() - start
             self._writer = threading.Thread(target=self._write, args=(step, state),
                                             name='d2ldist-checkpoint')
             self._writer.start()
@@ -180,13 +186,16 @@ class Checkpoint:
         return _copy(state)
 
     def _write(self, step, state):
-        folder = self.dir / f'step-{step:08d}'
+        folder, start, cpu = self.dir / f'step-{step:08d}', time.perf_counter(), time.thread_time()
         try:
             folder.mkdir(exist_ok=True)
             write_file(self.file(folder, self.rank), state)
         except OSError as e:
             _warn(f'checkpoint of step {step} not written: {e.strerror or e}')
             return
+        finally:
+            self.seconds['write'] += time.perf_counter() - start
+            self.seconds['write cpu'] += time.thread_time() - cpu
         self.writes += 1
         self.prune()
 
