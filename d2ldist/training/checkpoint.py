@@ -137,11 +137,14 @@ class Checkpoint:
 
     def __init__(self, directory, trainer, every=100, keep=3):
         self.dir, self.trainer, self.every, self.keep = Path(directory), trainer, every, keep
-        cfg = config.get()
-        self.rank, self.num_workers = cfg.rank or 0, cfg.num_worker or 1
+        store, cfg = trainer.store, config.get()
+        if store.num_workers > 1:      # the workers share a store (also under torchrun)
+            self.rank, self.num_workers = store.rank, store.num_workers
+        else:                          # alone, or each worker of a job on its own store
+            self.rank, self.num_workers = cfg.rank or 0, cfg.num_worker or 1
         # Rank 0 saves what the workers share; a worker that trains alone (kvstore
         # 'local' in a job), saves and reads its own.
-        self.source = 0 if trainer.store.num_workers > 1 else self.rank
+        self.source = 0 if store.num_workers > 1 else self.rank
         self.writes = 0          # files written
         # seconds: in the steps; on the thread, and its CPU time (taken from training
         # where the CPU is what limits it)

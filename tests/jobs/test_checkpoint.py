@@ -3,8 +3,10 @@ started again with the same checkpoint folder goes on bit for bit, as if it neve
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +166,37 @@ def test_the_books_training_script_resumes_bit_for_bit(tmp_path):
                    *script, timeout=240)
     assert f'resumed from {tmp_path}/step-00000010 (step 10' in r.stdout
     assert sorted(fingerprints(r)) == sorted(plain)
+
+
+def torchrun(tmp_path, **env):
+    """The job as torchrun's 2 workers on the 'torch' store; its CompletedProcess."""
+    command = Path(sys.executable).with_name('torchrun')
+    need(command.exists(), 'torchrun (installed with torch)')
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith('D2L_')},
+               PYTHONPATH=str(ROOT), **env)
+    p = subprocess.Popen([command, '--standalone', '--nproc_per_node=2', JOB, 'torch', str(EPOCHS)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         cwd=tmp_path, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=180)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)   # (its workers go with it, even on failure)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def test_under_torchrun_a_stopped_job_resumes_bit_for_bit(tmp_path):
+    """The production path: torchrun's workers, ranks from torch.distributed, the same
+    checkpoints (D2L_CHECKPOINT_DIR), stopped at step 25 by D2L_FAIL and started again."""
+    plain = re.findall(r'FINAL (.*)', torchrun(tmp_path).stdout)
+    assert len(plain) == 2 and len({json.loads(f)['sha256'] for f in plain}) == 1
+    folder = {'D2L_CHECKPOINT_DIR': str(tmp_path / 'ckpt'), 'D2L_CHECKPOINT_EVERY': '10'}
+    assert torchrun(tmp_path, D2L_FAIL='step=25', **folder).returncode != 0
+    assert sorted(p.name for p in (tmp_path / 'ckpt' / 'step-00000020').iterdir()) == [
+        'worker-0-of-2.ckpt', 'worker-1-of-2.ckpt']
+    again = torchrun(tmp_path, **folder)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert 'resumed from' in again.stdout + again.stderr
+    assert sorted(re.findall(r'FINAL (.*)', again.stdout)) == sorted(plain)
