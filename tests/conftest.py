@@ -85,6 +85,27 @@ def start_launch(*args, tag=None, env=None, cwd=ROOT, preexec_fn=None):
     return p
 
 
+def run_torchrun(script, *args, workers=2, env=None, cwd=ROOT, timeout=180):
+    """torchrun --standalone script args, without the launcher's D2L_* variables (but
+    ``env``'s); the CompletedProcess. Its workers go with it, even on failure."""
+    torchrun = Path(sys.executable).with_name('torchrun')
+    need(torchrun.exists(), 'torchrun (installed with torch)')
+    full_env = dict({k: v for k, v in os.environ.items() if not k.startswith('D2L_')},
+                    PYTHONPATH=str(ROOT), **(env or {}))
+    p = subprocess.Popen([str(torchrun), '--standalone', f'--nproc_per_node={workers}',
+                          str(script), *map(str, args)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=full_env, cwd=cwd, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
 def tagged_pids(tag):
     """Pids of live processes whose environment holds D2L_TEST_TAG=tag."""
     needle = f'D2L_TEST_TAG={tag}'.encode()

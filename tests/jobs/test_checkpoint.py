@@ -3,14 +3,12 @@ started again with the same checkpoint folder goes on bit for bit, as if it neve
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, ROOT, need, run_launch, wait_no_survivors
+from conftest import IN_CI, ROOT, need, run_launch, run_torchrun, wait_no_survivors
 
 JOB = ROOT / 'tests' / 'jobs' / 'checkpoint_job.py'
 EPOCHS = 2                       # 2 x 23 steps of 2 workers on the digits
@@ -170,21 +168,7 @@ def test_the_books_training_script_resumes_bit_for_bit(tmp_path):
 
 def torchrun(tmp_path, **env):
     """The job as torchrun's 2 workers on the 'torch' store; its CompletedProcess."""
-    command = Path(sys.executable).with_name('torchrun')
-    need(command.exists(), 'torchrun (installed with torch)')
-    env = dict({k: v for k, v in os.environ.items() if not k.startswith('D2L_')},
-               PYTHONPATH=str(ROOT), **env)
-    p = subprocess.Popen([command, '--standalone', '--nproc_per_node=2', JOB, 'torch', str(EPOCHS)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         cwd=tmp_path, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=180)
-    finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)   # (its workers go with it, even on failure)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    return run_torchrun(JOB, 'torch', EPOCHS, env=env, cwd=tmp_path)
 
 
 def test_under_torchrun_a_stopped_job_resumes_bit_for_bit(tmp_path):

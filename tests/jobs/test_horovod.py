@@ -1,14 +1,10 @@
 """The Horovod-style API in real jobs, and one script on every backend."""
-import os
 import re
-import signal
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, need, run_launch, wait_no_survivors
+from conftest import ROOT, run_launch, run_torchrun, wait_no_survivors
 
 EXAMPLE = ROOT / 'examples' / 'horovod_mlp.py'
 
@@ -46,29 +42,16 @@ def test_one_script_on_ring_torch_and_torchrun():
                         sys.executable, EXAMPLE, timeout=180)
     assert torch_.returncode == 0, torch_.stdout[-3000:] + torch_.stderr[-3000:]
     assert close(results(ring.stdout), results(torch_.stdout))
-    out = run_torchrun(EXAMPLE)
+    out = torchrun_output(EXAMPLE)
     assert '2 workers' in out
     assert close(results(ring.stdout), results(out))
 
 
-def run_torchrun(script, workers=2, timeout=180):
-    """torchrun --standalone script; its stdout. Its workers go with it, even on failure."""
-    torchrun = str(Path(sys.executable).with_name('torchrun'))
-    need(os.path.exists(torchrun), 'torchrun (installed with torch)')
-    env = {k: v for k, v in os.environ.items() if not k.startswith('D2L_')}
-    env['PYTHONPATH'] = str(ROOT)
-    p = subprocess.Popen([torchrun, '--standalone', f'--nproc_per_node={workers}', str(script)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         cwd=ROOT, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert p.returncode == 0, out[-3000:] + err[-3000:]
-    return out
+def torchrun_output(script, timeout=180):
+    """torchrun's 2 workers running script, which must succeed; their stdout."""
+    r = run_torchrun(script, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout
 
 
 DIGITS = ROOT / 'examples' / 'horovod_digits.py'
@@ -85,7 +68,7 @@ def test_a_horovod_script_runs_unchanged_on_every_backend():
                        timeout=200)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         outputs.append(re.findall(r'2 workers, epoch \d: .*', r.stdout))
-    outputs.append(re.findall(r'2 workers, epoch \d: .*', run_torchrun(DIGITS, timeout=200)))
+    outputs.append(re.findall(r'2 workers, epoch \d: .*', torchrun_output(DIGITS, timeout=200)))
     assert len(outputs[0]) == 3 and outputs[0] == outputs[1] == outputs[2], outputs
     accuracy = float(outputs[0][-1].rsplit(' ', 1)[1])
     assert accuracy > 0.8, outputs[0]

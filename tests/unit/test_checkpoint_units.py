@@ -85,39 +85,43 @@ def small_job(tmp_path, every=5, keep=2):
     return net, trainer, Checkpoint(tmp_path, trainer, every=every, keep=keep)
 
 
-def test_every_few_steps_and_the_newest_kept(tmp_path):
-    net, trainer, ckpt = small_job(tmp_path, every=5, keep=2)
+def train_steps(net, trainer, ckpt, steps, after=lambda step: None):
+    """``steps`` steps on one fixed batch, each offered to the checkpoint; then its writes end."""
     X, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
     loss = nn.CrossEntropyLoss(reduction='none')
-    for step in range(1, 23):
+    for step in range(1, steps + 1):
         d2ldist.train_batch(X, y, net, loss, trainer, trainer.devices)
         ckpt.step_done(step, 0, step, {'n': step})
+        after(step)
     ckpt.wait()
+
+
+def test_every_few_steps_and_the_newest_kept(tmp_path):
+    net, trainer, ckpt = small_job(tmp_path, every=5, keep=2)
+    train_steps(net, trainer, ckpt, 22)
     assert [s for s, _ in ckpt.steps()] == [20, 15] and ckpt.writes == 4
     assert sorted(p.name for p in (tmp_path / 'step-00000020').iterdir()) == ['worker-0-of-1.ckpt']
 
 
 def test_resume_restores_weights_and_momenta_and_falls_back_past_a_damaged_file(tmp_path, capsys):
     net, trainer, ckpt = small_job(tmp_path, every=5, keep=3)
-    X, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
-    loss = nn.CrossEntropyLoss(reduction='none')
-    for step in range(1, 11):
-        d2ldist.train_batch(X, y, net, loss, trainer, trainer.devices)
-        ckpt.step_done(step, 0, step, {'n': step})
+    at_5 = {}
+
+    def keep_step_5(step):
         if step == 5:
-            at_5 = {k: v.clone() for k, v in net.state_dict().items()}
-            momenta_5 = checkpoint._copy(trainer.optimizer_states())
-    ckpt.wait()
+            at_5['weights'] = {k: v.clone() for k, v in net.state_dict().items()}
+            at_5['momenta'] = checkpoint._copy(trainer.optimizer_states())
+    train_steps(net, trainer, ckpt, 10, keep_step_5)
     newest = tmp_path / 'step-00000010' / 'worker-0-of-1.ckpt'
     newest.write_bytes(newest.read_bytes()[:-10])              # cut short
     net2, trainer2, ckpt2 = small_job(tmp_path, every=5, keep=3)
     at = ckpt2.resume()
     assert at == {'step': 5, 'epoch': 0, 'batch': 5, 'loop': {'n': 5}}
-    assert all(torch.equal(v, at_5[k]) for k, v in net2.state_dict().items())
+    assert all(torch.equal(v, at_5['weights'][k]) for k, v in net2.state_dict().items())
     momenta = trainer2.optimizer_states()
     assert momenta['on'] == 'store' and sorted(momenta['states']) == [0, 1, 2, 3, 4, 5]
     assert all(torch.equal(momenta['states'][i]['momentum_buffer'],
-                           momenta_5['states'][i]['momentum_buffer'])
+                           at_5['momenta']['states'][i]['momentum_buffer'])
                for i in range(6))
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and 'step-00000010' in err[0] and 'cut short' in err[0], err
