@@ -158,6 +158,27 @@ class KVStore:
         """The codec for a push of ``key`` (None: whole)."""
         return None if key in self._plain else self._codec
 
+    def compression_residuals(self):
+        """What 2-bit compression has kept back on this worker (error feedback), whole
+        per key: {key: 1-D tensor}. Empty without it."""
+        parts = {}
+        for (key, start), residual in getattr(self._codec, 'residuals', {}).items():
+            parts.setdefault(key, []).append((start, residual))
+        return {key: torch.cat([r for _, r in sorted(p, key=lambda sr: sr[0])])
+                for key, p in parts.items()}
+
+    def set_compression_residuals(self, residuals):
+        """Take back what compression_residuals() gave, cut as today's servers hold the keys."""
+        if residuals and not hasattr(self._codec, 'residuals'):
+            raise M.KVError('these are residuals of 2-bit compression: set the same '
+                            'gradient compression before loading them')
+        for key, whole in residuals.items():
+            for _, start, stop in place(key, whole.numel(), self._num_servers()):
+                self._codec.residuals[(key, start)] = whole[start:stop].clone()
+
+    def _num_servers(self):
+        return 1
+
     def set_optimizer(self, name, **hyper):
         """Update the values with this optimizer on every push: a name and numbers, in
         torch.optim's names or gluon's (learning_rate, wd, beta1, beta2)."""
@@ -259,7 +280,8 @@ class LocalKVStore(KVStore):
         for k, v in zip(keys, values):
             codec = self._coded(k)
             if codec is not None:             # what the servers would get
-                v = codec.decode(codec.encode(k, v), v.numel(), v.dtype).view_as(v)
+                flat = v.reshape(-1)             # (its residual kept as a dist one's)
+                v = codec.decode(codec.encode((k, 0), flat), v.numel(), v.dtype).view_as(v)
             self._update(k, v)
 
     def _pull(self, keys, outs):
@@ -322,6 +344,9 @@ class DistKVStore(KVStore):
         for server in self._node.peers('server'):
             if van.through_socket(server) and not stream.listening(van, server):
                 self._node.send(server, M.LINK, {'offer': stream.listen(van, server).offer()})
+
+    def _num_servers(self):
+        return self._node.num_servers
 
     def _set_optimizer(self, name, hyper):
         """Let the servers update the weights with this optimizer (chosen by name)."""

@@ -4,22 +4,27 @@ A job that loses one process loses every step since it started, unless it saved 
 Every ``every`` steps, at the step boundary, each worker saves what only it knows, and
 worker 0 also what all workers share::
 
-    DIR/step-00000120/worker-0-of-2.ckpt   the model (weights, BatchNorm statistics), the
-                                           optimizer's states (the servers': gathered
-                                           from all of them, key by key), the learning
-                                           rate, and what every worker's file has:
-    DIR/step-00000120/worker-1-of-2.ckpt   the step, its place in the data (epoch, batch),
-                                           its random generators (torch, numpy,
-                                           random) and its loop's running sums
+    DIR/step-00000120/worker-0-of-2.ckpt   the model's weights, the servers' optimizer
+                                           states (gathered from all of them, key by
+                                           key), and what every worker's file has:
+    DIR/step-00000120/worker-1-of-2.ckpt   the model's buffers (BatchNorm's), the step,
+                                           its place in the data (epoch, batch), its
+                                           random generators (torch, numpy, random),
+                                           its loop's running sums, the learning rate,
+                                           what 2-bit compression kept back, and the
+                                           optimizer's states if the workers run it
 
-A checkpoint is *complete* when every worker's file is there and reads back whole, and
-a job resumes from the newest complete one. In ``dist_sync`` and on the ring all the
-pieces belong to one step: every worker saves after the same step, and no server can
-start the next round before worker 0 has asked for their states and pushed again. So a
-resumed job goes on bit for bit as the one that never stopped. In ``dist_async`` the
-workers are never at one step: worker ``r``'s file holds its own step 120, and the
-model is what the servers held when worker 0 had done its step 120. A resume gives a
-state asynchronous training could have been in, not the one it was in.
+A checkpoint is *complete* when every worker's file is there and reads back whole, and a
+job resumes from the newest complete one. The workers need not share the folder (each
+host may keep its files on its own disk): each says which steps it holds, through the
+store, and all take the newest step every one of them holds. Each reads only its own
+file; the store then gives all of them worker 0's weights. In ``dist_sync`` and on the
+ring all the pieces belong to one step: every worker saves after the same step, and no
+server can start the next round before worker 0 has asked for their states and pushed
+again. So a resumed job goes on bit for bit as the one that never stopped. In
+``dist_async`` the workers are never at one step: worker ``r``'s file holds its own step
+120, and the model is what the servers held when worker 0 had done its step 120. A
+resume gives a state asynchronous training could have been in, not the one it was in.
 
 How it is written (after CheckFreq, Mohan et al., FAST 2021): the snapshot copies the
 state in memory at the step boundary, and a thread writes it while training goes on (the
@@ -27,9 +32,9 @@ next snapshot waits for that write). A file is written whole or not at all: a te
 name, fsync, rename. Its first line holds the SHA-256 of the rest (torch.save's bytes,
 read back with ``weights_only``: nothing is unpickled), so a file cut short or damaged is
 found and the checkpoint before it used. A write that fails (a full disk) is one
-warning line, and training goes on. The newest ``keep`` complete checkpoints stay.
-
-The folder must be one that every worker reads: one host, or a shared file system.
+warning line, and training goes on. The newest ``keep`` complete checkpoints stay; a
+worker that sees only its own files keeps its newest ``keep`` (3, the default, is
+enough in sync modes: a failure finds no worker more than two writes behind another).
 """
 import hashlib
 import io
@@ -47,7 +52,8 @@ import torch
 from .. import config
 from ..report import report
 
-HEADER = re.compile(rb'd2ldist-checkpoint 1 sha256=([0-9a-f]{64})')
+FORMAT = 2        # what a file holds (1: before every worker kept its learning rate)
+HEADER = re.compile(rb'd2ldist-checkpoint (\d+) sha256=([0-9a-f]{64})')
 
 
 class CheckpointError(ValueError):
@@ -60,7 +66,8 @@ def write_file(path, state):
     buffer = io.BytesIO()
     torch.save(state, buffer)
     data = buffer.getbuffer()
-    header = b'd2ldist-checkpoint 1 sha256=%s\n' % hashlib.sha256(data).hexdigest().encode()
+    digest = hashlib.sha256(data).hexdigest().encode()
+    header = b'd2ldist-checkpoint %d sha256=%s\n' % (FORMAT, digest)
     tmp = path.with_name(f'{path.name}.tmp{os.getpid()}')
     try:
         with open(tmp, 'wb') as f:
@@ -87,7 +94,10 @@ def read_file(path):
     match = HEADER.fullmatch(header)
     if match is None:
         raise CheckpointError(f'{path} is not a d2ldist checkpoint')
-    if hashlib.sha256(data).hexdigest().encode() != match.group(1):
+    if int(match.group(1)) != FORMAT:
+        raise CheckpointError(f'{path} is a checkpoint of format {int(match.group(1))}, and '
+                              f'this d2ldist reads format {FORMAT}')
+    if hashlib.sha256(data).hexdigest().encode() != match.group(2):
         raise CheckpointError(f'{path} is damaged or cut short (its SHA-256 does not match)')
     try:
         return torch.load(io.BytesIO(data), weights_only=True)   # tensors and numbers only
@@ -151,6 +161,7 @@ class Checkpoint:
         self.seconds = {'snapshot': 0.0, 'write': 0.0, 'write cpu': 0.0}
         self._writer = None      # the thread writing the last snapshot
         self._rng = None         # a resumed worker's generators, until its epoch starts
+        self._gathers = 0        # the store's keys it made to gather the workers' steps
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -181,11 +192,14 @@ class Checkpoint:
         """This worker's state at the step boundary, copied (training goes on meanwhile)."""
         t = self.trainer
         state = {'step': step, 'epoch': epoch, 'batch': batch, 'loop': dict(loop),
-                 'rng': rng_states()}
+                 'rng': rng_states(), 'lr': t.learning_rate,
+                 'residuals': t.compression_residuals()}
         if self.rank == self.source:
             state['model'] = t.replicas[0].state_dict()
+        else:       # (the store shares the weights, not every buffer: BatchNorm's counts)
+            state['model'] = dict(t.replicas[0].named_buffers())
+        if self.rank == self.source or not t.update_on_kvstore:
             state['optimizer'] = t.optimizer_states()   # (the servers': one request)
-            state['lr'] = t.learning_rate
         return _copy(state)
 
     def _write(self, step, state):
@@ -210,13 +224,17 @@ class Checkpoint:
 
     def prune(self):
         """Keep the newest ``keep`` complete checkpoints, and any newer still being
-        written: remove this worker's files of the older ones."""
+        written: remove this worker's files of the older ones. (A worker that sees no
+        other worker's file, on its own disk, counts its own files.)"""
         steps = self.steps()
-        complete = [step for step, folder in steps if self.complete(folder)]
-        if len(complete) < self.keep:
+        shared = any(self.file(folder, r).exists() for _, folder in steps
+                     for r in range(self.num_workers) if r != self.rank)
+        kept = [step for step, folder in steps
+                if (self.complete(folder) if shared else self.file(folder, self.rank).exists())]
+        if len(kept) < self.keep:
             return
         for step, folder in steps:
-            if step < complete[self.keep - 1]:
+            if step < kept[self.keep - 1]:
                 self.file(folder, self.rank).unlink(missing_ok=True)
                 try:
                     folder.rmdir()            # (the last worker to leave removes it)
@@ -239,46 +257,85 @@ class Checkpoint:
 
     # -- resuming ----------------------------------------------------------------------
     def resume(self):
-        """Before the first step: restore the newest complete checkpoint, if there is one.
-        Returns its position {'step', 'epoch', 'batch', 'loop'}, or None."""
-        for step, folder in self.steps():
-            others = {int(m.group(1)) for p in folder.iterdir()
-                      if (m := re.fullmatch(r'worker-\d+-of-(\d+)\.ckpt', p.name))}
-            for saved_by in others - {self.num_workers}:
-                raise CheckpointError(
-                    f'{folder} was saved by {saved_by} workers and this job has '
-                    f'{self.num_workers}: start it with -n {saved_by}, or give it another '
-                    'checkpoint folder')
-            if not self.complete(folder):
-                continue                      # (its writing was cut off by the failure)
-            try:                              # every file, so that all workers agree
-                states = [read_file(self.file(folder, r)) for r in range(self.num_workers)]
+        """Before the first step: restore the newest checkpoint every worker holds whole,
+        if there is one. Returns its position {'step', 'epoch', 'batch', 'loop'}, or None."""
+        held = self.held()
+        while (step := self.newest_common(held)) is not None:
+            folder = self.dir / f'step-{step:08d}'
+            try:
+                mine, whole = read_file(self.file(folder, self.rank)), 1
             except CheckpointError as e:
-                if self.rank == 0:
-                    _warn(f'{e}; trying the checkpoint before it')
-                continue
-            self.restore(states[self.source])
-            mine = states[self.rank]
-            self._rng = mine['rng']
-            if self.rank == 0:
-                print(f'd2ldist: resumed from {folder} (step {step}: epoch '
-                      f'{mine["epoch"] + 1}, batch {mine["batch"]})', flush=True)
-            report(resumed_from=step, step=step)
-            return {k: mine[k] for k in ('step', 'epoch', 'batch', 'loop')}
-        return None
+                _warn(f'{e}; trying the checkpoint before it')
+                mine, whole = None, 0
+            if all(row == [1] for row in self.gather([whole], 1)):
+                break
+            held.discard(step)                # (a worker's file of it is damaged)
+        else:
+            return None
+        self.restore(mine)
+        self._rng = mine['rng']
+        if self.rank == 0:
+            print(f'd2ldist: resumed from {folder} (step {step}: epoch '
+                  f'{mine["epoch"] + 1}, batch {mine["batch"]})', flush=True)
+        report(resumed_from=step, step=step)
+        return {k: mine[k] for k in ('step', 'epoch', 'batch', 'loop')}
 
-    def restore(self, shared):
-        """The model, then the store (rank 0's weights), the optimizer's states, the rate."""
+    def held(self):
+        """The steps of this worker's files; files of another number of workers: refused."""
+        held = set()
+        for step, folder in self.steps():
+            for p in folder.iterdir():
+                m = re.fullmatch(r'worker-\d+-of-(\d+)\.ckpt', p.name)
+                if m and int(m.group(1)) != self.num_workers:
+                    raise CheckpointError(
+                        f'{folder} was saved by {m.group(1)} workers and this job has '
+                        f'{self.num_workers}: start it with -n {m.group(1)}, or give it '
+                        'another checkpoint folder')
+            if self.file(folder, self.rank).exists():
+                held.add(step)
+        return held
+
+    def newest_common(self, held):
+        """The newest step that every worker holds a file of (None: there is none)."""
+        width = max(n for [n] in self.gather([len(held)], 1))
+        rows = self.gather(sorted(held, reverse=True), width)
+        return max(set.intersection(*map(set, rows)), default=None)
+
+    def gather(self, numbers, width):
+        """Every worker's list of at most ``width`` whole numbers >= 0, by rank: one sum
+        over the store of a table in which each worker fills its own row (-1: empty)."""
+        if self.num_workers == 1:
+            return [list(numbers)]
+        store = self.trainer.store
+        table = torch.zeros(self.num_workers, max(width, 1), dtype=torch.float64)
+        table[self.rank] = -1
+        table[self.rank, :len(numbers)] = torch.tensor(numbers, dtype=torch.float64)
+        table = table.to(getattr(store, 'device', 'cpu'))
+        self._gathers += 1
+        key = f'd2ldist.checkpoint.{self._gathers}'
+        store.init([key], [torch.zeros_like(table)], optimizer=False)
+        if getattr(store, 'is_async', False):      # pushes add up: all of them, then read
+            store.push([key], [table])
+            store.barrier()
+            store.pull([key], out=[table])
+        else:
+            store.pushpull([key], [table], out=[table])
+        return [[int(v) for v in row if v >= 0] for row in table.cpu()]
+
+    def restore(self, mine):
+        """The model, then the store (rank 0's weights for all), the optimizer's states,
+        what compression kept back, the rate."""
         t = self.trainer
         if t.initialized:
             raise CheckpointError('resume() must come before the first step: the store '
                                   'already holds other weights')
-        for replica in t.replicas:
-            replica.load_state_dict(shared['model'])
-        t.init()
-        t.set_optimizer_states(shared['optimizer'])
-        if shared['lr'] is not None:
-            t.set_learning_rate(shared['lr'])
+        for replica in t.replicas:        # (a worker but 0 has only the buffers: init()
+            replica.load_state_dict(mine['model'], strict=self.rank == self.source)
+        t.init()                          # gives it 0's weights and float buffers)
+        t.set_optimizer_states(mine.get('optimizer'))
+        t.set_compression_residuals(mine['residuals'])
+        if mine['lr'] is not None:
+            t.set_learning_rate(mine['lr'])
 
     def restore_rng(self):
         """Once the resumed epoch's data iterator exists (making it draws a seed): this

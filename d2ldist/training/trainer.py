@@ -234,6 +234,18 @@ class Trainer:
         else:
             self._optimizer.load_state_dict(data['states'])
 
+    def compression_residuals(self):
+        """What 2-bit gradient compression has kept back on this worker, by parameter
+        index ({} without it): a resumed job needs them to go on bit for bit."""
+        held = self.store.compression_residuals() \
+            if hasattr(self.store, 'compression_residuals') else {}
+        return {i: held[k] for i, k in enumerate(self.keys) if k in held}
+
+    def set_compression_residuals(self, data):
+        """Take back what compression_residuals() gave."""
+        if data:
+            self.store.set_compression_residuals({self.keys[i]: r for i, r in data.items()})
+
     def set_learning_rate(self, lr):
         """Change the learning rate of the optimizer, wherever it runs (states stay)."""
         self.optimizer_params['lr'] = lr

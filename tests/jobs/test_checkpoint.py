@@ -23,29 +23,33 @@ def finals(r):
     return found
 
 
-def job(kvstore, servers, *options, folder=None, every=10):
-    """Run the job; with ``folder``, saving checkpoints there every ``every`` steps."""
+def job(kvstore, servers, *options, folder=None, every=10, flags=()):
+    """Run the job; with ``folder``, saving checkpoints there every ``every`` steps.
+    ``flags``: the job's own (--2bit, --own-disk)."""
     env = {'D2L_CHECKPOINT_DIR': str(folder), 'D2L_CHECKPOINT_EVERY': str(every)} \
         if folder else {}
     r = run_launch('-n', 2, '-s', servers, *options, '--timeout', 120, sys.executable, JOB,
-                   kvstore, EPOCHS, env=env, timeout=180)
+                   kvstore, EPOCHS, *flags, env=env, timeout=180)
     assert wait_no_survivors(r.tag) == []
     return r
 
 
-def uninterrupted(kvstore):
+def uninterrupted(kvstore, compression=False):
     """The SHA-256 of the final weights of the job that never stopped (once per store)."""
-    if kvstore not in _uninterrupted:
-        found = finals(job(kvstore, 2 if kvstore.startswith('dist') else 0))
+    flags = ('--2bit',) if compression else ()
+    if (kvstore, flags) not in _uninterrupted:
+        found = finals(job(kvstore, 2 if kvstore.startswith('dist') else 0, flags=flags))
         assert found[0]['sha256'] == found[1]['sha256']
-        _uninterrupted[kvstore] = found[0]['sha256']
-    return _uninterrupted[kvstore]
+        _uninterrupted[kvstore, flags] = found[0]['sha256']
+    return _uninterrupted[kvstore, flags]
 
 
-def stopped(kvstore, servers, folder, fail='worker:1@step=25'):
+def stopped(kvstore, servers, folder, fail='worker:1@step=25', flags=()):
     """The job, killed by --fail after its checkpoints of steps 10 and 20."""
-    r = job(kvstore, servers, '--fail', fail, folder=folder)
+    r = job(kvstore, servers, '--fail', fail, folder=folder, flags=flags)
     assert r.returncode != 0 and 'fails on purpose' in r.stdout + r.stderr
+    if '--own-disk' in flags:
+        return r
     names = sorted(p.name for p in folder.iterdir())
     if kvstore == 'dist_async':         # worker 0 went on alone until the job was stopped
         assert names[:2] == ['step-00000010', 'step-00000020'], names
@@ -63,6 +67,32 @@ def test_a_stopped_job_resumes_bit_for_bit(tmp_path, kvstore, servers, again, fa
     stopped(kvstore, servers, tmp_path, fail)
     r = job(kvstore, again, folder=tmp_path)
     assert f'resumed from {tmp_path}/step-00000020 (step 20: epoch 1, batch 20)' in r.stdout
+    assert {f['sha256'] for f in finals(r).values()} == {uninterrupted(kvstore)}
+
+
+def test_2bit_compression_resumes_bit_for_bit_with_what_it_kept_back(tmp_path):
+    """Each worker's residuals (what 2-bit compression has not sent yet) are in its file."""
+    stopped('dist_sync', 2, tmp_path, flags=('--2bit',))
+    r = job('dist_sync', 2, folder=tmp_path, flags=('--2bit',))
+    assert f'resumed from {tmp_path}/step-00000020 (step 20' in r.stdout
+    assert {f['sha256'] for f in finals(r).values()} == {uninterrupted('dist_sync', True)}
+
+
+@pytest.mark.parametrize('kvstore,servers', [('ring', 0), ('dist_sync', 2)])
+def test_workers_on_their_own_disks_agree_on_the_newest_step_all_hold(tmp_path, kvstore, servers):
+    """No shared folder: each worker sees only its own files. Worker 1's write of step 20
+    was cut off (its file is gone), so both resume from step 10, bit for bit."""
+    own = ('--own-disk',)
+    stopped(kvstore, servers, tmp_path, flags=own)
+    for rank in (0, 1):
+        names = sorted(p.name for p in (tmp_path / f'host-{rank}').iterdir())
+        assert names == ['step-00000010', 'step-00000020'], names
+        assert [p.name for p in (tmp_path / f'host-{rank}' / 'step-00000010').iterdir()] \
+            == [f'worker-{rank}-of-2.ckpt']
+    (tmp_path / 'host-1' / 'step-00000020' / 'worker-1-of-2.ckpt').unlink()
+    r = job(kvstore, servers, folder=tmp_path, flags=own)
+    assert f'resumed from {tmp_path}/host-0/step-00000010 (step 10: epoch 1, batch 10)' \
+        in r.stdout
     assert {f['sha256'] for f in finals(r).values()} == {uninterrupted(kvstore)}
 
 

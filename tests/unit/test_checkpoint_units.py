@@ -53,9 +53,20 @@ def test_nothing_is_unpickled(tmp_path):
     torch.save({'x': Evil()}, buffer)
     data = buffer.getvalue()
     (tmp_path / 'e.ckpt').write_bytes(
-        b'd2ldist-checkpoint 1 sha256=%s\n' % hashlib.sha256(data).hexdigest().encode() + data)
+        b'd2ldist-checkpoint %d sha256=%s\n' % (checkpoint.FORMAT, hashlib.sha256(data)
+                                               .hexdigest().encode()) + data)
     with pytest.raises(CheckpointError, match='cannot be read'):
         read_file(tmp_path / 'e.ckpt')
+
+
+def test_a_file_of_another_format_is_refused_in_one_line(tmp_path):
+    path = tmp_path / 'old.ckpt'
+    write_file(path, {'w': torch.ones(2)})
+    path.write_bytes(path.read_bytes().replace(b'checkpoint %d ' % checkpoint.FORMAT,
+                                               b'checkpoint 1 ', 1))
+    with pytest.raises(CheckpointError, match=f'format 1, and this d2ldist reads format '
+                                              f'{checkpoint.FORMAT}'):
+        read_file(path)
 
 
 def test_random_generators_come_back(tmp_path):
@@ -78,18 +89,20 @@ def test_the_sampler_skips_the_done_part_of_an_epoch():
         s.set_epoch(4, skip=51)
 
 
-def small_job(tmp_path, every=5, keep=2):
+def small_job(tmp_path, every=5, keep=2, compression=None):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 2))
-    trainer = d2ldist.Trainer(net, 'sgd', {'lr': 0.1, 'momentum': 0.9})
+    trainer = d2ldist.Trainer(net, 'sgd', {'lr': 0.1, 'momentum': 0.9},
+                              compression_params=compression)
     return net, trainer, Checkpoint(tmp_path, trainer, every=every, keep=keep)
 
 
-def train_steps(net, trainer, ckpt, steps, after=lambda step: None):
-    """``steps`` steps on one fixed batch, each offered to the checkpoint; then its writes end."""
+def train_steps(net, trainer, ckpt, steps, after=lambda step: None, first=1):
+    """Steps ``first`` to ``steps`` on one fixed batch, each offered to the checkpoint;
+    then its writes end."""
     X, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
     loss = nn.CrossEntropyLoss(reduction='none')
-    for step in range(1, steps + 1):
+    for step in range(first, steps + 1):
         d2ldist.train_batch(X, y, net, loss, trainer, trainer.devices)
         ckpt.step_done(step, 0, step, {'n': step})
         after(step)
@@ -125,3 +138,18 @@ def test_resume_restores_weights_and_momenta_and_falls_back_past_a_damaged_file(
                for i in range(6))
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and 'step-00000010' in err[0] and 'cut short' in err[0], err
+
+
+def test_what_2bit_compression_kept_back_comes_back(tmp_path):
+    """Without its residuals a resumed job would send other codes: it must go on bit for bit."""
+    two_bit = {'type': '2bit', 'threshold': 0.05}
+    net, trainer, ckpt = small_job(tmp_path, every=5, keep=3, compression=two_bit)
+    train_steps(net, trainer, ckpt, 10)
+    assert any(r.abs().sum() > 0 for r in trainer.compression_residuals().values())
+    at_10 = {k: v.clone() for k, v in net.state_dict().items()}
+    for f in (tmp_path / 'step-00000010').iterdir():
+        f.unlink()
+    net2, trainer2, ckpt2 = small_job(tmp_path, every=5, keep=3, compression=two_bit)
+    assert ckpt2.resume()['step'] == 5
+    train_steps(net2, trainer2, ckpt2, 10, first=6)
+    assert all(torch.equal(v, at_10[k]) for k, v in net2.state_dict().items())
