@@ -25,6 +25,9 @@ again. So a resumed job goes on bit for bit as the one that never stopped. In
 ``dist_async`` the workers are never at one step: worker ``r``'s file holds its own step
 120, and the model is what the servers held when worker 0 had done its step 120. A
 resume gives a state asynchronous training could have been in, not the one it was in.
+One more limit: a DataLoader with worker processes (``num_workers > 0``, d2ldist's loaders
+use none by default) seeds them afresh each epoch, so random augmentation after a resume
+differs from the uninterrupted run's; the weights then do too.
 
 How it is written (after CheckFreq, Mohan et al., FAST 2021): the snapshot copies the
 state in memory at the step boundary, and a thread writes it while training goes on (the
