@@ -18,6 +18,8 @@ buffer; the parameters ``broadcast_parameters`` sends). So one helper serves the
 ``staged(tensors, device, dtype)`` gives their own memory when it already is that flat
 tensor -- the common case, no copy -- and otherwise a copy, written back afterwards.
 """
+from contextlib import contextmanager
+
 import torch
 
 
@@ -44,39 +46,34 @@ def copy_(outs, tensors, wait=True):
         torch.cuda.current_stream(device).synchronize()
 
 
-class staged:
+@contextmanager
+def staged(tensors, device, dtype=None):
     """``with staged(tensors, device, dtype) as flat``: the tensors' elements in order as one
     1-D contiguous tensor on ``device`` (of ``dtype``, default theirs); a copy if need be,
     written back into the tensors at the end (not after an error)."""
+    tensors = [tensors] if torch.is_tensor(tensors) else list(tensors)
+    device, dtype = torch.device(device), dtype or tensors[0].dtype
+    flat = _back_to_back(tensors, device, dtype)
+    if flat is not None:                  # their own memory: nothing to copy
+        yield flat
+        return
+    # to the CPU from a GPU: through pinned memory, both ways
+    flat = buffer(sum(t.numel() for t in tensors), dtype, device,
+                  gpu=any(t.is_cuda for t in tensors))
+    parts = _places(flat, tensors)
+    copy_(parts, tensors)                 # (waits: the collective reads it next)
+    yield flat
+    # back to a GPU: no waiting (the allocator keeps the pinned copy until the copy has
+    # run); back to host memory: the caller reads it next
+    copy_(tensors, parts, wait=flat.is_cuda)
 
-    def __init__(self, tensors, device, dtype=None):
-        self.tensors = [tensors] if torch.is_tensor(tensors) else list(tensors)
-        self.device = torch.device(device)
-        self.dtype = dtype or self.tensors[0].dtype
 
-    def __enter__(self):
-        self.flat = _back_to_back(self.tensors, self.device, self.dtype)
-        self.copied = self.flat is None
-        if self.copied:   # to the CPU from a GPU: through pinned memory, both ways
-            self.flat = buffer(sum(t.numel() for t in self.tensors), self.dtype, self.device,
-                               gpu=any(t.is_cuda for t in self.tensors))
-            copy_(self._parts(), self.tensors)    # (waits: the collective reads it next)
-        return self.flat
-
-    def __exit__(self, *exc):
-        if self.copied and exc[0] is None:
-            # back to a GPU: no waiting (the allocator keeps the pinned copy until the
-            # copy has run); back to host memory: the caller reads it next
-            copy_(self.tensors, self._parts(), wait=self.flat.is_cuda)
-        return False
-
-    def _parts(self):
-        """Each tensor's place in ``flat``, shaped like it."""
-        offsets = [0]
-        for t in self.tensors:
-            offsets.append(offsets[-1] + t.numel())
-        return [self.flat[a:b].view(t.shape)
-                for t, a, b in zip(self.tensors, offsets, offsets[1:])]
+def _places(flat, tensors):
+    """Each tensor's place in ``flat``, shaped like it."""
+    offsets = [0]
+    for t in tensors:
+        offsets.append(offsets[-1] + t.numel())
+    return [flat[a:b].view(t.shape) for t, a, b in zip(tensors, offsets, offsets[1:])]
 
 
 def _back_to_back(tensors, device, dtype):
