@@ -50,6 +50,7 @@ class LaunchResult:
         self.metrics = {r.rank: dict(r.metrics) for r in model.workers}  # final reports
         self.history = {r.rank: list(r.history) for r in model.workers}  # (epoch, loss, acc, test_acc)
         self.log = list(model.log)             # the merged log, as printed
+        self.attempts = [a.describe(model.started) for a in model.attempts]   # --max-restarts
         self._text = final.summary(model)
 
     @property

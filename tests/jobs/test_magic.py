@@ -1,5 +1,7 @@
 """%launch in a real kernel: notebooks run by nbclient, the stop button and kernel restarts."""
+import json
 import queue
+import re
 import subprocess
 import sys
 import time
@@ -116,6 +118,32 @@ def test_nbval_passes_on_a_launch_cell_run_again(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout[-3000:]
     assert '3 passed' in r.stdout
+    assert wait_no_survivors(tag) == []
+
+
+def test_max_restarts_in_a_notebook_resumes_from_the_checkpoint(tmp_path):
+    """%launch --max-restarts: worker 1 killed at step 25, the job started again from the
+    checkpoint of step 20; the cell succeeds and its summary lists both attempts."""
+    tag = new_tag()
+    job = ROOT / 'tests' / 'jobs' / 'checkpoint_job.py'
+    nb = notebook('%load_ext d2ldist',
+                  f'%launch -n 2 -s 2 --max-restarts 1 --checkpoint-dir {tmp_path / "ckpt"} '
+                  f'--checkpoint-every 10 --fail worker:1@step=25 --env D2L_TEST_TAG={tag} '
+                  f'python {job} dist_sync 2',
+                  'print(_launch.outcome, len(_launch.attempts))')
+    run_notebook(nb, tmp_path)
+    log = stream_text(nb.cells[1])
+    assert 'worker 1 fails on purpose' in log and 'restart 1 of 1' in log
+    assert f'resumed from {tmp_path / "ckpt"}/step-00000020 (step 20: epoch 1, batch 20)' in log
+    finals = re.findall(r'FINAL (\{.*\})', log)
+    assert len(finals) == 2 and len({json.loads(f)['sha256'] for f in finals}) == 1
+    summary = [o.data['text/plain'] for o in nb.cells[1].outputs
+               if o.get('data', {}).get('text/plain', '').startswith('job finished after ')]
+    attempts = [line.strip() for line in summary[0].splitlines() if 'attempt ' in line]
+    assert attempts[0].startswith('attempt 0, started at 0.0 s: worker 1 failed'), attempts
+    assert re.fullmatch(r'attempt 1, started at [\d.]+ s, resumed from step 20 \(\d+ steps? '
+                        r'lost\): finished', attempts[1]), attempts
+    assert stream_text(nb.cells[2]) == 'finished 2\n'
     assert wait_no_survivors(tag) == []
 
 
