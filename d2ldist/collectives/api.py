@@ -253,8 +253,8 @@ def barrier():
 def join(device=-1):
     """This worker is out of data (Horovod's join): until every worker has called join(),
     it takes part in the collectives the others still call, with nothing of its own
-    (RingBackend.join says how). Returns, on every worker, the rank of the last worker
-    to call it. ``device`` is accepted, not needed."""
+    (RingBackend.join says how; TorchBackend.join does the same). Returns, on every
+    worker, the rank of the last worker to call it. ``device`` is accepted, not needed."""
     return world.run(world.backend().join).wait()
 
 

@@ -46,6 +46,6 @@ def make(name, node) -> Backend:
     """The backend called ``name``: 'ring' (over ``node``, or alone) or 'torch'."""
     if name == 'torch':
         from .torch_backend import TorchBackend
-        return TorchBackend()
+        return TorchBackend(joinable=True)   # (hvd.join(): each call says what it is)
     from .ring_backend import RingBackend
     return RingBackend(node)

@@ -5,7 +5,7 @@
 described twice for the other workers: as a string to compare (``_call``: two workers
 that call different collectives fail at once) and as JSON for a worker in ``join()``,
 which has no call of its own and takes part with a stand-in (``_describe``,
-``_stand_in``).
+``stand_in``; the torch backend's join() takes part with the same stand-ins).
 """
 import math
 
@@ -27,12 +27,12 @@ _STAND_INS = ('allreduce_', 'reducescatter', 'broadcast_', 'allgather')   # its 
 
 
 def _describe(method, tensor, **args):
-    """The backend ``method`` called on ``tensor`` with ``args``, as JSON for _stand_in."""
+    """The backend ``method`` called on ``tensor`` with ``args``, as JSON for stand_in."""
     return {'method': method, 'dtype': dtype_name(tensor.dtype), 'shape': list(tensor.shape),
             **args}
 
 
-def _stand_in(replay, size):
+def stand_in(replay, size):
     """(method, tensor, args) for a worker in join() to take part in the collective
     ``replay`` describes: the op's identity to reduce, zeros to pass a broadcast on, no
     rows to gather; ValueError if it describes none."""
@@ -140,7 +140,7 @@ class RingBackend:
 
     def _take_part(self, replay):
         """Take part, with nothing of our own, in the collective ``replay`` describes."""
-        method, tensor, args = _stand_in(replay, self.size)
+        method, tensor, args = stand_in(replay, self.size)
         collective = {'allreduce_': self.allreduce_, 'reducescatter': self.reducescatter,
                       'broadcast_': self.broadcast_, 'allgather': self.allgather}[method]
         collective(tensor, *args)

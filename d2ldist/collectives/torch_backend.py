@@ -20,9 +20,17 @@ detector, ``runtime/hang.py``, cannot see inside gloo or NCCL):
   ... TensorShape=[4] ..., but Rank 0 is running collective: ... TensorShape=[2]'),
   at the price of one more small collective per call;
 * ``--hang-warn``: no warning; torch.distributed has none to give.
+
+``hvd.join()`` (a worker out of data) on torch.distributed: the backend of the Horovod
+API (``joinable``) begins each collective by all-reducing (max) a few integers that say
+what it is (``_said``); a worker in join() contributes zeros there, learns the call from
+the result and takes part with the ring's stand-in (zeros, the op's identity, no rows).
+It costs one small all-reduce more per collective; the Trainer's 'torch' store, which
+has no join(), makes its backend without it.
 """
 import atexit
 import glob
+import math
 import os
 import time
 from datetime import timedelta
@@ -33,7 +41,9 @@ import torch.distributed as dist
 from .. import config
 from ..runtime.split import even_slices
 from ..runtime.staging import staged
+from ..runtime.wire import DTYPES, dtype_name
 from . import ops
+from .ring_backend import stand_in
 
 _SLURM = {'RANK': 'SLURM_PROCID', 'WORLD_SIZE': 'SLURM_NTASKS',
           'LOCAL_RANK': 'SLURM_LOCALID', 'LOCAL_WORLD_SIZE': 'SLURM_NTASKS_PER_NODE'}
@@ -96,12 +106,50 @@ def own_gpu(env=os.environ):
     return torch.cuda.is_available() and local_workers <= torch.cuda.device_count()
 
 
+# -- hvd.join(): what each collective says first, as integers all-reduced with max -------
+CALLS = ('allreduce_', 'reducescatter', 'broadcast_', 'allgather', 'barrier')
+_DTYPES, _OPS = list(DTYPES.values()), list(ops.OPS.values())
+ACTIVE, CALL, DTYPE, OP, ROOT, ROWS, ROW, FIRST, JOINED = range(9)   # JOINED: one per worker
+
+
+def _said(call, size, tensor=None, op=None, root=0):
+    """What a worker still training says before collective ``call``: its integers."""
+    code = [0] * (JOINED + size)
+    code[ACTIVE], code[CALL], code[ROOT] = 1, CALLS.index(call) + 1, root
+    code[OP] = _OPS.index(op) if op is not None else 0
+    if tensor is not None:
+        if tensor.dtype not in _DTYPES:
+            raise TypeError(f'd2ldist collectives do not support {tensor.dtype}; use one '
+                            f'of {", ".join(sorted(DTYPES))}')
+        code[DTYPE] = _DTYPES.index(tensor.dtype)
+        code[ROWS], code[ROW] = tensor.shape[0] if tensor.dim() else 1, \
+            math.prod(tensor.shape[1:])
+    return code
+
+
+def _heard(code, size):
+    """(call, its arguments) for a worker in join() from the max of all workers' codes:
+    the ring's stand-in tensor (zeros, the op's identity, no rows) and the op or root."""
+    call = CALLS[code[CALL] - 1]
+    if call == 'barrier':
+        return call, ()
+    method, tensor, args = stand_in({
+        'method': call, 'dtype': dtype_name(_DTYPES[code[DTYPE]]), 'root': code[ROOT],
+        'shape': [code[ROWS], code[ROW]], 'op': _OPS[code[OP]].name}, size)
+    return method, (tensor, *args)
+
+
 class TorchBackend:
-    """The collectives on torch.distributed (gloo on CPU, NCCL on a GPU per worker)."""
+    """The collectives on torch.distributed (gloo on CPU, NCCL on a GPU per worker).
+
+    ``joinable``: each collective first says what it is, for workers in join() (the
+    Horovod API's backend, ``backend.make``); the Trainer's store and benchmarks need not.
+    """
 
     name = 'torch'
 
-    def __init__(self):
+    def __init__(self, joinable=False):
+        self.joinable = joinable
         if not dist.is_initialized():
             rendezvous_env()
             cuda = own_gpu()
@@ -119,6 +167,43 @@ class TorchBackend:
             if dist.get_backend() == 'nccl' else torch.device('cpu')
 
     def allreduce_(self, tensor, op):
+        self._say('allreduce_', tensor, op=op)
+        return self._allreduce_(tensor, op)
+
+    def broadcast_(self, tensor, root):
+        heard = self._say('broadcast_', tensor, root=root)
+        if heard is not None and heard[JOINED + root]:      # (a host sync: broadcasts only)
+            raise RuntimeError(f'broadcast from worker {root}, which has called join() '
+                               '(it is out of data): broadcast from a worker still training')
+        return self._broadcast_(tensor, root)
+
+    def allgather(self, tensor):
+        self._say('allgather', tensor)
+        return self._allgather(tensor)
+
+    def reducescatter(self, tensor, op):
+        self._say('reducescatter', tensor, op=op)
+        return self._reducescatter(tensor, op)
+
+    def barrier(self):
+        self._say('barrier')
+        self._barrier()
+
+    def _say(self, call, tensor=None, **args):
+        """Tell workers in join() which collective comes (if joinable); for a broadcast,
+        what all said (has its root joined? a wait for the result, so broadcasts only)."""
+        if not self.joinable or self.size == 1:
+            return None
+        heard = self._tell(_said(call, self.size, tensor, **args))
+        return heard.tolist() if call == 'broadcast_' else None
+
+    def _tell(self, code):
+        """All-reduce (max) the integers of every worker's ``code``."""
+        X = torch.tensor(code, dtype=torch.int64, device=self.device)
+        dist.all_reduce(X, dist.ReduceOp.MAX)
+        return X
+
+    def _allreduce_(self, tensor, op):
         with staged(tensor, self.device, self._wider(tensor.dtype)) as X:
             if tensor.dtype == torch.bool:   # no bool sums in gloo and NCCL: any / all
                 dist.all_reduce(X, dist.ReduceOp.MIN if op in (ops.Min, ops.Product)
@@ -128,7 +213,7 @@ class TorchBackend:
                 ops.finish_(X, op, self.size)
         return tensor
 
-    def broadcast_(self, tensor, root):
+    def _broadcast_(self, tensor, root):
         with staged(tensor, self.device, self._wider(tensor.dtype)) as X:
             dist.broadcast(X, root)
         return tensor
@@ -141,9 +226,11 @@ class TorchBackend:
             return torch.int32
         return dtype
 
-    def allgather(self, tensor):
-        """all_gather needs equal shapes: gather the row counts, pad, gather, trim."""
-        X = tensor.contiguous().to(self.device, self._wider(tensor.dtype))
+    def _allgather(self, tensor):
+        """all_gather needs equal shapes: gather the row counts, pad, gather, trim (rows
+        flat: a worker in join() knows their size, not their shape)."""
+        X = tensor.reshape(tensor.shape[0], math.prod(tensor.shape[1:])).to(
+            self.device, self._wider(tensor.dtype))
         rows = torch.tensor([X.shape[0]], device=self.device)
         counts = [torch.zeros_like(rows) for _ in range(self.size)]
         dist.all_gather(counts, rows)
@@ -152,17 +239,17 @@ class TorchBackend:
         padded[:X.shape[0]] = X
         parts = [torch.empty_like(padded) for _ in range(self.size)]
         dist.all_gather(parts, padded)
-        return torch.cat([p[:c] for p, c in zip(parts, counts)]).to(tensor.device,
-                                                                      tensor.dtype)
+        out = torch.cat([p[:c] for p, c in zip(parts, counts)])
+        return out.reshape(out.shape[0], *tensor.shape[1:]).to(tensor.device, tensor.dtype)
 
-    def reducescatter(self, tensor, op):
+    def _reducescatter(self, tensor, op):
         """All-reduce, then keep this worker's rows (gloo has no uneven reduce-scatter)."""
         out = tensor.clone()
-        self.allreduce_(out, op)
+        self._allreduce_(out, op)
         a, b = even_slices(tensor.shape[0], self.size)[self.rank]
         return out[a:b].clone()
 
-    def barrier(self):
+    def _barrier(self):
         """With --hang-fail on gloo, rank 0 names the ranks that did not come (monitored
         barrier); otherwise a plain barrier."""
         fail = config.get().hang_fail
@@ -172,6 +259,25 @@ class TorchBackend:
             dist.barrier()
 
     def join(self):
-        """hvd.join(): on the ring only; torch.distributed has its own way."""
-        raise NotImplementedError('join() needs the ring backend; with torch.distributed use '
-                                  "DDP's torch.distributed.algorithms.Join context manager")
+        """hvd.join(), as RingBackend.join: until every worker has joined, take part in
+        the others' collectives, told each by its ``_say``; returns the last to join."""
+        if not self.joinable:
+            raise RuntimeError('join() needs the Horovod API (d2ldist.join), not a '
+                               "Trainer's 'torch' store")
+        if self.size == 1:
+            return 0
+        code = [0] * (JOINED + self.size)
+        code[FIRST], code[JOINED + self.rank] = self.rank + 1, 1   # (FIRST: only once)
+        while True:
+            try:
+                heard = self._tell(code).tolist()
+            except RuntimeError as e:      # (gloo: 'Connection closed by peer ...')
+                raise RuntimeError('join(): a worker stopped while this one waited in it: '
+                                   'every worker must call hvd.join() (torch.distributed: '
+                                   f'{str(e).strip().splitlines()[0][:200]})') from None
+            if not heard[ACTIVE]:         # all are here: the last came in this round
+                return heard[FIRST] - 1
+            code[FIRST] = 0
+            call, args = _heard(heard, self.size)
+            if call != 'broadcast_' or not heard[JOINED + args[1]]:   # (root joined: none)
+                getattr(self, '_' + call)(*args)

@@ -9,7 +9,9 @@
 is dist_sync that sums a worker's own device copies on the device, not on the CPU.
 """
 import itertools
+import numbers
 import time
+import warnings
 
 import torch
 
@@ -81,10 +83,16 @@ class KVStore:
         self._init(keys, [self._to_cpu(k, _first(v)) for k, v in zip(keys, values)],
                    optimizer)
 
-    def push(self, key, value):
+    def push(self, key, value, priority=0):
         """Push values (a list of device copies is summed first). A sparse tensor (the
         gradient of ``nn.Embedding(sparse=True)``) sends only its rows, and the store
-        updates only those rows."""
+        updates only those rows.
+
+        ``priority`` (MXNet's, an int, higher first; pull, pushpull, row_sparse_pull and
+        broadcast take it too) is checked and has no effect here: MXNet queues each call
+        on its engine and runs the higher ones first, while a call of d2ldist is done
+        when it returns, so calls run in the order they are made."""
+        _check_priority(priority)
         keys, values = _lists(key, value)
         dense = [(k, v) for k, v in zip(keys, values) if not _sparse(v)]
         if dense:
@@ -93,9 +101,14 @@ class KVStore:
             if _sparse(v):
                 self._push_rows(k, *self._rows(k, v))
 
-    def row_sparse_pull(self, key, out, row_ids):
+    def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
         """Pull only rows ``row_ids`` of the key into ``out`` (its other rows stay as they
-        are): MXNet's row_sparse_pull, for an embedding whose batch used a few rows."""
+        are): MXNet's row_sparse_pull, in its order of arguments, for an embedding whose
+        batch used a few rows."""
+        _check_priority(priority, " (MXNet's order: row_sparse_pull(key, out, priority, "
+                                  'row_ids); pass the rows by name, row_ids=...)')
+        if out is None or row_ids is None:
+            raise ValueError('row_sparse_pull needs out= and row_ids=')
         keys, outs = self._outputs(key, out)
         ids = row_ids if isinstance(key, (list, tuple)) else [row_ids]
         for k, o, r in zip(keys, outs, ids):
@@ -118,13 +131,40 @@ class KVStore:
         total = total.coalesce()
         return total.indices()[0].contiguous(), total.values().contiguous()
 
-    def pull(self, key, out):
-        """Pull the current values into ``out`` (a tensor, or a list of device copies)."""
-        self._pull(*self._outputs(key, out))
+    def pull(self, key, out=None, priority=0, ignore_sparse=True):
+        """Pull the current values into ``out`` (a tensor, or a list of device copies).
+
+        A sparse ``out`` (MXNet's row_sparse) is left as it is when ``ignore_sparse``, as
+        in MXNet, with a warning (pull its rows with row_sparse_pull); otherwise it gets
+        every row. ``priority``: see push."""
+        _check_priority(priority)
+        if out is None:
+            raise ValueError('pull needs out= (a tensor or a list of device copies)')
+        keys, outs = self._outputs(key, out)
+        pulls, sparse = [], []      # (key, its dense outputs); (sparse outputs, their source)
+        for k, o in zip(keys, outs):
+            dense = [t for t in _as_list(o) if not t.is_sparse]
+            rows = [t for t in _as_list(o) if t.is_sparse]
+            if rows and ignore_sparse:
+                warnings.warn(f'kv.pull: key {k!r}: a sparse out is left as it is '
+                              '(ignore_sparse=True); pull its rows with row_sparse_pull',
+                              stacklevel=2)
+            elif rows:              # every row, pulled into a dense tensor first
+                dense.append(torch.empty(self._meta[k][0], dtype=self._meta[k][1]))
+                sparse.append((rows, dense[-1]))
+            if dense:
+                pulls.append((k, dense))
+        if pulls:
+            self._pull([k for k, _ in pulls], [d for _, d in pulls])
+        for rows, whole in sparse:
+            for t in rows:
+                t.copy_(whole.to_sparse(t.sparse_dim()).to(t.device))
 
     def pushpull(self, key, value, out=None, priority=0):
         """Push, then pull the updated values: one round trip (into ``value`` when no ``out``).
-        A sparse value: push its rows, then pull those rows into ``out``."""
+        A sparse value: push its rows, then pull those rows into ``out``. ``priority``:
+        see push."""
+        _check_priority(priority)
         keys, values = _lists(key, value)
         if any(_sparse(v) for v in values):
             if out is None:
@@ -143,6 +183,7 @@ class KVStore:
 
     def broadcast(self, key, value, out, priority=0):
         """Initialise keys with rank 0's ``value`` and pull it into ``out`` on every worker."""
+        _check_priority(priority)
         self.init(key, value)
         self.pull(key, out=out)
 
@@ -251,6 +292,10 @@ class KVStore:
 
     def barrier(self):
         """Wait for every worker (nothing to wait for in one process)."""
+
+    def _barrier(self):
+        """MXNet's name for barrier() (gluon's Trainer calls it): the same call."""
+        self.barrier()
 
     def __repr__(self):
         return f'<KVStore {self.type}: worker {self.rank} of {self.num_workers}>'
@@ -602,6 +647,13 @@ def _lists(key, value):
             raise ValueError(f'a key appears twice in {list(key)!r}'[:200])
         return [M.check_key(k) for k in key], list(value)
     return [M.check_key(key)], [value]
+
+
+def _check_priority(priority, hint=''):
+    """MXNet's priority is an int (higher first); anything else, a one-line error."""
+    if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
+        raise TypeError(f'priority must be an int (higher first, as in MXNet), got '
+                        f'{type(priority).__name__}{hint}')
 
 
 def _keys(keys):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from d2ldist.collectives import ops
-from d2ldist.collectives.ring_backend import RingBackend, _call, _describe, _stand_in
+from d2ldist.collectives.ring_backend import RingBackend, _call, _describe, stand_in
 from d2ldist.collectives.ring import Ring
 from d2ldist.runtime import protocol
 from d2ldist.runtime.wire import DTYPES
@@ -25,14 +25,14 @@ def test_a_joined_worker_leaves_every_reduction_as_it_is(op, dtype):
 
 def test_a_stand_in_makes_the_same_call_with_nothing_of_its_own():
     X = torch.arange(6.).view(2, 3)
-    method, t, args = _stand_in(_describe('allreduce_', X, op='Min'), 2)
+    method, t, args = stand_in(_describe('allreduce_', X, op='Min'), 2)
     assert (method, args) == ('allreduce_', (ops.Min,)) and (t == float('inf')).all()
     assert _call('allreduce', t, 'Min') == _call('allreduce', X, 'Min')
-    method, t, args = _stand_in(_describe('broadcast_', X.int(), root=1), 2)
+    method, t, args = stand_in(_describe('broadcast_', X.int(), root=1), 2)
     assert args == (1,) and t.dtype == torch.int32 and not t.any() and t.shape == X.shape
-    method, t, args = _stand_in(_describe('allgather', X.view(2, 3, 1)), 2)
+    method, t, args = stand_in(_describe('allgather', X.view(2, 3, 1)), 2)
     assert t.shape == (0, 3, 1) and args == ()
-    method, t, args = _stand_in(_describe('reducescatter', X, op='Average'), 2)
+    method, t, args = stand_in(_describe('reducescatter', X, op='Average'), 2)
     assert args == (ops.Average,) and not t.any()
 
 
@@ -44,7 +44,7 @@ def test_a_stand_in_makes_the_same_call_with_nothing_of_its_own():
     {'method': 'broadcast_', 'dtype': 'float32', 'shape': [2], 'root': 2}])
 def test_a_stand_in_refuses_what_describes_no_collective(bad):
     with pytest.raises(ValueError) as e:
-        _stand_in(bad, 2)
+        stand_in(bad, 2)
     assert '\n' not in str(e.value)
 
 
@@ -55,11 +55,41 @@ def test_an_empty_segment_still_sends_one_empty_chunk():
     assert ring.chunks((0, 5)) == [(0, 2), (2, 4), (4, 5)]
 
 
-def test_alone_join_returns_0_and_torch_says_what_to_use():
+def test_alone_join_returns_0_and_a_trainers_torch_store_has_none():
     assert RingBackend(None).join() == 0
     from d2ldist.collectives.torch_backend import TorchBackend
-    with pytest.raises(NotImplementedError, match='torch.distributed.algorithms.Join'):
-        TorchBackend.__new__(TorchBackend).join()
+    alone = TorchBackend.__new__(TorchBackend)
+    alone.joinable, alone.size = True, 1
+    assert alone.join() == 0
+    alone.joinable = False                        # (the Trainer's store makes it so)
+    with pytest.raises(RuntimeError, match=r'join\(\) needs the Horovod API'):
+        alone.join()
+
+
+def test_on_torch_a_joined_worker_learns_each_call_from_the_max_of_what_all_say():
+    """Backend torch: before each collective the workers all-reduce (max) what it is;
+    a worker in join() says zeros (and that it has joined), so the max is the call of
+    the workers still training, and it takes part with the ring's stand-in."""
+    from d2ldist.collectives.torch_backend import ACTIVE, JOINED, _heard, _said
+    X = torch.arange(24.).view(4, 3, 2)
+    joined = [0] * (JOINED + 3)
+    joined[JOINED + 2] = 1                                       # worker 2 is in join()
+    for call, args, want in [
+            ('allreduce_', dict(op=ops.Min), (X.shape, (ops.Min,))),
+            ('reducescatter', dict(op=ops.Average), (X.shape, (ops.Average,))),
+            ('broadcast_', dict(root=1), (X.shape, (1,))),
+            ('allgather', {}, ((0, 6), ()))]:
+        said = _said(call, 3, X, **args)
+        heard = [max(a, b) for a, b in zip(said, joined)]
+        method, (t, *rest) = _heard(heard, 3)
+        assert (method, tuple(rest), t.dtype) == (call, want[1], X.dtype)
+        assert t.numel() == (0 if call == 'allgather' else X.numel())   # its size: what counts
+        assert heard[ACTIVE] == 1 and heard[JOINED:] == [0, 0, 1]
+    assert _heard([max(a, b) for a, b in zip(_said('barrier', 3), joined)], 3) == \
+        ('barrier', ())
+    assert _said('allreduce_', 3, torch.tensor(5), op=ops.Sum)[5:7] == [1, 1]   # 0-d: 1 row
+    with pytest.raises(TypeError, match='do not support torch.complex64'):
+        _said('allreduce_', 2, torch.ones(2, dtype=torch.complex64), op=ops.Sum)
 
 
 def test_the_scheduler_counts_joined_workers_at_barriers_and_names_the_last():
@@ -84,3 +114,23 @@ def test_the_scheduler_tells_joined_workers_when_one_ends_without_join():
     s.handle(message(protocol.JOIN, 'worker:0'))
     (peer, kind, header), = [m for m in s.van.sent if m[1] == protocol.JOIN_DONE]
     assert peer == 'worker:0' and 'worker 1 ended without calling join()' in header['error']
+
+
+def test_on_torch_only_the_horovod_apis_backend_says_each_call_first(monkeypatch):
+    """The price of join() on torch.distributed: one all-reduce of size + 8 integers
+    before each collective of the Horovod API's backend; the Trainer's 'torch' store
+    (not joinable) sends only its own."""
+    from types import SimpleNamespace
+    import torch.distributed as dist
+    from d2ldist.collectives import torch_backend
+    from d2ldist.collectives.torch_backend import TorchBackend
+    sent = []
+    monkeypatch.setattr(torch_backend, 'dist', SimpleNamespace(
+        ReduceOp=dist.ReduceOp, get_backend=lambda: 'gloo',
+        all_reduce=lambda X, op: sent.append((X.numel(), op))))
+    for joinable in (True, False):
+        b = TorchBackend.__new__(TorchBackend)
+        b.joinable, b.rank, b.size, b.device = joinable, 0, 3, torch.device('cpu')
+        sent.clear()
+        b.allreduce_(torch.ones(5), ops.Sum)
+        assert sent == [(11, dist.ReduceOp.MAX)] * joinable + [(5, dist.ReduceOp.SUM)]

@@ -269,3 +269,89 @@ def test_a_server_copies_a_value_before_an_update_only_while_it_is_being_sent():
     server.lend(['w'], lambda: not on_the_way[0])
     assert server.writable('w') is value                # all sent: updated in place
     assert server.writable('w') is value and server.lent == {}
+
+
+# -- MXNet's arguments that gluon's Trainer passes (issue 30) --------------------------------
+def test_priority_is_taken_everywhere_and_calls_run_in_the_order_made():
+    """MXNet's ``priority=``: push, pull, pushpull, broadcast, row_sparse_pull take it;
+    a call is done when it returns, so a later call of higher priority sees an earlier
+    one of lower priority, and the values are those of the same calls without it."""
+    def run(p):
+        store = kv.create('local')
+        store.set_optimizer('sgd', learning_rate=0.5)
+        out, w = torch.empty(2, 3), torch.zeros(2, 3)
+        store.broadcast('w', torch.ones(2, 3), out=out, **p(0))
+        store.push('w', torch.arange(6.).view(2, 3), **p(-5))
+        store.pull('w', out=out, **p(10))                  # sees the push before it
+        store.pushpull('w', torch.ones(2, 3), out=w, **p(-1))
+        rows = torch.full((2, 3), -1.0)
+        store.row_sparse_pull('w', out=rows, row_ids=[1], **p(3))
+        return out, w, rows
+    plain, prioritised = run(lambda i: {}), run(lambda i: {'priority': i})
+    assert all(torch.equal(a, b) for a, b in zip(plain, prioritised))
+    out, w, rows = prioritised
+    assert out.tolist() == [[1.0, 0.5, 0.0], [-0.5, -1.0, -1.5]]     # 1 - 0.5 * arange
+    assert torch.equal(w, out - 0.5) and torch.equal(rows[1], w[1]) and (rows[0] == -1).all()
+
+
+@pytest.mark.parametrize('bad', [1.0, '1', True, None, torch.tensor(1), [0]])
+def test_a_priority_that_is_not_an_int_is_one_line_error(bad):
+    store = kv.create('local')
+    store.init('w', torch.zeros(2))
+    for call in (lambda: store.push('w', torch.ones(2), priority=bad),
+                 lambda: store.pull('w', out=torch.empty(2), priority=bad),
+                 lambda: store.pushpull('w', torch.ones(2), priority=bad),
+                 lambda: store.row_sparse_pull('w', torch.empty(2), bad, [0])):
+        with pytest.raises(TypeError, match='priority must be an int') as e:
+            call()
+        assert '\n' not in str(e.value)
+    import numpy as np
+    store.push('w', torch.ones(2), priority=np.int64(-3))     # numpy's ints are ints
+
+
+def test_row_sparse_pull_takes_mxnets_order_and_says_so_to_the_old_one():
+    """row_sparse_pull(key, out=None, priority=0, row_ids=None), as MXNet's."""
+    store = kv.create('local')
+    store.init('e', torch.arange(12.).view(4, 3))
+    out = torch.zeros(4, 3)
+    store.row_sparse_pull('e', out, -2, torch.tensor([3, 1]))        # all positional
+    assert out.sum(1).tolist() == [0.0, 12.0, 0.0, 30.0]
+    with pytest.raises(TypeError, match=r'pass the rows by name, row_ids=\.\.\.'):
+        store.row_sparse_pull('e', out, [3, 1])                     # rows where priority goes
+    with pytest.raises(ValueError, match='needs out= and row_ids='):
+        store.row_sparse_pull('e', out)
+
+
+def test_pull_leaves_a_sparse_out_alone_unless_told_not_to_ignore_it():
+    """MXNet's ignore_sparse (default True): a row_sparse out -- here a sparse tensor,
+    such as an embedding's gradient -- is skipped by pull, with a warning; dense copies
+    of the same key are pulled. ignore_sparse=False: it gets every row."""
+    store = kv.create('local')
+    store.init('e', torch.arange(12.).view(4, 3))
+    sparse = torch.sparse_coo_tensor([[2]], torch.full((1, 3), 7.0), (4, 3), check_invariants=True)
+    dense = torch.zeros(4, 3)
+    with pytest.warns(UserWarning, match="key 'e': a sparse out is left as it is"):
+        store.pull('e', out=[dense, sparse])
+    assert torch.equal(dense, torch.arange(12.).view(4, 3))
+    assert sparse._indices().tolist() == [[2]] and (sparse._values() == 7).all()
+    with pytest.warns(UserWarning):
+        store.pull('e', out=sparse)                             # only sparse: nothing pulled
+    store.pull('e', out=sparse, ignore_sparse=False)
+    assert sparse.is_sparse and torch.equal(sparse.to_dense(), dense)
+    assert sparse.sparse_dim() == 1 and sparse._nnz() == 4        # row-sparse: every row
+    with pytest.raises(ValueError, match='pull needs out='):
+        store.pull('e')
+
+
+def test_barrier_by_mxnets_name_is_the_same_call():
+    """gluon's Trainer calls kv._barrier(): it is barrier(), named the same to the
+    scheduler (which fails workers whose n-th barriers differ), so the two mix."""
+    from types import SimpleNamespace
+    from d2ldist.kv.worker import DistKVStore
+    calls = []
+    store = DistKVStore.__new__(DistKVStore)
+    store._node = SimpleNamespace(barrier=lambda group, what: calls.append((group, what)))
+    store._barrier()
+    store.barrier()
+    assert calls == [('worker', 'barrier()')] * 2
+    assert kv.create('local')._barrier() is None                 # one process: nothing to wait for
