@@ -1,4 +1,4 @@
-# Two commands on a fresh machine:  make demo  and  make test.
+# Two commands on a fresh machine:  make demo  and  make test;  make lab  opens the chapters.
 VENV   ?= .venv
 PYTHON ?= python3
 PY      = $(VENV)/bin/python
@@ -8,7 +8,7 @@ NBVAL   = --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.c
 # pass nbval under them too (nbval compares only what any CPU prints).
 OTHER_CPU = ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: venv demo test test-load test-fast test-jobs test-system notebooks figures book benchmarks gpu clean
+.PHONY: venv demo lab test test-load test-fast test-jobs test-system notebooks figures book benchmarks gpu clean
 
 venv: $(VENV)/.installed
 
@@ -20,6 +20,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 demo: venv
 	$(VENV)/bin/d2l-launch -n 2 -s 2 python examples/multimachine_cifar10_train.py --kvstore dist_sync --data digits
+
+# the chapters in JupyterLab; each chapter's kernel runs in notebooks/
+lab: venv
+	$(VENV)/bin/jupyter lab notebooks/
 
 # every test, then every chapter re-executed and compared with its committed outputs,
 # on this CPU's kernels and again as on another CPU
@@ -42,7 +46,8 @@ test-jobs: venv
 test-system: venv
 	$(PY) -m pytest tests/system
 
-# re-execute the chapters in place (after changing one), saving outputs and widget state
+# re-execute the chapters in place (after changing one), saving their outputs (no widget
+# state); one chapter: $(PY) notebooks/run.py scaling.ipynb
 notebooks: venv
 	$(PY) notebooks/run.py
 

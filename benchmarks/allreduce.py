@@ -20,7 +20,7 @@ Measured with ``--no-shm -n 2,3,4`` on a quiet 2-core machine, the ring on its o
 streams (d2ldist/runtime/stream.py), busbw ring / gloo at 1, 4, 16 and 64 MB, four runs:
 2 workers 2.20-2.93 / 1.67-1.91 / 1.47-1.72 / 1.28-1.39, 3 workers 0.86-1.10 /
 0.86-0.97 / 0.94-1.07 / 0.96-1.09, 4 workers 1.14-1.50 / 0.98-1.05 / 0.98-1.10 /
-1.07-1.14 (README.md says where the CPU goes).
+1.07-1.14 (docs/performance.md says where the CPU goes).
 """
 import argparse
 import os

@@ -46,7 +46,7 @@ With ``--device cuda`` each worker computes on GPU local rank % GPUs, takes its 
 from pinned CPU memory, and DDP runs on NCCL where each worker has a GPU of its own (on
 gloo where workers share one: NCCL refuses that); a fourth row, ``torch``, is the
 Trainer on the same torch.distributed. On one NVIDIA H200, batch 128 (the figures of
-``benchmarks/on_gpu.sh``, which the README quotes):
+``benchmarks/on_gpu.sh``, which docs/performance.md quotes):
 
      kvstore    images/s   vs DDP   ms per batch in steps 1..7        (-n 1 -s 1, DDP on NCCL)
    dist_sync      1765.4    0.13x      10.3     0.7     1.1    41.0    17.8     1.4     0.0

@@ -159,3 +159,9 @@ def use_config(monkeypatch):
     def use(variables):
         monkeypatch.setattr(config, '_current', config.Config.from_env(variables))
     return use
+
+
+def pytest_addoption(parser):
+    parser.addoption('--docs-screenshot', action='store_true',
+                     help="the browser test also saves its picture of the live dashboard "
+                          "as docs/dashboard.png, the README's screenshot")

@@ -3,7 +3,11 @@ job's final form (summary and figure), and the stop button stops.
 
 JupyterLab runs on 127.0.0.1 with no token, in its own session, with its own root,
 config, runtime and settings directories; Chromium is the Debian package driven by
-Playwright (no browser download). Screenshots go to test-artifacts/.
+Playwright (no browser download). Screenshots go to test-artifacts/; with
+``--docs-screenshot`` the live dashboard's is also saved as docs/dashboard.png, the
+README's picture, so that it is always real output of this test:
+
+    CI=true .venv/bin/python -m pytest tests/system/test_browser.py -k stop --docs-screenshot
 """
 import json
 import os
@@ -31,6 +35,7 @@ CHROMIUM = '/usr/bin/chromium'
 FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
          '--disable-background-networking', '--disable-component-update', '--disable-sync']
 ARTIFACTS = ROOT / 'test-artifacts'
+DOCS_SCREENSHOT = ROOT / 'docs' / 'dashboard.png'   # the README's picture (--docs-screenshot)
 NUM_PROCS = 5                               # %launch -n 2 -s 2: scheduler, 2 servers, 2 workers
 
 
@@ -153,6 +158,20 @@ def screenshot(element, name):
     element.screenshot(path=str(ARTIFACTS / name))
 
 
+def docs_picture(page, dashboard, redraws=2):
+    """The README's picture (docs/dashboard.png): the live dashboard of a running job once
+    its figure has been drawn ``redraws`` more times, so that its curves have some length."""
+    page.wait_for_selector('.d2l-dashboard img')
+    for _ in range(redraws):
+        drawn = page.eval_on_selector('.d2l-dashboard img', 'img => img.src')
+        page.wait_for_function(
+            "src => { const img = document.querySelector('.d2l-dashboard img');"
+            " return img && img.src != src && img.complete && img.naturalWidth > 200; }",
+            arg=drawn)
+    DOCS_SCREENSHOT.parent.mkdir(exist_ok=True)
+    dashboard.screenshot(path=str(DOCS_SCREENSHOT))
+
+
 OUTPUT = '.jp-Cell:nth-child(3) .jp-OutputArea'
 
 
@@ -183,7 +202,7 @@ def test_dashboard_follows_a_job_to_the_end(page, lab):
     assert wait_no_survivors(tag) == []
 
 
-def test_stop_button_stops_the_job(page, lab):
+def test_stop_button_stops_the_job(page, lab, request):
     tag = new_tag()
     dashboard = open_and_run(page, lab, 'stop.ipynb',
                              f'%launch -n 2 -s 2 --env D2L_TEST_TAG={tag} progress_job.py 1000 10 0.1 -1')
@@ -191,6 +210,8 @@ def test_stop_button_stops_the_job(page, lab):
         "document.querySelector('.d2l-dashboard').innerText.split('/1000 · batch').length == 3")
     assert len(tagged_pids(tag)) >= 2 * NUM_PROCS   # guards and their commands
     screenshot(dashboard, 'dashboard-running.png')
+    if request.config.getoption('--docs-screenshot'):     # the job runs until stopped
+        docs_picture(page, dashboard)
     page.click('.jp-NotebookPanel-toolbar [data-command="notebook:interrupt-kernel"]')
     pressed = time.monotonic()
     page.wait_for_function(f"document.querySelector('{OUTPUT}').innerText"
