@@ -20,7 +20,7 @@ from pathlib import Path
 from .. import config
 from ..runtime import hang, pacing
 from .job import Job, Terminated
-from .processes import local_specs, port_is_free
+from .processes import cores, local_specs, port_is_free, share_cores
 from .progress import Progress
 
 
@@ -279,11 +279,13 @@ def command_of(words, python=sys.executable, local=True):
     return words
 
 
-def make_job(args, out=None, **job_options):
+def make_job(args, out=None, notices=True, **job_options):
     """The Job that parsed options describe, ready to run (``%launch`` uses it too).
 
     With ``--launcher ssh`` the hosts are checked and the directory synced first; a
-    host that fails raises UsageError. ``job_options`` go to the Job (see job.py)."""
+    host that fails raises UsageError. ``notices``: say what the launcher chose for
+    the user (OMP_NUM_THREADS; %launch does not, so that a chapter's outputs are
+    the same on every machine). ``job_options`` go to the Job (see job.py)."""
     secret = secrets.token_hex(32)
     link = pacing.pacer_of(config.Config.from_env(args.env))
     if link is not None:
@@ -292,11 +294,14 @@ def make_job(args, out=None, **job_options):
     if args.launcher == 'ssh':
         from . import ssh
         try:
-            return ssh.prepare(args, secret, out=out, **job_options)
+            return ssh.prepare(args, secret, out=out, notices=notices, **job_options)
         except ssh.HostError as e:
             raise UsageError(str(e)) from None
     specs = local_specs(args.num_workers, args.num_servers, args.command, secret,
                         extra_env=args.env, process_env=args.process_env)
+    notice = share_cores(specs, {spec.host: cores() for spec in specs})
+    if notice and notices:
+        (out or sys.stdout).write(notice + '\n')
     if args.port:
         specs[0].env.update(config.env(scheduler_port=args.port))
     return Job(specs, timeout=args.timeout, max_restarts=args.max_restarts, out=out,
