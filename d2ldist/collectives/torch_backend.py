@@ -83,12 +83,15 @@ def _wait_idle(thread_name, timeout=1.0, interval=0.005):
 
 
 def my_gpu(local_rank):
-    """The GPU this worker takes (its local rank among the GPUs it sees) and that GPU's
-    UUID; (None, '') without one. Where each task sees only its own GPU (Slurm's
-    --gpus-per-task, a CUDA_VISIBLE_DEVICES per task) that is GPU 0 of every task."""
+    """The GPU this worker takes (its local rank among the GPUs it sees), made its current
+    one, and that GPU's UUID; (None, '') without one. Where each task sees only its own
+    GPU (Slurm's --gpus-per-task, a CUDA_VISIBLE_DEVICES per task) that is GPU 0 of
+    every task. (Current before it is asked about: CUDA then makes this process's
+    context there, not on GPU 0 of every process.)"""
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         return None, ''
     index = local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
     return index, str(torch.cuda.get_device_properties(index).uuid)
 
 
@@ -100,16 +103,15 @@ def choose(gpus):
     a process sees it under, so the same answer on every worker is: NCCL if the UUIDs
     are all there and all different, else gloo (which takes GPU tensors through the CPU,
     ``runtime/staging.py``)."""
-    n, without = len(gpus), sum(1 for g in gpus if not g)
+    n, without, distinct = len(gpus), sum(1 for g in gpus if not g), len(set(gpus))
     if without == n:
         return 'gloo', 'CPU'
     if without:
-        return 'gloo', f'CPU: {without} of {n} workers have no GPU'
-    if len(set(gpus)) < n:
-        return 'gloo', (f'{n} workers share {len(set(gpus))} GPU'
-                        f'{"s" if len(set(gpus)) > 1 else ""}, and NCCL needs one each: '
-                        'CPU between GPUs')
-    return 'nccl', 'each worker has its own GPU'
+        return 'gloo', f'CPU ({without} of {n} have no GPU)'
+    if distinct < n:
+        return 'gloo', (f'sharing {distinct} GPU{"s" if distinct > 1 else ""} (NCCL needs '
+                        'one each): tensors go through the CPU')
+    return 'nccl', 'each with its own GPU'
 
 
 def agree_on_gpus(store, rank, size, uuid):
@@ -140,10 +142,8 @@ class TorchBackend:
         timeout = timedelta(seconds=fail) if fail else None
         store, rank, size = next(dist.rendezvous(
             'env://', timeout=timeout or dist.constants.default_pg_timeout))
-        gpu, uuid = my_gpu(start.local_rank)
+        _, uuid = my_gpu(start.local_rank)          # (NCCL's device: the current one)
         kind, why = choose(agree_on_gpus(store, rank, size, uuid))
-        if kind == 'nccl':
-            torch.cuda.set_device(gpu)
         dist.init_process_group(kind, store=dist.PrefixStore('default_pg', store),
                                 rank=rank, world_size=size, timeout=timeout)
         # Ours to end: a group left to the interpreter's finalization can abort the

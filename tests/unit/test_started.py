@@ -132,36 +132,40 @@ def test_slurm_node_lists_and_tasks_per_node():
 
 # -- NCCL or gloo: the workers compare their GPUs --------------------------------------
 def fake_gpus(monkeypatch, uuids):
-    """This process sees the GPUs of these UUIDs (none: no CUDA)."""
+    """This process sees the GPUs of these UUIDs (none: no CUDA); returns the list of
+    devices it was made to use."""
     class Properties:
         def __init__(self, i):
             self.uuid = uuids[i]
+    current = []
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: bool(uuids))
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: len(uuids))
     monkeypatch.setattr(torch.cuda, 'get_device_properties', Properties)
+    monkeypatch.setattr(torch.cuda, 'set_device', current.append)
+    return current
 
 
 def test_each_worker_takes_the_gpu_of_its_local_rank(monkeypatch):
     from d2ldist.collectives.torch_backend import my_gpu
-    fake_gpus(monkeypatch, ['GPU-a', 'GPU-b'])           # two workers, both see both GPUs
-    assert my_gpu(0) == (0, 'GPU-a') and my_gpu(1) == (1, 'GPU-b')
-    fake_gpus(monkeypatch, ['GPU-c'])                    # a task that sees its own GPU only
-    assert my_gpu(3) == (0, 'GPU-c')
-    fake_gpus(monkeypatch, [])
-    assert my_gpu(0) == (None, '')
+    current = fake_gpus(monkeypatch, ['GPU-a', 'GPU-b'])   # two workers see both GPUs
+    assert my_gpu(0) == (0, 'GPU-a') and my_gpu(1) == (1, 'GPU-b') and current == [0, 1]
+    current = fake_gpus(monkeypatch, ['GPU-c'])            # a task that sees its own only
+    assert my_gpu(3) == (0, 'GPU-c') and current == [0]
+    current = fake_gpus(monkeypatch, [])
+    assert my_gpu(0) == (None, '') and current == []
 
 
 def test_nccl_where_every_worker_has_its_own_gpu_else_gloo_saying_why():
     from d2ldist.collectives.torch_backend import choose
-    assert choose(['GPU-a', 'GPU-b']) == ('nccl', 'each worker has its own GPU')
+    assert choose(['GPU-a', 'GPU-b']) == ('nccl', 'each with its own GPU')
     # Slurm's --gpus-per-task: every task sees one GPU, as cuda:0, each a different one
     assert choose(['GPU-a', 'GPU-b', 'GPU-c', 'GPU-d'])[0] == 'nccl'
     assert choose(['GPU-a', 'GPU-a', 'GPU-b']) == (
-        'gloo', '3 workers share 2 GPUs, and NCCL needs one each: CPU between GPUs')
+        'gloo', 'sharing 2 GPUs (NCCL needs one each): tensors go through the CPU')
     assert choose(['GPU-a', 'GPU-a']) == (
-        'gloo', '2 workers share 1 GPU, and NCCL needs one each: CPU between GPUs')
+        'gloo', 'sharing 1 GPU (NCCL needs one each): tensors go through the CPU')
     assert choose(['', '']) == ('gloo', 'CPU')
-    assert choose(['GPU-a', '']) == ('gloo', 'CPU: 1 of 2 workers have no GPU')
+    assert choose(['GPU-a', '']) == ('gloo', 'CPU (1 of 2 have no GPU)')
 
 
 def test_the_workers_exchange_their_gpus_through_the_rendezvous_store():
@@ -172,3 +176,33 @@ def test_the_workers_exchange_their_gpus_through_the_rendezvous_store():
     store.set('d2ldist/gpu/0/0', 'GPU-a')
     store.set('d2ldist/gpu/0/2', '-')
     assert agree_on_gpus(store, 1, 3, 'GPU-b') == ['GPU-a', 'GPU-b', '']
+
+
+def test_tasks_that_each_see_their_own_gpu_start_nccl(monkeypatch, use_config, capsys):
+    """The whole start of the torch backend, its CUDA path with fakes: rank 0 of 2 tasks
+    of srun, each seeing one GPU (a different one), meets the other through the store,
+    and both choose NCCL on their cuda:0; rank 0 says so in one line."""
+    import torch.distributed as dist
+    from d2ldist.collectives.torch_backend import TorchBackend
+    use_config({})
+    for name in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR',
+                 'MASTER_PORT', 'GROUP_RANK', 'OMPI_COMM_WORLD_SIZE', 'PMI_SIZE'):
+        monkeypatch.setenv(name, 'x')     # (so that the end of the test unsets them again)
+        monkeypatch.delenv(name)
+    for name, value in srun(0, 2, 0, 0, SLURM_JOB_NODELIST='gpu[1-2]',
+                            SLURM_TASKS_PER_NODE='1(x2)').items():
+        monkeypatch.setenv(name, value)
+    current = fake_gpus(monkeypatch, ['GPU-a'])
+    store = dist.HashStore()
+    store.set('d2ldist/gpu/0/1', 'GPU-b')              # the other task's, on gpu2
+    started_with = []
+    monkeypatch.setattr(dist, 'rendezvous', lambda url, **kw: iter([(store, 0, 2)]))
+    monkeypatch.setattr(dist, 'init_process_group',
+                        lambda kind, **kw: started_with.append((kind, kw['rank'],
+                                                                kw['world_size'])))
+    monkeypatch.setattr('atexit.register', lambda fn: None)
+    TorchBackend.__new__(TorchBackend)._start()
+    assert started_with == [('nccl', 0, 2)] and current == [0]
+    assert __import__('os').environ['MASTER_ADDR'] == 'gpu1'
+    assert capsys.readouterr().err == ('d2ldist: torch backend (nccl): 2 workers started by '
+                                       'srun, each with its own GPU\n')
