@@ -64,6 +64,12 @@ def build_parser(prog='d2l-launch'):
                    help='ssh: give up on a host that does not answer within this time')
     p.add_argument('--env', action='append', default=[], metavar='NAME=VALUE',
                    help='set an environment variable in every process (repeatable)')
+    p.add_argument('--env-server', action='append', default=[], metavar='NAME=VALUE',
+                   help='set an environment variable in the servers only (repeatable; '
+                   "MXNet's NAME:VALUE too)")
+    p.add_argument('--env-worker', action='append', default=[], metavar='NAME=VALUE',
+                   help='set an environment variable in the workers only (repeatable; '
+                   "MXNet's NAME:VALUE too)")
     p.add_argument('--bandwidth', default=None, metavar='RATE',
                    help="simulate a network: pace each process's outgoing messages to "
                    'RATE, in bits (1Gbit, 100Mbit/s, 250Mbps) or bytes (100MB/s, 12MiB/s)')
@@ -149,7 +155,9 @@ def parse(argv, prog='d2l-launch'):
         config.Config.from_env(args.env)
     except ValueError as e:
         raise UsageError(f'--env {e}') from None
-    args.process_env = _faults(args)
+    args.process_env = _role_env(args)
+    for process, env in _faults(args).items():
+        args.process_env.setdefault(process, {}).update(env)
     if args.launcher == 'ssh':   # the program need only exist on the hosts
         args.command = command_of(args.command, args.python or sys.executable, local=False)
     else:
@@ -157,11 +165,30 @@ def parse(argv, prog='d2l-launch'):
     return args
 
 
-def _name_value(item):
+def _name_value(item, option='--env', mxnet=False):
+    """'NAME=VALUE' -> (NAME, VALUE); ``mxnet``: 'NAME:VALUE' too, as MXNet's launch.py."""
     name, eq, value = item.partition('=')
+    if not eq and mxnet:
+        name, eq, value = item.partition(':')
     if not eq or not name.isidentifier():
-        raise UsageError(f'--env takes NAME=VALUE, got {item!r}')
+        raise UsageError(f'{option} takes NAME=VALUE, got {item!r}')
     return name, value
+
+
+def _role_env(args):
+    """--env-server and --env-worker (MXNet's) as the variables of each process they name."""
+    env = {}
+    for option, role, count in (('--env-server', 'server', args.num_servers),
+                                ('--env-worker', 'worker', args.num_workers)):
+        items = getattr(args, option[2:].replace('-', '_'))
+        values = dict(_name_value(item, option, mxnet=True) for item in items)
+        try:
+            config.Config.from_env(values)
+        except ValueError as e:
+            raise UsageError(f'{option} {e}') from None
+        for rank in range(count if values else 0):
+            env.setdefault((role, rank), {}).update(values)
+    return env
 
 
 def _faults(args):

@@ -69,3 +69,24 @@ def test_preflight_reports_each_hosts_cores(tmp_path, monkeypatch):
     cores = len(os.sched_getaffinity(0))
     assert answers == {'hostA': ('127.0.0.1', answers['hostA'][1], 'lo', cores),
                        'hostB': ('127.0.0.1', answers['hostB'][1], 'lo', cores)}
+
+
+def test_env_server_and_env_worker_reach_only_their_role():
+    """MXNet's --env-server and --env-worker (NAME=VALUE, or MXNet's NAME:VALUE); the
+    more particular wins over --env, and OMP_NUM_THREADS given so is left alone."""
+    import pytest
+
+    from d2ldist.launch import cli
+    args = cli.parse(['-n', '2', '-s', '1', '--env', 'A=all', '--env-server', 'A=server',
+                      '--env-server', 'OMP_NUM_THREADS:4', '--env-worker', 'B=w',
+                      'python', '-c', 'pass'])
+    specs = [p.spec for p in cli.make_job(args, notices=False).procs]
+    seen = {s.label: (s.env.get('A'), s.env.get('B'), s.env.get('OMP_NUM_THREADS'))
+            for s in specs}
+    shared = seen['scheduler'][2]
+    assert seen == {'scheduler': ('all', None, shared), 'server 0': ('server', None, '4'),
+                    'worker 0': ('all', 'w', shared), 'worker 1': ('all', 'w', shared)}
+    for bad, message in ((['--env-worker', 'novalue'], '--env-worker takes NAME=VALUE'),
+                         (['--env-server', 'D2L_SHM=2'], '--env-server D2L_SHM:')):
+        with pytest.raises(cli.UsageError, match=message):
+            cli.parse(['-n', '1', *bad, 'python', '-c', 'pass'])
