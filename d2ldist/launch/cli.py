@@ -107,6 +107,10 @@ def build_parser(prog='d2l-launch'):
                    'push/pull, waits) into FILE, a Chrome trace (Perfetto, chrome://tracing)')
     p.add_argument('--timeline-steps', default=None, metavar='FIRST-LAST',
                    help='with --timeline: record only these training steps (20-40)')
+    p.add_argument('--log-dir', default=None, metavar='DIR',
+                   help="also write each process's output to a file of its own in DIR "
+                   '(scheduler.log, server-0.log, worker-1.log, ...), beside the merged '
+                   'output')
     p.add_argument('--port', type=int, default=None,
                    help="the scheduler's port (default: a free one)")
     p.add_argument('--timeout', type=float, default=None, metavar='SECONDS',
@@ -136,6 +140,10 @@ def parse(argv, prog='d2l-launch'):
                 raise UsageError(f'{name} needs --launcher ssh')
     elif args.hostfile is None:
         raise UsageError('--launcher ssh needs -H hostfile (or -H host1,host2)')
+    if args.log_dir is not None:   # (made when the job starts; a file there is refused)
+        args.log_dir = os.path.abspath(args.log_dir)
+        if os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
+            raise UsageError(f'--log-dir {args.log_dir}: not a folder')
     if args.sync_dst_dir is not None and not os.path.isabs(args.sync_dst_dir):
         raise UsageError(f'--sync-dst-dir needs an absolute path, got {args.sync_dst_dir!r}')
     if args.connect_timeout <= 0:
@@ -314,6 +322,12 @@ def make_job(args, out=None, notices=True, **job_options):
     the user (OMP_NUM_THREADS; %launch does not, so that a chapter's outputs are
     the same on every machine). ``job_options`` go to the Job (see job.py)."""
     secret = secrets.token_hex(32)
+    job_options = dict(job_options, log_dir=args.log_dir)
+    if args.log_dir is not None:
+        try:
+            os.makedirs(args.log_dir, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f'--log-dir {args.log_dir}: {e.strerror}') from None
     link = pacing.pacer_of(config.Config.from_env(args.env))
     if link is not None:
         (out or sys.stdout).write(f'd2l-launch: simulated network: every process sends at '

@@ -340,3 +340,23 @@ print('server met everyone', flush=True)
                    'python', script)
     assert r.returncode == 0, r.stdout
     assert r.stdout.count('met everyone') == 3
+
+
+def test_log_dir_keeps_each_processs_output_in_a_file_of_its_own(write_script, tmp_path):
+    """--log-dir: a file per process, named by role and rank, with every line it printed
+    (progress reports too, which the merged output hides), beside the merged output."""
+    script = write_script('import d2ldist\n'
+                          'd2ldist.init()\n'
+                          'print("hello from", d2ldist.rank(), flush=True)\n'
+                          'd2ldist.report(batch=1, num_batches=1)\n')
+    r = run_launch('-n', 2, '-s', 1, '--log-dir', tmp_path / 'logs', 'python', script)
+    assert r.returncode == 0, r.stdout + r.stderr
+    logs = {f.name: f.read_text().splitlines() for f in (tmp_path / 'logs').iterdir()}
+    assert sorted(logs) == ['scheduler.log', 'server-0.log', 'worker-0.log', 'worker-1.log']
+    assert logs['scheduler.log'][0].startswith('d2ldist: scheduler ready at tcp://')
+    for rank in (0, 1):
+        assert logs[f'worker-{rank}.log'][0] == f'hello from {rank}'
+        assert logs[f'worker-{rank}.log'][1].startswith('@d2l/1 ')       # the report line
+        assert f'[worker {rank}] hello from {rank}' in r.stdout
+    assert '@d2l/1' not in r.stdout
+    assert wait_no_survivors(r.tag) == []

@@ -90,3 +90,23 @@ def test_env_server_and_env_worker_reach_only_their_role():
                          (['--env-server', 'D2L_SHM=2'], '--env-server D2L_SHM:')):
         with pytest.raises(cli.UsageError, match=message):
             cli.parse(['-n', '1', *bad, 'python', '-c', 'pass'])
+
+
+def test_log_dir_names_a_file_per_process_and_attempt(tmp_path):
+    import pytest
+
+    from d2ldist.launch import cli
+    from d2ldist.launch.job import Job, Proc
+    job = Job(local_specs(1, 1, ['true'], 'secret'), log_dir=str(tmp_path / 'logs'))
+    names = []
+    for attempt in (0, 2):
+        job.attempt = attempt
+        for p in map(Proc, [s.spec for s in job.procs]):
+            f = job._log_file(p)
+            names.append(f.name.rsplit('/', 1)[1])
+            f.close()
+    assert names == ['scheduler.log', 'server-0.log', 'worker-0.log', 'scheduler.restart-2.log',
+                     'server-0.restart-2.log', 'worker-0.restart-2.log']
+    (tmp_path / 'afile').write_text('')
+    with pytest.raises(cli.UsageError, match='--log-dir .*afile: not a folder'):
+        cli.parse(['-n', '1', '--log-dir', str(tmp_path / 'afile'), 'python', '-c', 'pass'])
