@@ -38,6 +38,7 @@ from ..runtime.split import even_slices
 from ..runtime.staging import staged
 from . import ops
 
+
 def rendezvous_env(env=os.environ):
     """Fill torchrun's variables (RANK, ..., MASTER_PORT) where the tool that started this
     process set its own (mpirun, srun: ``runtime/started.py``); who started it, a Start."""
