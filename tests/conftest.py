@@ -106,6 +106,36 @@ def run_torchrun(script, *args, workers=2, env=None, cwd=ROOT, timeout=180):
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
+def run_mpirun(*argv, workers=2, options=(), netns=None, env=None, cwd=ROOT, timeout=180):
+    """Open MPI's plain ``mpirun -np workers [options] argv`` (no d2l-launch, none of the
+    launcher's D2L_* variables but ``env``'s), tagged, run in network namespace ``netns``
+    if given; the CompletedProcess, with .tag. Every process gets the tag and PYTHONPATH
+    (-x: also those mpirun starts over ssh). Whatever happens, its process group is
+    killed at the end (mpirun's children here are in it; over ssh, their orted ends
+    when its ssh connection does)."""
+    need_command('mpirun')
+    tag = new_tag()
+    full_env = dict({k: v for k, v in os.environ.items() if not k.startswith('D2L_')},
+                    PYTHONPATH=str(ROOT), D2L_TEST_TAG=tag, **(env or {}))
+    root = ['--allow-run-as-root'] if os.geteuid() == 0 else []
+    where = ['ip', 'netns', 'exec', netns] if netns else []
+    p = subprocess.Popen([*where, 'mpirun', '-np', str(workers), *root, '--oversubscribe',
+                          '-x', 'D2L_TEST_TAG', '-x', 'PYTHONPATH', *map(str, options),
+                          *map(str, argv)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=full_env, cwd=cwd, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    r.tag = tag
+    return r
+
+
 def tagged_pids(tag):
     """Pids of live processes whose environment holds D2L_TEST_TAG=tag."""
     needle = f'D2L_TEST_TAG={tag}'.encode()

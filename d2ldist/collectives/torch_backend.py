@@ -1,10 +1,11 @@
 """The production backend: the same collectives on torch.distributed.
 
-gloo on CPU, NCCL when every worker of a machine has a GPU of its own (``own_gpu``).
-The rendezvous comes from the environment torchrun sets (and d2l-launch sets too):
-MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE. Under Slurm
-without torchrun, SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / SLURM_NTASKS_PER_NODE
-stand in for them (MASTER_ADDR and MASTER_PORT must still be exported by the batch script).
+gloo on CPU, NCCL when every worker has a GPU of its own (``choose``: the workers
+compare their GPUs' UUIDs). The rendezvous comes from the environment torchrun sets (and
+d2l-launch sets too): MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE. Started by mpirun or srun, the process fills them from that tool's
+own variables first (``runtime/started.py``). Rank 0 says in one line what was chosen
+and why: 'd2ldist: torch backend (gloo): 2 workers started by mpirun, CPU'.
 
 Hangs and calls that disagree, with what torch.distributed offers (d2ldist's own
 detector, ``runtime/hang.py``, cannot see inside gloo or NCCL):
@@ -32,6 +33,7 @@ import atexit
 import glob
 import math
 import os
+import sys
 import time
 from datetime import timedelta
 
@@ -39,25 +41,21 @@ import torch
 import torch.distributed as dist
 
 from .. import config
+from ..runtime import started
 from ..runtime.split import even_slices
 from ..runtime.staging import staged
 from ..runtime.wire import DTYPES, dtype_name
 from . import ops
 from .ring_backend import stand_in
 
-_SLURM = {'RANK': 'SLURM_PROCID', 'WORLD_SIZE': 'SLURM_NTASKS',
-          'LOCAL_RANK': 'SLURM_LOCALID', 'LOCAL_WORLD_SIZE': 'SLURM_NTASKS_PER_NODE'}
-
 
 def rendezvous_env(env=os.environ):
-    """Fill torchrun's variables from Slurm's where only Slurm's are set."""
-    for name, slurm in _SLURM.items():
-        if name not in env and slurm in env:
-            env[name] = env[slurm].split('(')[0]   # SLURM_NTASKS_PER_NODE may be '4(x2)'
-    missing = [n for n in ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE') if n not in env]
-    if missing:
-        raise RuntimeError(f'backend torch: {", ".join(missing)} not set: start the job '
-                           'with torchrun, d2l-launch or srun')
+    """Fill torchrun's variables (RANK, ..., MASTER_PORT) where the tool that started this
+    process set its own (mpirun, srun: ``runtime/started.py``); who started it, a Start."""
+    start = started.detect(env)
+    for name, value in start.torchrun_env().items():
+        env.setdefault(name, value)
+    return start
 
 
 def _destroy():
@@ -95,15 +93,44 @@ def _wait_idle(thread_name, timeout=1.0, interval=0.005):
         quiet = quiet + 1 if all_asleep() else 0
 
 
-def own_gpu(env=os.environ):
-    """Whether every worker on this machine has a GPU of its own (then NCCL, else gloo).
+def my_gpu(local_rank):
+    """The GPU this worker takes (its local rank among the GPUs it sees), made its current
+    one, and that GPU's UUID; (None, '') without one. Where each task sees only its own
+    GPU (Slurm's --gpus-per-task, a CUDA_VISIBLE_DEVICES per task) that is GPU 0 of
+    every task. (Current before it is asked about: CUDA then makes this process's
+    context there, not on GPU 0 of every process.)"""
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        return None, ''
+    index = local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return index, str(torch.cuda.get_device_properties(index).uuid)
 
-    NCCL refuses two processes on one GPU ('Duplicate GPU detected'), so with more
-    workers than GPUs on a machine (two workers sharing one GPU, say) the job runs
-    on gloo, which takes the GPUs' tensors through the CPU (``runtime/staging.py``).
-    """
-    local_workers = int(env.get('LOCAL_WORLD_SIZE', '1'))
-    return torch.cuda.is_available() and local_workers <= torch.cuda.device_count()
+
+def choose(gpus):
+    """('nccl' or 'gloo', why) from every worker's GPU UUID ('' for none), rank by rank.
+
+    NCCL needs a GPU of its own for every worker: it refuses two processes on one GPU
+    ('Duplicate GPU detected'). A GPU's UUID names the device itself, whatever number
+    a process sees it under, so the same answer on every worker is: NCCL if the UUIDs
+    are all there and all different, else gloo (which takes GPU tensors through the CPU,
+    ``runtime/staging.py``)."""
+    n, without, distinct = len(gpus), sum(1 for g in gpus if not g), len(set(gpus))
+    if without == n:
+        return 'gloo', 'CPU'
+    if without:
+        return 'gloo', f'CPU ({without} of {n} have no GPU)'
+    if distinct < n:
+        return 'gloo', (f'sharing {distinct} GPU{"s" if distinct > 1 else ""} (NCCL needs '
+                        'one each): tensors go through the CPU')
+    return 'nccl', 'each with its own GPU'
+
+
+def agree_on_gpus(store, rank, size, uuid):
+    """Every worker's GPU UUID, rank by rank, exchanged through the rendezvous store."""
+    prefix = f'd2ldist/gpu/{os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")}/'
+    store.set(f'{prefix}{rank}', uuid or '-')
+    return [v if v != '-' else '' for v in
+            (store.get(f'{prefix}{r}').decode() for r in range(size))]
 
 
 # -- hvd.join(): what each collective says first, as integers all-reduced with max -------
@@ -151,20 +178,30 @@ class TorchBackend:
     def __init__(self, joinable=False):
         self.joinable = joinable
         if not dist.is_initialized():
-            rendezvous_env()
-            cuda = own_gpu()
-            if cuda:   # one GPU per process: the local rank picks it
-                torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
-            fail = config.get().hang_fail   # --hang-fail: a collective gives up after it
-            dist.init_process_group('nccl' if cuda else 'gloo', init_method='env://',
-                                    timeout=timedelta(seconds=fail) if fail else None)
-            # Ours to end: a group left to the interpreter's finalization can abort the
-            # process (gloo's threads still hold tensors; 'terminate called without an
-            # active exception', seen on a loaded machine).
-            atexit.register(_destroy)
+            self._start()
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.device = torch.device('cuda', torch.cuda.current_device()) \
             if dist.get_backend() == 'nccl' else torch.device('cpu')
+
+    def _start(self):
+        """Meet the others (torch.distributed's env:// rendezvous), agree on NCCL or gloo
+        from every worker's GPU, start the process group; rank 0 says what it chose."""
+        start = rendezvous_env()
+        fail = config.get().hang_fail   # --hang-fail: a collective gives up after it
+        timeout = timedelta(seconds=fail) if fail else None
+        store, rank, size = next(dist.rendezvous(
+            'env://', timeout=timeout or dist.constants.default_pg_timeout))
+        _, uuid = my_gpu(start.local_rank)          # (NCCL's device: the current one)
+        kind, why = choose(agree_on_gpus(store, rank, size, uuid))
+        dist.init_process_group(kind, store=dist.PrefixStore('default_pg', store),
+                                rank=rank, world_size=size, timeout=timeout)
+        # Ours to end: a group left to the interpreter's finalization can abort the
+        # process (gloo's threads still hold tensors; 'terminate called without an
+        # active exception', seen on a loaded machine).
+        atexit.register(_destroy)
+        if rank == 0:
+            print(f'd2ldist: torch backend ({kind}): {start.who}, {why}', file=sys.stderr,
+                  flush=True)
 
     def allreduce_(self, tensor, op):
         self._say('allreduce_', tensor, op=op)

@@ -5,7 +5,7 @@ process's variables (``config.py``), nowhere else:
 
 * ``init(backend)`` joins the job and chooses the backend: 'ring', d2ldist's own ring
   over the van (the default under d2l-launch), or 'torch', torch.distributed (the
-  default under torchrun; under Slurm's srun set D2L_BACKEND=torch);
+  default where torchrun, mpirun or srun started the processes: ``runtime/started.py``);
 * ``rank()``, ``size()``, ``local_rank()``, ``local_size()``, ``barrier()``;
 * ``backend()``: the backend object the collectives call, made on first use
   (``backend.py`` says what one is);
@@ -18,7 +18,7 @@ messages starts fast); torch loads with the first collective.
 import os
 
 from .. import config
-from ..runtime import node
+from ..runtime import node, started
 from . import backend as backends
 from .engine import Engine, Handle
 
@@ -31,6 +31,7 @@ _engine = None    # the communication thread (an Engine); None when alone
 def init(backend=None):
     """Join the job and choose the backend; returns the node (None when run alone)."""
     global _name
+    node.report_in_one_line()          # (a StartError ends the process in one line)
     name = _choose(backend)
     if _name is not None:
         if backend is not None and name != _name:
@@ -44,14 +45,19 @@ def init(backend=None):
 
 
 def _choose(backend):
+    """The backend's name: asked for, or D2L_BACKEND, or torch where a tool other than
+    d2l-launch (torchrun, mpirun, srun) started several processes, else the ring."""
     cfg = config.get()
-    torchrun = not cfg.in_job and int(os.environ.get('WORLD_SIZE', '1')) > 1
-    name = backend or cfg.backend or ('torch' if torchrun else 'ring')
+    start = None if cfg.in_job else started.detect()
+    several = start is not None and start.several
+    name = backend or cfg.backend or ('torch' if several else 'ring')
     if name not in BACKENDS:
         raise ValueError(f'unknown backend {name!r}: use one of {", ".join(BACKENDS)}')
-    if name == 'ring' and torchrun:
-        raise RuntimeError("backend 'ring' needs a job started by d2l-launch; under "
-                           "torchrun use backend 'torch'")
+    if name == 'ring' and several:
+        raise started.StartError(f"{start.who}: backend 'ring' needs a job started by "
+                                 "d2l-launch; use backend 'torch' (the default here)")
+    if several:
+        start.rendezvous()             # where to meet is known, or one line says what is not
     return name
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from .. import config
 from ..runtime import hang, pacing
 from .job import Job, Terminated
-from .processes import local_specs, port_is_free
+from .processes import cores, local_specs, port_is_free, share_cores
 from .progress import Progress
 
 
@@ -64,6 +64,12 @@ def build_parser(prog='d2l-launch'):
                    help='ssh: give up on a host that does not answer within this time')
     p.add_argument('--env', action='append', default=[], metavar='NAME=VALUE',
                    help='set an environment variable in every process (repeatable)')
+    p.add_argument('--env-server', action='append', default=[], metavar='NAME=VALUE',
+                   help='set an environment variable in the servers only (repeatable; '
+                   "MXNet's NAME:VALUE too)")
+    p.add_argument('--env-worker', action='append', default=[], metavar='NAME=VALUE',
+                   help='set an environment variable in the workers only (repeatable; '
+                   "MXNet's NAME:VALUE too)")
     p.add_argument('--bandwidth', default=None, metavar='RATE',
                    help="simulate a network: pace each process's outgoing messages to "
                    'RATE, in bits (1Gbit, 100Mbit/s, 250Mbps) or bytes (100MB/s, 12MiB/s)')
@@ -101,6 +107,10 @@ def build_parser(prog='d2l-launch'):
                    'push/pull, waits) into FILE, a Chrome trace (Perfetto, chrome://tracing)')
     p.add_argument('--timeline-steps', default=None, metavar='FIRST-LAST',
                    help='with --timeline: record only these training steps (20-40)')
+    p.add_argument('--log-dir', default=None, metavar='DIR',
+                   help="also write each process's output to a file of its own in DIR "
+                   '(scheduler.log, server-0.log, worker-1.log, ...), beside the merged '
+                   'output')
     p.add_argument('--port', type=int, default=None,
                    help="the scheduler's port (default: a free one)")
     p.add_argument('--timeout', type=float, default=None, metavar='SECONDS',
@@ -130,6 +140,10 @@ def parse(argv, prog='d2l-launch'):
                 raise UsageError(f'{name} needs --launcher ssh')
     elif args.hostfile is None:
         raise UsageError('--launcher ssh needs -H hostfile (or -H host1,host2)')
+    if args.log_dir is not None:   # (made when the job starts; a file there is refused)
+        args.log_dir = os.path.abspath(args.log_dir)
+        if os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
+            raise UsageError(f'--log-dir {args.log_dir}: not a folder')
     if args.sync_dst_dir is not None and not os.path.isabs(args.sync_dst_dir):
         raise UsageError(f'--sync-dst-dir needs an absolute path, got {args.sync_dst_dir!r}')
     if args.connect_timeout <= 0:
@@ -149,7 +163,9 @@ def parse(argv, prog='d2l-launch'):
         config.Config.from_env(args.env)
     except ValueError as e:
         raise UsageError(f'--env {e}') from None
-    args.process_env = _faults(args)
+    args.process_env = _role_env(args)
+    for process, env in _faults(args).items():
+        args.process_env.setdefault(process, {}).update(env)
     if args.launcher == 'ssh':   # the program need only exist on the hosts
         args.command = command_of(args.command, args.python or sys.executable, local=False)
     else:
@@ -157,11 +173,30 @@ def parse(argv, prog='d2l-launch'):
     return args
 
 
-def _name_value(item):
+def _name_value(item, option='--env', mxnet=False):
+    """'NAME=VALUE' -> (NAME, VALUE); ``mxnet``: 'NAME:VALUE' too, as MXNet's launch.py."""
     name, eq, value = item.partition('=')
+    if not eq and mxnet:
+        name, eq, value = item.partition(':')
     if not eq or not name.isidentifier():
-        raise UsageError(f'--env takes NAME=VALUE, got {item!r}')
+        raise UsageError(f'{option} takes NAME=VALUE, got {item!r}')
     return name, value
+
+
+def _role_env(args):
+    """--env-server and --env-worker (MXNet's) as the variables of each process they name."""
+    env = {}
+    for option, role, count in (('--env-server', 'server', args.num_servers),
+                                ('--env-worker', 'worker', args.num_workers)):
+        items = getattr(args, option[2:].replace('-', '_'))
+        values = dict(_name_value(item, option, mxnet=True) for item in items)
+        try:
+            config.Config.from_env(values)
+        except ValueError as e:
+            raise UsageError(f'{option} {e}') from None
+        for rank in range(count if values else 0):
+            env.setdefault((role, rank), {}).update(values)
+    return env
 
 
 def _faults(args):
@@ -279,12 +314,20 @@ def command_of(words, python=sys.executable, local=True):
     return words
 
 
-def make_job(args, out=None, **job_options):
+def make_job(args, out=None, notices=True, **job_options):
     """The Job that parsed options describe, ready to run (``%launch`` uses it too).
 
     With ``--launcher ssh`` the hosts are checked and the directory synced first; a
-    host that fails raises UsageError. ``job_options`` go to the Job (see job.py)."""
+    host that fails raises UsageError. ``notices``: say what the launcher chose for
+    the user (OMP_NUM_THREADS; %launch does not, so that a chapter's outputs are
+    the same on every machine). ``job_options`` go to the Job (see job.py)."""
     secret = secrets.token_hex(32)
+    job_options = dict(job_options, log_dir=args.log_dir)
+    if args.log_dir is not None:
+        try:
+            os.makedirs(args.log_dir, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f'--log-dir {args.log_dir}: {e.strerror}') from None
     link = pacing.pacer_of(config.Config.from_env(args.env))
     if link is not None:
         (out or sys.stdout).write(f'd2l-launch: simulated network: every process sends at '
@@ -292,11 +335,14 @@ def make_job(args, out=None, **job_options):
     if args.launcher == 'ssh':
         from . import ssh
         try:
-            return ssh.prepare(args, secret, out=out, **job_options)
+            return ssh.prepare(args, secret, out=out, notices=notices, **job_options)
         except ssh.HostError as e:
             raise UsageError(str(e)) from None
     specs = local_specs(args.num_workers, args.num_servers, args.command, secret,
                         extra_env=args.env, process_env=args.process_env)
+    notice = share_cores(specs, {spec.host: cores() for spec in specs})
+    if notice and notices:
+        (out or sys.stdout).write(notice + '\n')
     if args.port:
         specs[0].env.update(config.env(scheduler_port=args.port))
     return Job(specs, timeout=args.timeout, max_restarts=args.max_restarts, out=out,

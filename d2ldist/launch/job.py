@@ -58,6 +58,7 @@ class Proc:
 
     def __init__(self, spec):
         self.spec, self.popen, self.state, self.code = spec, None, 'starting', None
+        self.file = None                # its --log-dir file, while it runs
         self.tail = deque(maxlen=10)    # its last lines, for the failure report
         self.exited_at, self._buf = None, b''
 
@@ -105,8 +106,10 @@ class Job:
     process's last lines (%launch: they are in the cell's log just above)."""
 
     def __init__(self, specs, timeout=None, max_restarts=0, out=None, on_line=None,
-                 on_state=None, on_tick=None, on_restart=None, last_lines=True):
+                 on_state=None, on_tick=None, on_restart=None, last_lines=True,
+                 log_dir=None):
         self.procs = [Proc(s) for s in specs]
+        self.log_dir = log_dir            # --log-dir: each process's lines in a file too
         self.last_lines = last_lines
         self.timeout, self.out = timeout, out or sys.stdout
         self.max_restarts, self.attempt = max_restarts, 0     # attempt: 0, then restarts
@@ -137,6 +140,9 @@ class Job:
         finally:
             self.stop_all('finished' if self.code == 0 else 'stopped')
             self._sel.close()
+            for p in self.procs:
+                if p.file is not None:
+                    p.file.close()
         if self.failure is not None:
             self._say(failure_report(self.failure, self.last_lines))
         return self.code
@@ -205,10 +211,23 @@ class Job:
             self._start(p)
 
     def _start(self, p):
+        p.file = self._log_file(p)
         p.popen = self.spawn(p.spec)
         os.set_blocking(p.popen.stdout.fileno(), False)
         self._sel.register(p.popen.stdout, selectors.EVENT_READ, p)
         self._set_state(p, 'running')
+
+    def _log_file(self, p):
+        """--log-dir's file of this process: 'worker-1.log' ('worker-1.restart-2.log' in
+        the third attempt), every line it prints, as printed; None without --log-dir."""
+        if self.log_dir is None:
+            return None
+        os.makedirs(self.log_dir, exist_ok=True)
+        name = p.spec.role if p.spec.role == 'scheduler' else f'{p.spec.role}-{p.spec.rank}'
+        if self.attempt:
+            name += f'.restart-{self.attempt}'
+        return open(os.path.join(self.log_dir, f'{name}.log'), 'w', buffering=1,
+                    encoding='utf-8', errors='replace')
 
     def spawn(self, spec):
         """Start one process under the guard (the ssh launcher starts it on its host)."""
@@ -255,6 +274,8 @@ class Job:
         return lines
 
     def _emit(self, p, line):
+        if p.file is not None:             # --log-dir: every line, as the process printed it
+            p.file.write(line + '\n')
         shown = self.on_line(p, line)
         if shown is not None or not line.startswith(TIMELINE):   # (spans: not kept twice)
             self.log.append((p.label, line))
@@ -294,7 +315,8 @@ class Job:
         for key in list(self._sel.get_map().values()):
             self._sel.unregister(key.fileobj)
         for p in self.procs:
-            for pipe in (p.popen.stdin, p.popen.stdout) if p.popen else ():
+            for pipe in ((p.popen.stdin, p.popen.stdout) if p.popen else ()) + (
+                    (p.file,) if p.file else ()):
                 try:
                     pipe.close()
                 except OSError:

@@ -6,6 +6,7 @@ process, so that the ssh launcher only adds "which host" and "how to get there".
 import os
 import socket
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 
 from .. import config
@@ -61,7 +62,8 @@ def job_env(role, rank, *, num_workers, num_servers, scheduler_host, secret,
     if role == 'worker':   # torchrun's names, so torch.distributed works unchanged
         env.update(RANK=str(rank), WORLD_SIZE=str(num_workers), LOCAL_RANK=str(local_rank),
                    LOCAL_WORLD_SIZE=str(local_world_size), MASTER_ADDR=master_addr,
-                   MASTER_PORT=str(master_port))
+                   MASTER_PORT=str(master_port), GROUP_RANK=str(cross_rank),
+                   NODE_RANK=str(cross_rank))   # the host's index: torchrun's, Lightning's
         env.update(config.env(cross_rank=cross_rank, cross_size=cross_size))
     env.update(dict(extra))
     return env
@@ -113,6 +115,40 @@ def job_specs(num_workers, num_servers, command, secret, hosts=('localhost',), s
         env.update((process_env or {}).get((role, rank), {}))
         specs.append(ProcSpec(role, rank, host, node_argv(role, command, python), env, remote))
     return specs
+
+
+def cores():
+    """The cores this machine lets this process run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:        # (not Linux)
+        return os.cpu_count() or 1
+
+
+def share_cores(specs, cores_of, environ=os.environ):
+    """Give each process OMP_NUM_THREADS = its host's cores over its host's processes (at
+    least 1), as torchrun does, where the user set none (``environ``: the launcher's own
+    variables; ``--env``: the spec's); ``cores_of`` maps a host to its cores. Without it
+    torch runs a thread per core in every process: 5 processes on 2 cores took 68 ms a
+    step instead of 9.5 ms. Returns the one line that says so, or None."""
+    if 'OMP_NUM_THREADS' in environ:
+        return None
+    on_host = Counter(s.host for s in specs)
+    threads = {host: max(1, cores_of[host] // n) for host, n in on_host.items()}
+    set_on = {}
+    for s in specs:
+        if 'OMP_NUM_THREADS' not in s.env:
+            s.env['OMP_NUM_THREADS'] = set_on[s.host] = str(threads[s.host])
+    if not set_on:
+        return None
+    if len(on_host) == 1:
+        (host, n), = on_host.items()
+        where = f'{cores_of[host]} cores, {n} processes on this host'
+        return (f'd2l-launch: OMP_NUM_THREADS={threads[host]} for each process ({where}), '
+                'so that they do not overload it; set it (--env OMP_NUM_THREADS=N) to tune')
+    hosts = ', '.join(f'{host} {t}' for host, t in set_on.items())
+    return (f"d2l-launch: OMP_NUM_THREADS for each process, its host's cores over its "
+            f'processes: {hosts}; set it (--env OMP_NUM_THREADS=N) to tune')
 
 
 def guarded(argv, python=sys.executable, remote=False):

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from .. import config
 from .job import Job
-from .processes import child_env, guarded, job_specs
+from .processes import child_env, guarded, job_specs, share_cores
 
 HOST_LINE = re.compile(r'(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.-]*)@)?'
                        r'(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)(?::(?P<port>\d+))?'
@@ -196,12 +196,13 @@ else:
             pass
 with socket.socket() as s:
     s.bind((addr, 0))
-    print("d2ldist-preflight", addr, s.getsockname()[1], iface or "-")
+    print("d2ldist-preflight", addr, s.getsockname()[1], iface or "-",
+          len(os.sched_getaffinity(0)))
 '''
 
 
 def preflight(hosts, ssh, python, workdir, pythonpath, interface=None, syncing=False):
-    """Check every host in parallel; return {label: (address, free port, interface)}.
+    """Check every host in parallel; return {label: (address, free port, interface, cores)}.
 
     Raise HostError naming the first host that failed."""
     steps = [f'mkdir -p {shlex.quote(workdir)}'] if syncing else []
@@ -213,9 +214,9 @@ def preflight(hosts, ssh, python, workdir, pythonpath, interface=None, syncing=F
     results = run_parallel([ssh.argv(h, command) for h in hosts], timeout)
     answers, failed = {}, []
     for host, (code, out, err) in zip(hosts, results):
-        m = re.search(r'^d2ldist-preflight (\S+) (\d+) (\S+)$', out, re.M)
+        m = re.search(r'^d2ldist-preflight (\S+) (\d+) (\S+) (\d+)$', out, re.M)
         if code == 0 and m:
-            answers[host.label] = (m.group(1), int(m.group(2)), m.group(3))
+            answers[host.label] = (m.group(1), int(m.group(2)), m.group(3), int(m.group(4)))
         else:
             why = reason(code, err, timeout)
             if code == 127:
@@ -229,7 +230,7 @@ def preflight(hosts, ssh, python, workdir, pythonpath, interface=None, syncing=F
     if ':' in first:
         raise HostError(f'{hosts[0].label} is reached over IPv6 ({first}); d2ldist needs '
                         'IPv4: pick an interface with --interface')
-    if first.startswith('127.') and any(not a.startswith('127.') for a, _, _ in answers.values()):
+    if first.startswith('127.') and any(not a.startswith('127.') for a, *_ in answers.values()):
         raise HostError(f'{hosts[0].label} is reached at {first}, which other hosts cannot '
                         'reach: list it by its network address or use --interface')
     return answers
@@ -383,10 +384,11 @@ def placement_table(specs):
                      for r in rows)
 
 
-def prepare(args, secret, out=None, **job_options):
+def prepare(args, secret, out=None, notices=True, **job_options):
     """The job of the parsed ``args`` with ``--launcher ssh``, after preflight and sync.
 
-    ``job_options`` go to the Job (``on_line``, ``on_state``: see job.py)."""
+    ``notices``: say what was set for the user (cli.make_job); ``job_options`` go to
+    the Job (``on_line``, ``on_state``: see job.py)."""
     out = out or sys.stdout
     hosts = read_hosts(args.hostfile)
     ssh = Ssh(args.ssh_config, args.connect_timeout)
@@ -402,7 +404,7 @@ def prepare(args, secret, out=None, **job_options):
     job_id = uuid.uuid4().hex
     labels = [h.label for h in hosts]
     slots = [h.slots or 1 for h in hosts] if any(h.slots for h in hosts) else None
-    host_env = {label: host_variables(*answers[label], args.interface) for label in labels}
+    host_env = {label: host_variables(*answers[label][:3], args.interface) for label in labels}
     specs = job_specs(args.num_workers, args.num_servers, args.command, secret,
                       hosts=labels, slots=slots,
                       addresses={label: answers[label][0] for label in labels},
@@ -412,6 +414,9 @@ def prepare(args, secret, out=None, **job_options):
                       process_env=args.process_env)
     if args.port:
         specs[0].env.update(config.env(scheduler_port=args.port))
+    notice = share_cores(specs, {label: answers[label][3] for label in labels})
+    if notice and notices:
+        out.write(notice + '\n')
     rule = 'workers by slots' if slots else 'servers and workers round-robin'
     out.write(f'd2l-launch: placement (scheduler on the first host, {rule}):\n'
               f'{placement_table(specs)}\n')

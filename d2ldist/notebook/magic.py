@@ -115,7 +115,8 @@ class LaunchMagics(Magics):
         self._args = args
         out = _Out(sys.stdout)
         try:        # ssh: checks the hosts and syncs the directory first
-            job = cli.make_job(args, out=out, on_line=lambda p, t: on_line(p, t),
+            job = cli.make_job(args, out=out, notices=False,
+                               on_line=lambda p, t: on_line(p, t),
                                on_state=lambda p: on_state(p),
                                on_restart=lambda n, why: on_restart(n, why),
                                on_tick=lambda: view.refresh(), last_lines=False)

@@ -19,7 +19,7 @@ from collections import deque
 
 from .. import config
 from . import faults, hang, protocol, spans
-from . import shm, stream
+from . import shm, started, stream
 from .van import LINGER_SECONDS, Van
 from ..report import report
 
@@ -110,7 +110,7 @@ class Node:
         threading.Thread(target=self._heartbeat, daemon=True,
                          name='d2ldist-heartbeat').start()
         atexit.register(self.stop)
-        _report_peer_failures_in_one_line()
+        report_in_one_line()
         faults.arm()                 # d2l-launch --fail ROLE:RANK@30s
         if config.get().timeline:
             self.sync_clock()
@@ -296,13 +296,21 @@ class Node:
             self.van.close()
 
 
-def _report_peer_failures_in_one_line():
-    """Let an uncaught PeerFailed, Hang, Disagree or StreamBroken end the process with its
-    message (one line that says what happened where), not a traceback."""
-    previous = sys.excepthook
+# errors whose message says what happened where: uncaught, they end the process in one line
+ONE_LINE = (PeerFailed, hang.Hang, hang.Disagree, stream.StreamBroken, started.StartError)
+_one_line = False   # whether report_in_one_line() has hooked sys.excepthook
+
+
+def report_in_one_line():
+    """Let an uncaught error of ONE_LINE end the process with its message (one line that
+    says what happened where), not a traceback; the first call hooks, the others do not."""
+    global _one_line
+    if _one_line:
+        return
+    _one_line, previous = True, sys.excepthook
 
     def hook(kind, value, tb):
-        if issubclass(kind, (PeerFailed, hang.Hang, hang.Disagree, stream.StreamBroken)):
+        if issubclass(kind, ONE_LINE):
             print(f'd2ldist: {value}', file=sys.stderr, flush=True)
         else:
             previous(kind, value, tb)

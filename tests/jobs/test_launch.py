@@ -40,16 +40,22 @@ def test_merged_output_of_three_workers(write_script):
     assert not tagged_pids(r.tag)
 
 
-def test_environment_contract(write_script):
+def test_environment_contract(write_script, monkeypatch):
     script = write_script(r'''
 import os
 names = ['D2L_ROLE', 'D2L_RANK', 'D2L_NUM_WORKER', 'D2L_NUM_SERVER', 'D2L_SCHEDULER_URI',
          'D2L_SCHEDULER_PORT', 'D2L_JOB_SECRET', 'RANK', 'WORLD_SIZE', 'LOCAL_RANK',
-         'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'PYTHONUNBUFFERED', 'GREETING']
+         'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'PYTHONUNBUFFERED', 'GREETING',
+         'GROUP_RANK', 'NODE_RANK', 'OMP_NUM_THREADS']
 print(' '.join(f'{n}={os.environ.get(n, "MISSING")}' for n in names))
 ''')
+    monkeypatch.delenv('OMP_NUM_THREADS', raising=False)   # unset: the launcher shares the
+    threads = max(1, len(os.sched_getaffinity(0)) // 6)    # cores among its 6 processes
     r = run_launch('-n', 2, '-s', 3, '--env', 'GREETING=hi', 'python', script)
     assert r.returncode == 0, r.stdout
+    assert r.stdout.startswith(f'd2l-launch: OMP_NUM_THREADS={threads} for each process '
+                               f'({len(os.sched_getaffinity(0))} cores, 6 processes on this '
+                               'host), so that they do not overload it;'), r.stdout[:300]
     sched_port = re.search(r'scheduler ready at tcp://[\d.]+:(\d+)', r.stdout).group(1)
     secrets_seen = set()
     for rank in range(2):
@@ -62,6 +68,8 @@ print(' '.join(f'{n}={os.environ.get(n, "MISSING")}' for n in names))
         assert env['D2L_SCHEDULER_PORT'] == sched_port != env['MASTER_PORT']
         assert env['MASTER_ADDR'] == '127.0.0.1' and env['PYTHONUNBUFFERED'] == '1'
         assert env['GREETING'] == 'hi' and len(env['D2L_JOB_SECRET']) >= 32
+        assert env['GROUP_RANK'] == env['NODE_RANK'] == '0'
+        assert env['OMP_NUM_THREADS'] == str(threads)
         secrets_seen.add(env['D2L_JOB_SECRET'])
     assert len(secrets_seen) == 1
 
@@ -231,8 +239,8 @@ print('after the barrier', flush=True)
 ''')
     p = start_launch('-n', 2, '-s', 1, 'python', script)
     try:
-        first = p.stdout.readline()
-        port = int(re.search(r'scheduler ready at tcp://127.0.0.1:(\d+)', first).group(1))
+        ready = next(line for line in p.stdout if 'scheduler ready at' in line)
+        port = int(re.search(r'scheduler ready at tcp://127.0.0.1:(\d+)', ready).group(1))
         _wait_for_ready(p, 2)
         _attack('127.0.0.1', port)
         go.touch()
@@ -332,3 +340,23 @@ print('server met everyone', flush=True)
                    'python', script)
     assert r.returncode == 0, r.stdout
     assert r.stdout.count('met everyone') == 3
+
+
+def test_log_dir_keeps_each_processs_output_in_a_file_of_its_own(write_script, tmp_path):
+    """--log-dir: a file per process, named by role and rank, with every line it printed
+    (progress reports too, which the merged output hides), beside the merged output."""
+    script = write_script('import d2ldist\n'
+                          'd2ldist.init()\n'
+                          'print("hello from", d2ldist.rank(), flush=True)\n'
+                          'd2ldist.report(batch=1, num_batches=1)\n')
+    r = run_launch('-n', 2, '-s', 1, '--log-dir', tmp_path / 'logs', 'python', script)
+    assert r.returncode == 0, r.stdout + r.stderr
+    logs = {f.name: f.read_text().splitlines() for f in (tmp_path / 'logs').iterdir()}
+    assert sorted(logs) == ['scheduler.log', 'server-0.log', 'worker-0.log', 'worker-1.log']
+    assert logs['scheduler.log'][0].startswith('d2ldist: scheduler ready at tcp://')
+    for rank in (0, 1):
+        assert logs[f'worker-{rank}.log'][0] == f'hello from {rank}'
+        assert logs[f'worker-{rank}.log'][1].startswith('@d2l/1 ')       # the report line
+        assert f'[worker {rank}] hello from {rank}' in r.stdout
+    assert '@d2l/1' not in r.stdout
+    assert wait_no_survivors(r.tag) == []
