@@ -76,3 +76,13 @@ def test_the_command_says_what_it_did_or_why_not_in_one_line(tmp_path, capsys):
     assert book.main([str(tmp_path / 'f')]) == 1
     assert capsys.readouterr().err == f'd2l-book: {tmp_path / "f"} is a file, not a folder ' \
                                       'for the chapters\n'
+
+
+def test_chapter_one_opens_with_colabs_install_cell_for_this_version():
+    """Its first code cell, commented as d2l's are: a clone has the package already."""
+    import nbformat
+    nb = nbformat.read(ROOT / 'notebooks' / book.FIRST, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == 'code')
+    assert first.source == f'# !pip install d2ldist=={d2ldist.__version__}'
+    assert first.outputs == [] and first.execution_count == 1
+    assert 'Colab' in nb.cells[nb.cells.index(first) - 1].source
