@@ -8,7 +8,7 @@ NBVAL   = --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.c
 # pass nbval under them too (nbval compares only what any CPU prints).
 OTHER_CPU = ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: venv demo lab test test-load test-fast test-jobs test-system notebooks figures book benchmarks gpu clean
+.PHONY: venv demo lab wheel test test-load test-fast test-jobs test-system notebooks figures book benchmarks gpu clean
 
 venv: $(VENV)/.installed
 
@@ -24,6 +24,11 @@ demo: venv
 # the chapters in JupyterLab; each chapter's kernel runs in notebooks/
 lab: venv
 	$(VENV)/bin/jupyter lab notebooks/
+
+# the wheel and the sdist, in dist/: pip install dist/d2ldist-*.whl gives d2l-launch,
+# %load_ext d2ldist, the examples (python -m d2ldist.examples) and d2l-book
+wheel: venv
+	$(PY) -m build --outdir dist .
 
 # every test, then every chapter re-executed and compared with its committed outputs,
 # on this CPU's kernels and again as on another CPU

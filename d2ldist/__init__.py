@@ -12,7 +12,8 @@ inside the package imports it. The layers, bottom up (ARCHITECTURE.md draws them
   training loop, data split by worker, ResNet-18 and devices;
 - ``launch/``: ``d2l-launch``, which starts, watches and stops whole jobs;
   ``notebook/``: ``%launch`` and its dashboard; ``report.py``: workers' progress lines;
-  ``cost.py``: the book's one cost model of a step's communication (alpha-beta).
+  ``cost.py``: the book's one cost model of a step's communication (alpha-beta);
+  ``book.py``: the chapters copied out of an installed package (``d2l-book DIR``).
 
 ``import d2ldist`` stays light (every process of a job imports it): torch loads only
 when a collective, the parameter server or the training API is first used.
@@ -21,6 +22,7 @@ from .collectives.world import (BACKENDS, barrier, cross_rank, cross_size,  # no
                                 gloo_built, init, is_initialized, local_rank, local_size,
                                 mpi_built, mpi_enabled, nccl_built, rank, shutdown, size)
 from . import cost  # noqa: F401  (pure arithmetic: light)
+from .book import download_chapters  # noqa: F401
 from .report import report  # noqa: F401
 from .runtime.node import Node, PeerFailed  # noqa: F401
 

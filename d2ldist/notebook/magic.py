@@ -92,8 +92,21 @@ class _TextView:
         return final.header(self.model)
 
 
+def widgets_possible(shell):
+    """Whether ``shell`` can show ipywidgets: an IPython kernel's, which has comms.
+
+    Asked of what the shell can do, not of its class's name: Colab's shell is a subclass
+    of ipykernel's ZMQInteractiveShell, and a kernel of another make that has a comm
+    manager carries widgets too. Terminal IPython has neither: it gets the text form."""
+    if getattr(getattr(shell, 'kernel', None), 'comm_manager', None) is not None:
+        return True
+    zmqshell = sys.modules.get('ipykernel.zmqshell')    # a kernel's shell has loaded it
+    return zmqshell is not None and isinstance(shell, zmqshell.ZMQInteractiveShell)
+
+
 def _view(model, shell):
-    if type(shell).__name__ != 'ZMQInteractiveShell':   # terminal IPython: no widgets
+    """The dashboard where widgets can show, else the one-line text form."""
+    if not widgets_possible(shell):
         return _TextView(model)
     try:
         from .dashboard import Dashboard
