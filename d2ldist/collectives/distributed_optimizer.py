@@ -55,7 +55,7 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
 
     Tensors (momenta, ...) by broadcast; every other setting of each parameter group
     and state -- numbers, bools such as ``nesterov``, None, strings, tuples such as
-    Adam's ``betas`` -- in one JSON object (``broadcast_object``)."""
+    Adam's ``betas`` -- in one object (``broadcast_object``)."""
     if size() == 1:
         return
     if not optimizer.state:   # make the state (momenta, ...) exist on every worker
@@ -71,13 +71,13 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     values = [{k: v for k, v in d.items() if k != 'params' and not torch.is_tensor(v)}
               for d in settings]
     for d, theirs in zip(settings, api.broadcast_object(values, root_rank)):
-        for k, v in theirs.items():
-            d[k] = tuple(v) if isinstance(d.get(k), tuple) else v   # JSON has no tuples
+        d.update(theirs)
 
 
 @torch.no_grad()
 def _initialize_state(optimizer):
-    """One step with zero gradients creates the state; the parameters are restored."""
+    """One step with zero gradients creates the state; the parameters are restored and
+    keep a zero gradient where they had none (as Horovod's: ``.grad`` is a tensor after)."""
     params = [p for g in optimizer.param_groups for p in g['params']
               if p.requires_grad and p.is_floating_point()]   # (integer ones have no grad)
     saved = [(p.clone(), p.grad) for p in params]
@@ -86,12 +86,23 @@ def _initialize_state(optimizer):
     getattr(optimizer, 'optimizer', optimizer).step()
     for p, (value, grad) in zip(params, saved):
         p.copy_(value)
-        p.grad = grad
+        if grad is not None:
+            p.grad = grad
+        else:
+            p.grad.zero_()
 
 
 def _dense(grad):
     """A gradient as a dense tensor (sparse_as_dense: embeddings' sparse gradients)."""
     return grad.to_dense() if grad.is_sparse else grad
+
+
+def _names(params, named):
+    """Each parameter's name (Horovod's ``_parameter_names``): from ``named``, or made
+    up by position when no names were given."""
+    if named is None:
+        return {p: f'allreduce.noname.{i}' for i, p in enumerate(params)}
+    return {p: name for name, p in named}
 
 
 def metric_average(value, name=None):
@@ -122,8 +133,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._predivide != 1.0 and self.op is not Average:
             raise ValueError('gradient_predivide_factor needs op=Average')
         params = [p for g in optimizer.param_groups for p in g['params']]
-        if named_parameters is not None:   # Horovod's rule: every optimized one is named
-            named = list(named_parameters)
+        named = None if named_parameters is None else list(named_parameters)
+        self._parameter_names = _names(params, named)
+        if named is not None:   # Horovod's rule: every optimized one is named
             names = [name for name, _ in named]
             dups = sorted({n for n in names if names.count(n) > 1})
             if dups:
@@ -211,8 +223,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         faults.computed(computed)
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn('optimizer.step() after optimizer.synchronize() without '
-                              'optimizer.skip_synchronize(): the gradients are not '
+                warnings.warn('optimizer.step() called without optimizer.skip_synchronize() '
+                              'after optimizer.synchronize(): the gradients are not '
                               'averaged again; wrap step() in skip_synchronize()')
             with spans.span('synchronize', 'step'):
                 self.synchronize()
