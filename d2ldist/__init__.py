@@ -19,7 +19,8 @@ when a collective, the parameter server or the training API is first used.
 """
 from .collectives.world import (BACKENDS, barrier, cross_rank, cross_size,  # noqa: F401
                                 gloo_built, init, is_initialized, local_rank, local_size,
-                                mpi_built, mpi_enabled, nccl_built, rank, shutdown, size)
+                                mpi_built, mpi_enabled, nccl_built, rank, shutdown, size,
+                                ccl_built, cuda_built, ddl_built)
 from . import cost  # noqa: F401  (pure arithmetic: light)
 from .report import report  # noqa: F401
 from .runtime.node import Node, PeerFailed  # noqa: F401

@@ -25,7 +25,8 @@ from .collectives.ops import Average, Max, Min, Product, Sum  # noqa: F401
 from .collectives.sync_batchnorm import SyncBatchNorm  # noqa: F401
 from .collectives.world import (barrier, cross_rank, cross_size, gloo_built,  # noqa: F401
                                 init, is_initialized, local_rank, local_size, mpi_built,
-                                mpi_enabled, nccl_built, rank, shutdown, size)
+                                mpi_enabled, nccl_built, rank, shutdown, size,
+                                ccl_built, cuda_built, ddl_built)
 
 
 def __getattr__(name):
