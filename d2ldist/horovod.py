@@ -13,7 +13,8 @@ broadcasts in ``collectives/distributed_optimizer.py``, rank and size in
 from .collectives.api import (Compression, Handle, allgather, allgather_async,  # noqa: F401
                               allgather_object, allreduce, allreduce_, allreduce_async,
                               allreduce_async_, broadcast, broadcast_, broadcast_async,
-                              broadcast_async_, broadcast_object, grouped_allreduce,
+                              broadcast_async_, broadcast_object, grouped_allgather,
+                              grouped_allgather_async, grouped_allreduce,
                               grouped_allreduce_, grouped_allreduce_async,
                               grouped_allreduce_async_, join, poll, reducescatter,
                               alltoall, synchronize)

@@ -155,7 +155,12 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None,
 
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
                       prescale_factor=1.0, postscale_factor=1.0):
-    """The reductions of a list of tensors, as new tensors (through ``compression``)."""
+    """The reductions of a list of tensors, as new tensors (through ``compression``);
+    differentiable, then one all-reduce per tensor."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        _check_name(name)
+        return [allreduce(t, average, None, compression, op, prescale_factor,
+                          postscale_factor) for t in tensors]
     compression = compression or Compression.none
     wires, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
     summed = grouped_allreduce_async(list(wires), average, name, op, prescale_factor,
@@ -200,6 +205,27 @@ def allgather_async(tensor, name=None):
         raise ValueError('allgather needs a tensor with at least one dimension')
     _check_name(name)
     return _named(name, world.run(world.backend().allgather, tensor.detach()))
+
+
+def grouped_allgather_async(tensors, name=None):
+    """Start allgathers of a list of tensors, in one go; one Handle for all the results."""
+    for t in tensors:
+        if _tensor(t).dim() == 0:
+            raise ValueError('allgather needs tensors with at least one dimension')
+    _check_name(name)
+    gather = world.backend().allgather
+
+    def grouped_allgather():
+        return [gather(t) for t in tensors]
+    return _named(name, world.run(grouped_allgather))
+
+
+def grouped_allgather(tensors, name=None):
+    """Every worker's tensors, each concatenated along dim 0 in rank order (differentiable)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        _check_name(name)
+        return [allgather(t) for t in tensors]
+    return grouped_allgather_async([t.detach() for t in tensors], name).wait()
 
 
 def allgather(tensor, name=None):

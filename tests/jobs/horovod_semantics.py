@@ -144,7 +144,26 @@ with warnings.catch_warnings(record=True) as caught:
 check(len(caught) == 1 and 'optimizer.step() called without optimizer.skip_synchronize()'
       in str(caught[0].message), f'the warning: {[str(w.message) for w in caught]}')
 
-# -- 7. what was built: Horovod's values (the reducescatter and alltoall tests ask) ------
+# -- 7. grouped allgather, and gradients through a grouped allreduce
+# -- (test_horovod_grouped_allgather, _grouped_allgather_grad, _grouped_allreduce_grad) --
+xs = [torch.full((r + 1, 2), float(r), requires_grad=True), torch.full((2, 3), r + 1.0,
+                                                                        requires_grad=True)]
+with torch.no_grad():
+    plain = hvd.grouped_allgather(xs)
+    pair = hvd.synchronize(hvd.grouped_allgather_async(xs, name='g'))
+rows = torch.cat([torch.full((i + 1, 2), float(i)) for i in range(N)])
+check(all(torch.equal(a, b) for a, b in zip(plain, pair)) and torch.equal(plain[0], rows)
+      and torch.equal(plain[1], torch.cat([torch.full((2, 3), i + 1.0) for i in range(N)])),
+      f'grouped_allgather {plain}')
+gathered = hvd.grouped_allgather(xs)
+gathered[0].backward(torch.ones_like(gathered[0]))
+check(torch.equal(xs[0].grad, torch.ones(r + 1, 2)), f'grouped_allgather grad {xs[0].grad}')
+summed = hvd.grouped_allreduce(xs[1:] + [xs[1] * 2], average=False)
+(summed[0].sum() + summed[1].sum()).backward()
+check(summed[0].requires_grad and torch.equal(xs[1].grad, torch.full((2, 3), 3.0 * N)),
+      f'grouped_allreduce grad {xs[1].grad}')
+
+# -- 8. what was built: Horovod's values (the reducescatter and alltoall tests ask) ------
 gpu = torch.cuda.is_available()
 check(type(hvd.nccl_built()) is int and (hvd.nccl_built() > 0) == (
     gpu and torch.distributed.is_nccl_available()), f'nccl_built {hvd.nccl_built()}')

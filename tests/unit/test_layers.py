@@ -226,7 +226,7 @@ HOROVOD_MORE = [
     'grouped_allreduce_async_', 'broadcast_object', 'allgather_object', 'is_initialized',
     'shutdown', 'nccl_built', 'gloo_built', 'mpi_built', 'mpi_enabled', 'cross_rank',
     'cross_size', 'reducescatter', 'alltoall', 'SyncBatchNorm', 'Compression', 'join',
-    'ccl_built', 'cuda_built', 'ddl_built']
+    'ccl_built', 'cuda_built', 'ddl_built', 'grouped_allgather', 'grouped_allgather_async']
 
 # Every name the README, the chapters and the examples use.
 PUBLIC = {
