@@ -37,7 +37,7 @@ _LAZY = {
         'allreduce_async', 'allgather_async', 'broadcast_async', 'poll', 'synchronize',
         'grouped_allreduce', 'grouped_allreduce_', 'grouped_allreduce_async',
         'grouped_allreduce_async_', 'broadcast_object', 'allgather_object',
-        'grouped_allgather', 'grouped_allgather_async',
+        'grouped_allgather', 'grouped_allgather_async', 'sparse_allreduce_async',
         'reducescatter', 'alltoall', 'Compression', 'join')},
     'SyncBatchNorm': 'collectives.sync_batchnorm',
     'Sum': 'collectives.ops', 'Average': 'collectives.ops',

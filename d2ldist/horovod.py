@@ -17,7 +17,7 @@ from .collectives.api import (Compression, Handle, allgather, allgather_async,  
                               grouped_allgather_async, grouped_allreduce,
                               grouped_allreduce_, grouped_allreduce_async,
                               grouped_allreduce_async_, join, poll, reducescatter,
-                              alltoall, synchronize)
+                              alltoall, sparse_allreduce_async, synchronize)
 from .collectives.distributed_optimizer import (DistributedOptimizer,  # noqa: F401
                                                 broadcast_optimizer_state,
                                                 broadcast_parameters, metric_average)

@@ -168,6 +168,26 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
     return [compression.decompress(t, ctx) for t, ctx in zip(summed, ctxs)]
 
 
+def sparse_allreduce_async(tensor, name=None, op=Average):
+    """Start reducing a sparse tensor (an ``nn.Embedding(sparse=True)`` gradient): every
+    worker's rows are gathered and added up (Average: divided by the workers);
+    ``synchronize`` gives a sparse tensor. Only the rows travel."""
+    op = ops.get(op)
+    if op not in (ops.Sum, ops.Average) or not _tensor(tensor).is_sparse:
+        raise ValueError('sparse_allreduce_async: a sparse tensor, op Sum or Average')
+    _check_name(name)
+    mine, gather, workers = tensor.detach().coalesce(), world.backend().allgather, \
+        world.backend().size
+
+    def sparse_allreduce():
+        indices = gather(mine.indices().t().contiguous()).t()
+        values = gather(mine.values())
+        if op is ops.Average:
+            values = values / workers
+        return torch.sparse_coo_tensor(indices, values, mine.shape).coalesce()
+    return _named(name, world.run(sparse_allreduce))
+
+
 def broadcast_async_(tensor, root_rank=0, name=None):
     """Start copying worker ``root_rank``'s tensor into ``tensor``; returns a Handle."""
     root = _check_root(root_rank)

@@ -116,7 +116,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     Horovod's keywords: ``backward_passes_per_step`` (accumulate that many backward
     passes locally, then all-reduce once), ``op`` and ``gradient_predivide_factor``
     (divide before the sum, multiply after), ``sparse_as_dense`` (sparse gradients
-    are always made dense here), ``compression`` (``Compression.fp16``: each bucket
+    travel dense here, in their bucket; ``.grad`` stays sparse, holding the rows whose
+    average is not zero, unless ``sparse_as_dense=True``), ``compression`` (``Compression.fp16``: each bucket
     through 16 bits). ``groups`` / ``num_groups`` are accepted but the buckets are made
     by size (``bucket_cap_mb``, like DDP's)."""
 
@@ -124,7 +125,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                  num_groups=0, groups=None, sparse_as_dense=False,
                  bucket_cap_mb=BUCKET_CAP_MB):
-        self.compression = compression
+        self.compression, self.sparse_as_dense = compression, sparse_as_dense
         if int(backward_passes_per_step) < 1:
             raise ValueError('backward_passes_per_step must be 1 or more')
         self.optimizer, self.op = optimizer, ops.get(op)
@@ -200,10 +201,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._slots[i].zero_()
         self._buckets.wait()
         for p, slot in zip(self._params, self._slots):
-            if p.grad is None:
+            if p.grad is None or (p.grad.is_sparse and self.sparse_as_dense):
                 p.grad = slot.clone()
+            elif p.grad.is_sparse:             # (e.g. nn.Embedding(sparse=True)'s)
+                p.grad = slot.to_sparse(p.grad.sparse_dim())
             else:
-                p.grad.copy_(slot.view_as(p.grad) if not p.grad.is_sparse else slot)
+                p.grad.copy_(slot.view_as(p.grad))
         self._synchronized = True
 
     @contextmanager

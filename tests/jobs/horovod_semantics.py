@@ -163,7 +163,27 @@ summed = hvd.grouped_allreduce(xs[1:] + [xs[1] * 2], average=False)
 check(summed[0].requires_grad and torch.equal(xs[1].grad, torch.full((2, 3), 3.0 * N)),
       f'grouped_allreduce grad {xs[1].grad}')
 
-# -- 8. what was built: Horovod's values (the reducescatter and alltoall tests ask) ------
+# -- 8. sparse gradients: nn.Embedding(sparse=True) in DistributedOptimizer, and
+# -- sparse_allreduce_async (test_horovod_sparse_allreduce's semantics, on the CPU) ------
+emb = nn.Embedding(6, 2, sparse=True)
+hvd.broadcast_parameters(emb.state_dict(), root_rank=0)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=1.0),
+                               named_parameters=emb.named_parameters())
+before = emb.weight.detach().clone()
+emb(torch.tensor([r, r + 1])).sum().backward()
+opt.step()
+uses = torch.zeros(6)
+for i in range(N):
+    uses[i:i + 2] += 1
+check(emb.weight.grad.is_sparse and torch.allclose(emb.weight, before - (uses / N)[:, None]),
+      f'sparse gradients averaged {emb.weight.grad}')
+mine = torch.sparse_coo_tensor([[r]], [[1.0, 2.0]], (6, 2))
+got = hvd.synchronize(hvd.sparse_allreduce_async(mine, name='sparse', op=hvd.Sum))
+want = torch.zeros(6, 2)
+want[:N] = torch.tensor([1.0, 2.0])
+check(got.is_sparse and torch.equal(got.to_dense(), want), f'sparse_allreduce_async {got}')
+
+# -- 9. what was built: Horovod's values (the reducescatter and alltoall tests ask) ------
 gpu = torch.cuda.is_available()
 check(type(hvd.nccl_built()) is int and (hvd.nccl_built() > 0) == (
     gpu and torch.distributed.is_nccl_available()), f'nccl_built {hvd.nccl_built()}')
