@@ -50,6 +50,10 @@ def _copy_(acc, x):
     return acc.copy_(x)
 
 
+class Refused(ValueError):
+    """A collective that a worker in join() takes no part in (Horovod refuses it)."""
+
+
 def _drain(msg):
     """Read off the stream what ``msg`` still has there (the stream's next message waits
     behind it): a message that is dropped, or that ends in an error."""
@@ -254,8 +258,7 @@ class Ring:
     def _stale(self, msg):
         """Whether ``msg`` belongs to a call that failed (a late chunk, a second notice):
         then it is dropped, its frame read off the stream."""
-        n = msg.get('n')
-        if msg.kind not in (RING, DISAGREE) or n == self.calls or n not in self._failed:
+        if msg.kind not in (RING, DISAGREE) or msg.get('n') not in self._failed:
             return False
         _drain(msg)
         return True
@@ -342,6 +345,11 @@ class Ring:
             self.node.put_back(msg)                # (the collective itself reads it)
             try:
                 take_part(msg.get('replay'))
+            except Refused as e:
+                self._refuse(f'{self.node.id} has called join() (it is out of data): '
+                             f'{str(msg.get("call"))[:200]} refused: {e}')
+            except hang.Disagree:      # the call failed on every worker: wait on in join()
+                pass
             except ValueError as e:
                 self._disagree(f'{self.node.id} in join() cannot take part in '
                                f'{str(msg.get("call"))[:200]}: {e}')
@@ -349,9 +357,22 @@ class Ring:
             self._note_joined(msg)
         elif msg.kind == protocol.BARRIER_DONE:    # the scheduler counted this one there
             self.node.passed_barrier(msg.get('group'), msg.get('n'))
+        elif msg.get('n') == self.calls + 1:       # the next call failed before it came
+            self.calls += 1
+            self._failed.add(self.calls)
         else:
             raise hang.Disagree(f'{self.node.id.replace(":", " ")} stops: '
                                 f'{str(msg.get("error"))[:600]}')
+
+    def _refuse(self, error):
+        """In join(): make the collective that has begun fail on every other worker, and
+        count it as failed here too (its chunks are dropped when they come)."""
+        self.calls += 1
+        self.node.counters['ring'] = self.calls
+        self._failed.add(self.calls)
+        for peer in self.node.peers('worker'):
+            if peer != self.node.id:
+                self.node.send(peer, DISAGREE, {'error': error, 'n': self.calls})
 
     def _all_joined(self, msg):
         """The scheduler's word that every worker has joined: the last one's rank."""

@@ -153,6 +153,14 @@ def _disagreement(call, heard, low):
     return None
 
 
+def _refuse_if_joined(what, heard):
+    """Horovod's rule: no broadcast or allgather while a worker is in join()."""
+    joined = [i for i, j in enumerate((heard or [])[JOINED:]) if j]
+    if joined:
+        raise RuntimeError(f'{what}: worker {joined[0]} has called join() (it is out of '
+                           f'data): no {what} while a worker is in join(), as Horovod')
+
+
 class TorchBackend:
     """The collectives on torch.distributed (gloo on CPU, NCCL on a GPU per worker).
 
@@ -186,13 +194,14 @@ class TorchBackend:
 
     def broadcast_(self, tensor, root):
         heard = self._say('broadcast_', tensor, root=root)
-        if heard is not None and heard[JOINED + root]:      # (a host sync: broadcasts only)
+        if heard is not None and heard[JOINED + root]:
             raise RuntimeError(f'broadcast from worker {root}, which has called join() '
                                '(it is out of data): broadcast from a worker still training')
+        _refuse_if_joined('broadcast', heard)
         return self._broadcast_(tensor, root)
 
     def allgather(self, tensor):
-        self._say('allgather', tensor)
+        _refuse_if_joined('allgather', self._say('allgather', tensor))
         return self._allgather(tensor)
 
     def reducescatter(self, tensor, op):
@@ -204,8 +213,8 @@ class TorchBackend:
         self._barrier()
 
     def _say(self, call, tensor=None, **args):
-        """Tell workers in join() which collective comes (if joinable); for a broadcast,
-        what all said (has its root joined? a wait for the result, so broadcasts only)."""
+        """Tell workers in join() which collective comes (if joinable), refusing it on
+        every worker if they disagree; what all said (max), or None."""
         if not self.joinable or self.size == 1:
             return None
         heard, low = self._tell(_said(call, self.size, tensor, **args))
@@ -214,7 +223,7 @@ class TorchBackend:
             raise Disagree(f'{call.strip("_")}: the workers called different collectives '
                            f'({differ}); they must call the same collectives in the same '
                            'order on tensors of the same shape and dtype')
-        return heard if call == 'broadcast_' else None
+        return heard
 
     def _tell(self, code):
         """All-reduce the integers of every worker's ``code``: (their max, their min over
@@ -303,5 +312,5 @@ class TorchBackend:
             call, args = _heard(heard, self.size)
             if _disagreement(call, heard, low):    # the others refuse it: so does this one
                 continue
-            if call != 'broadcast_' or not heard[JOINED + args[1]]:   # (root joined: none)
+            if call not in ('broadcast_', 'allgather'):   # (those fail on the others)
                 getattr(self, '_' + call)(*args)
