@@ -177,7 +177,7 @@ for i in range(N):
     uses[i:i + 2] += 1
 check(emb.weight.grad.is_sparse and torch.allclose(emb.weight, before - (uses / N)[:, None]),
       f'sparse gradients averaged {emb.weight.grad}')
-mine = torch.sparse_coo_tensor([[r]], [[1.0, 2.0]], (6, 2))
+mine = torch.sparse_coo_tensor([[r]], [[1.0, 2.0]], (6, 2), check_invariants=True)
 got = hvd.synchronize(hvd.sparse_allreduce_async(mine, name='sparse', op=hvd.Sum))
 want = torch.zeros(6, 2)
 want[:N] = torch.tensor([1.0, 2.0])
@@ -189,6 +189,25 @@ check(type(hvd.nccl_built()) is int and (hvd.nccl_built() > 0) == (
     gpu and torch.distributed.is_nccl_available()), f'nccl_built {hvd.nccl_built()}')
 check(hvd.ccl_built() is False and hvd.ddl_built() is False and hvd.cuda_built() == gpu,
       'ccl_built, ddl_built, cuda_built')
+
+# -- 10. a worker in join() makes the others' allgather and broadcast fail, and all go on
+# -- (test_horovod_join_allgather, test_horovod_join_broadcast) ----------------------
+for refused_call in ('allgather', 'broadcast'):
+    if r == 0:
+        last = hvd.join()
+    else:
+        try:
+            if refused_call == 'allgather':
+                hvd.allgather(torch.ones(17, 17, 17))
+            else:
+                hvd.broadcast(torch.ones(17, 17, 17), root_rank=1)
+            check(False, f'{refused_call} while worker 0 is in join() was not refused')
+        except RuntimeError as e:
+            check('called join()' in str(e), f'{refused_call} refused: {e}')
+        last = hvd.join()
+    lasts = hvd.allgather(torch.tensor([last])).tolist()    # (arrival order decides it)
+    check(len(set(lasts)) == 1 and 0 <= last < N, f'join returned {lasts}')
+    in_step(f'join with {refused_call}')
 in_step('everything')
 hvd.barrier()
 print(f'worker {r} of {N}: ok', flush=True)
