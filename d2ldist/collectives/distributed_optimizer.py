@@ -117,8 +117,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     passes locally, then all-reduce once), ``op`` and ``gradient_predivide_factor``
     (divide before the sum, multiply after), ``sparse_as_dense`` (sparse gradients
     travel dense here, in their bucket; ``.grad`` stays sparse, holding the rows whose
-    average is not zero, unless ``sparse_as_dense=True``), ``compression`` (``Compression.fp16``: each bucket
-    through 16 bits). ``groups`` / ``num_groups`` are accepted but the buckets are made
+    average is not zero, unless ``sparse_as_dense=True``), ``compression``
+    (``Compression.fp16``: each bucket through 16 bits). ``groups`` / ``num_groups`` are accepted but the buckets are made
     by size (``bucket_cap_mb``, like DDP's)."""
 
     def __init__(self, optimizer, named_parameters=None, compression=None,

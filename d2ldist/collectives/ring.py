@@ -76,6 +76,7 @@ class Ring:
         self.joined = {}      # worker id -> the round in which it called join()
         self._replay = self._root = None
         self._failed = set()  # calls that failed on every worker: their late chunks go
+        self._last_failed = 0   # the latest of them (every chunk says it)
         self._early = []      # chunks of the call after a failed one, come before the news
         self._linked, self._out = False, None     # the stream to the right, if any
         self._buffer = torch.empty(0, dtype=torch.uint8)   # a reduced chunk lands here
@@ -187,8 +188,9 @@ class Ring:
 
     def _send(self, x, phase, j, k):
         frame = x.view(torch.uint8).numpy()
-        head = {'n': self.calls, 'failed': max(self._failed, default=0), 'call': self._call, 'numel': self._numel, 'phase': phase,
-                'seg': j, 'k': k, 'replay': self._replay, 'joins': self.joins}
+        head = {'n': self.calls, 'failed': self._last_failed, 'call': self._call,
+                'numel': self._numel, 'phase': phase, 'seg': j, 'k': k,
+                'replay': self._replay, 'joins': self.joins}
         if self._out is not None:
             self._out.send(RING, head, [frame])
         else:
@@ -249,11 +251,16 @@ class Ring:
     def _fail(self, error):
         """Raise Disagree for this call, which has failed on every worker: its chunks
         still on the way are dropped when they come, so the next call starts in step."""
-        self._failed.add(self.calls)
+        self._mark_failed()
         for msg in reversed(self._early):          # the next call's, for the next call
             self.node.put_back(msg)
         self._early = []
         raise hang.Disagree(error)
+
+    def _mark_failed(self):
+        """The current call has failed on every worker."""
+        self._failed.add(self.calls)
+        self._last_failed = self.calls
 
     def _stale(self, msg):
         """Whether ``msg`` belongs to a call that failed (a late chunk, a second notice):
@@ -359,7 +366,7 @@ class Ring:
             self.node.passed_barrier(msg.get('group'), msg.get('n'))
         elif msg.get('n') == self.calls + 1:       # the next call failed before it came
             self.calls += 1
-            self._failed.add(self.calls)
+            self._mark_failed()
         else:
             raise hang.Disagree(f'{self.node.id.replace(":", " ")} stops: '
                                 f'{str(msg.get("error"))[:600]}')
@@ -369,7 +376,7 @@ class Ring:
         count it as failed here too (its chunks are dropped when they come)."""
         self.calls += 1
         self.node.counters['ring'] = self.calls
-        self._failed.add(self.calls)
+        self._mark_failed()
         for peer in self.node.peers('worker'):
             if peer != self.node.id:
                 self.node.send(peer, DISAGREE, {'error': error, 'n': self.calls})
