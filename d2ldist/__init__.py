@@ -20,7 +20,8 @@ when a collective, the parameter server or the training API is first used.
 """
 from .collectives.world import (BACKENDS, barrier, cross_rank, cross_size,  # noqa: F401
                                 gloo_built, init, is_initialized, local_rank, local_size,
-                                mpi_built, mpi_enabled, nccl_built, rank, shutdown, size)
+                                mpi_built, mpi_enabled, nccl_built, rank, shutdown, size,
+                                ccl_built, cuda_built, ddl_built)
 from . import cost  # noqa: F401  (pure arithmetic: light)
 from .book import download_chapters  # noqa: F401
 from .report import report  # noqa: F401
@@ -38,6 +39,7 @@ _LAZY = {
         'allreduce_async', 'allgather_async', 'broadcast_async', 'poll', 'synchronize',
         'grouped_allreduce', 'grouped_allreduce_', 'grouped_allreduce_async',
         'grouped_allreduce_async_', 'broadcast_object', 'allgather_object',
+        'grouped_allgather', 'grouped_allgather_async', 'sparse_allreduce_async',
         'reducescatter', 'alltoall', 'Compression', 'join')},
     'SyncBatchNorm': 'collectives.sync_batchnorm',
     'Sum': 'collectives.ops', 'Average': 'collectives.ops',

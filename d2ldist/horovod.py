@@ -13,10 +13,11 @@ broadcasts in ``collectives/distributed_optimizer.py``, rank and size in
 from .collectives.api import (Compression, Handle, allgather, allgather_async,  # noqa: F401
                               allgather_object, allreduce, allreduce_, allreduce_async,
                               allreduce_async_, broadcast, broadcast_, broadcast_async,
-                              broadcast_async_, broadcast_object, grouped_allreduce,
+                              broadcast_async_, broadcast_object, grouped_allgather,
+                              grouped_allgather_async, grouped_allreduce,
                               grouped_allreduce_, grouped_allreduce_async,
                               grouped_allreduce_async_, join, poll, reducescatter,
-                              alltoall, synchronize)
+                              alltoall, sparse_allreduce_async, synchronize)
 from .collectives.distributed_optimizer import (DistributedOptimizer,  # noqa: F401
                                                 broadcast_optimizer_state,
                                                 broadcast_parameters, metric_average)
@@ -25,7 +26,8 @@ from .collectives.ops import Average, Max, Min, Product, Sum  # noqa: F401
 from .collectives.sync_batchnorm import SyncBatchNorm  # noqa: F401
 from .collectives.world import (barrier, cross_rank, cross_size, gloo_built,  # noqa: F401
                                 init, is_initialized, local_rank, local_size, mpi_built,
-                                mpi_enabled, nccl_built, rank, shutdown, size)
+                                mpi_enabled, nccl_built, rank, shutdown, size,
+                                ccl_built, cuda_built, ddl_built)
 
 
 def __getattr__(name):

@@ -15,6 +15,7 @@ communication with computation -- DistributedOptimizer all-reduces gradients whi
 backward goes on -- and all workers still run the collectives in the same order. Each
 is a call of the backend's method (``backend.py``), bound: ``world.run(b.allreduce_, X, op)``.
 """
+import base64
 import json
 
 import torch
@@ -27,8 +28,29 @@ from .ops import Average, Max, Min, Product, Sum  # noqa: F401  (re-exported)
 
 
 # -- the API (Horovod's names and signatures) -----------------------------------------
-# ``name`` is accepted everywhere and not needed: the workers run their collectives in
-# the order they asked for them, and every chunk says which call it belongs to.
+# ``name`` is not needed: the workers run their collectives in the order they asked for
+# them, and every chunk says which call it belongs to. As in Horovod, two operations in
+# flight may not share a name: a name is taken from the call until its handle's wait()
+# (synchronize), and a second call with it is refused, before anything is sent -- on
+# every worker alike, so the workers stay in step.
+_in_flight = {}   # name -> the Handle of the operation that holds it
+
+
+def _check_name(name):
+    """Refuse ``name`` while an operation that holds it has not been waited for."""
+    if name is not None and name in _in_flight:
+        raise ValueError(f'an operation named {name!r} is still in flight: synchronize '
+                         'its handle before using the name again')
+
+
+def _named(name, handle):
+    """``handle``, holding ``name`` until its first wait()."""
+    if name is not None:
+        _in_flight[name] = handle
+        handle.on_wait = lambda: _in_flight.pop(name, None)
+    return handle
+
+
 def _reduction(average, op):
     """Horovod's two ways to name the reduction: ``op=``, or the older ``average=``."""
     if average is not None and op is not None:
@@ -38,13 +60,19 @@ def _reduction(average, op):
     return ops.get(ops.Average if op is None else op)
 
 
+def _scale_(tensor, factor):
+    """tensor *= factor, in place; integers in float64, then cast back (Horovod's)."""
+    if factor == 1.0:
+        return tensor
+    if tensor.is_floating_point():
+        return tensor.mul_(factor)
+    return tensor.copy_(tensor.double() * factor)
+
+
 def _scaled_allreduce_(tensor, op, prescale_factor, postscale_factor):
-    if prescale_factor != 1.0:
-        tensor.mul_(prescale_factor)
+    _scale_(tensor, prescale_factor)
     world.backend().allreduce_(tensor, op)
-    if postscale_factor != 1.0:
-        tensor.mul_(postscale_factor)
-    return tensor
+    return _scale_(tensor, postscale_factor)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -53,12 +81,14 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
     (``compression``, not Horovod's here: what DistributedOptimizer's buckets go through.)"""
     op = _reduction(average, op)
+    _check_name(name)
     if compression not in (None, Compression.none):
-        return world.run(_compressed_allreduce_, tensor, compression, op, prescale_factor,
-                    postscale_factor)
+        return _named(name, world.run(_compressed_allreduce_, tensor, compression, op,
+                                      prescale_factor, postscale_factor))
     if prescale_factor == 1.0 and postscale_factor == 1.0:
-        return world.run(world.backend().allreduce_, tensor, op)
-    return world.run(_scaled_allreduce_, tensor, op, prescale_factor, postscale_factor)
+        return _named(name, world.run(world.backend().allreduce_, tensor, op))
+    return _named(name, world.run(_scaled_allreduce_, tensor, op, prescale_factor,
+                                  postscale_factor))
 
 
 def _compressed_allreduce_(tensor, compression, op, prescale_factor, postscale_factor):
@@ -91,21 +121,23 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None,
         wire, ctx = compression.compress(tensor)
         return compression.decompress(allreduce(wire, op=op, prescale_factor=prescale_factor,
                                                 postscale_factor=postscale_factor), ctx)
+    _check_name(name)
     if tensor.requires_grad and torch.is_grad_enabled():
         return _AllreduceGrad.apply(tensor, op, prescale_factor, postscale_factor)
-    return allreduce_(tensor.detach().clone(), op=op, prescale_factor=prescale_factor,
-                      postscale_factor=postscale_factor)
+    return allreduce_(tensor.detach().clone(), name=name, op=op,
+                      prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None,
                              prescale_factor=1.0, postscale_factor=1.0):
     """Start reducing a list of tensors in place, in one go; one Handle for all."""
     op = _reduction(average, op)
+    _check_name(name)
 
     def reduce_all():
         return [_scaled_allreduce_(t, op, prescale_factor, postscale_factor)
                 for t in tensors]
-    return world.run(reduce_all)
+    return _named(name, world.run(reduce_all))
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -123,7 +155,12 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None,
 
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
                       prescale_factor=1.0, postscale_factor=1.0):
-    """The reductions of a list of tensors, as new tensors (through ``compression``)."""
+    """The reductions of a list of tensors, as new tensors (through ``compression``);
+    differentiable, then one all-reduce per tensor."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        _check_name(name)
+        return [allreduce(t, average, None, compression, op, prescale_factor,
+                          postscale_factor) for t in tensors]
     compression = compression or Compression.none
     wires, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
     summed = grouped_allreduce_async(list(wires), average, name, op, prescale_factor,
@@ -131,67 +168,161 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
     return [compression.decompress(t, ctx) for t, ctx in zip(summed, ctxs)]
 
 
+def sparse_allreduce_async(tensor, name=None, op=Average):
+    """Start reducing a sparse tensor (an ``nn.Embedding(sparse=True)`` gradient): every
+    worker's rows are gathered and added up (Average: divided by the workers);
+    ``synchronize`` gives a sparse tensor. Only the rows travel."""
+    op = ops.get(op)
+    if op not in (ops.Sum, ops.Average) or not _tensor(tensor).is_sparse:
+        raise ValueError('sparse_allreduce_async: a sparse tensor, op Sum or Average')
+    _check_name(name)
+    mine, gather, workers = tensor.detach().coalesce(), world.backend().allgather, \
+        world.backend().size
+
+    def sparse_allreduce():
+        indices = gather(mine.indices().t().contiguous()).t()
+        values = gather(mine.values())
+        if op is ops.Average:
+            values = values / workers
+        return torch.sparse_coo_tensor(indices, values, mine.shape).coalesce()
+    return _named(name, world.run(sparse_allreduce))
+
+
 def broadcast_async_(tensor, root_rank=0, name=None):
     """Start copying worker ``root_rank``'s tensor into ``tensor``; returns a Handle."""
-    return world.run(world.backend().broadcast_, tensor, _check_root(root_rank))
+    root = _check_root(root_rank)
+    _check_name(name)
+    return _named(name, world.run(world.backend().broadcast_, _tensor(tensor), root))
 
 
 def broadcast_(tensor, root_rank=0, name=None):
     """Overwrite ``tensor`` with worker ``root_rank``'s, in place."""
-    return broadcast_async_(tensor, root_rank).wait()
+    return broadcast_async_(tensor, root_rank, name).wait()
 
 
 def broadcast_async(tensor, root_rank=0, name=None):
-    return broadcast_async_(tensor.detach().clone(), root_rank)
+    return broadcast_async_(_tensor(tensor).detach().clone(), root_rank, name)
 
 
 def broadcast(tensor, root_rank=0, name=None):
     """Worker ``root_rank``'s ``tensor``, as a new tensor on every worker (differentiable)."""
-    if tensor.requires_grad and torch.is_grad_enabled():
+    if _tensor(tensor).requires_grad and torch.is_grad_enabled():
+        _check_name(name)
         return _BroadcastGrad.apply(tensor, _check_root(root_rank))
-    return broadcast_(tensor.detach().clone(), root_rank)
+    return broadcast_(tensor.detach().clone(), root_rank, name)
+
+
+def _tensor(x):
+    """``x``, if it is a tensor; else a TypeError in one line (e.g. a ``.grad`` still None)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f'the collectives take a tensor, got {type(x).__name__}')
+    return x
 
 
 def allgather_async(tensor, name=None):
     """Start an allgather; ``synchronize(handle)`` gives its result."""
-    if tensor.dim() == 0:
+    if _tensor(tensor).dim() == 0:
         raise ValueError('allgather needs a tensor with at least one dimension')
-    return world.run(world.backend().allgather, tensor.detach())
+    _check_name(name)
+    return _named(name, world.run(world.backend().allgather, tensor.detach()))
+
+
+def grouped_allgather_async(tensors, name=None):
+    """Start allgathers of a list of tensors, in one go; one Handle for all the results."""
+    for t in tensors:
+        if _tensor(t).dim() == 0:
+            raise ValueError('allgather needs tensors with at least one dimension')
+    _check_name(name)
+    gather = world.backend().allgather
+
+    def grouped_allgather():
+        return [gather(t) for t in tensors]
+    return _named(name, world.run(grouped_allgather))
+
+
+def grouped_allgather(tensors, name=None):
+    """Every worker's tensors, each concatenated along dim 0 in rank order (differentiable)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        _check_name(name)
+        return [allgather(t) for t in tensors]
+    return grouped_allgather_async([t.detach() for t in tensors], name).wait()
 
 
 def allgather(tensor, name=None):
     """Every worker's ``tensor`` concatenated along dim 0 in rank order (dim 0 may differ)."""
-    if tensor.requires_grad and torch.is_grad_enabled():
+    if _tensor(tensor).requires_grad and torch.is_grad_enabled():
+        _check_name(name)
         return _AllgatherGrad.apply(tensor)
-    return allgather_async(tensor).wait()
+    return allgather_async(tensor, name).wait()
 
 
 def broadcast_object(obj, root_rank=0, name=None):
-    """Worker ``root_rank``'s ``obj`` on every worker, sent as JSON, never pickled: dicts
-    with str keys, lists, strings, numbers, bools and None (tuples come back as lists)."""
-    data = _json(obj) if world.backend().rank == _check_root(root_rank) else b''
+    """Worker ``root_rank``'s ``obj`` on every worker, never pickled (``encode_object``):
+    None, bools, ints, floats, str, bytes, lists, tuples and dicts of them, any keys."""
+    data = encode_object(obj) if world.backend().rank == _check_root(root_rank) else b''
     length = broadcast_(torch.tensor([len(data)], dtype=torch.int64), root_rank)
     buffer = torch.zeros(int(length), dtype=torch.uint8)
     if data:
         buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-    return json.loads(bytes(broadcast_(buffer, root_rank).numpy()))
+    return decode_object(bytes(broadcast_(buffer, root_rank).numpy()))
 
 
 def allgather_object(obj, name=None):
-    """Every worker's ``obj`` in rank order, as a list (JSON, as ``broadcast_object``)."""
-    data = _json(obj)
+    """Every worker's ``obj`` in rank order, as a list (encoded as by ``broadcast_object``)."""
+    data = encode_object(obj)
     lengths = allgather(torch.tensor([len(data)], dtype=torch.int64)).tolist()
     everything = allgather(torch.frombuffer(bytearray(data), dtype=torch.uint8)
                            if data else torch.zeros(0, dtype=torch.uint8)).numpy()
     ends = [sum(lengths[:i + 1]) for i in range(len(lengths))]
-    return [json.loads(bytes(everything[end - n:end])) for n, end in zip(lengths, ends)]
+    return [decode_object(bytes(everything[end - n:end])) for n, end in zip(lengths, ends)]
 
 
-def _json(obj):
+# -- objects on the wire: JSON with tags, never pickle --------------------------------
+# None, bools, ints, floats and str are JSON's own; each container is an object with one
+# tag: {"list": [...]}, {"tuple": [...]}, {"bytes": "base64"}, {"dict": [[key, value], ...]}
+# (so keys keep their type: 0 comes back as 0, not '0'). Decoding builds only these types.
+def _tag(obj):
+    """``obj`` as JSON-ready values with tags."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, (list, tuple)):
+        return {type(obj).__name__: [_tag(x) for x in obj]}
+    if isinstance(obj, bytes):
+        return {'bytes': base64.b64encode(obj).decode()}
+    if isinstance(obj, dict):
+        return {'dict': [[_tag(k), _tag(v)] for k, v in obj.items()]}
+    raise TypeError(f'd2ldist sends objects without pickle: None, bool, int, float, str, '
+                    f'bytes, list, tuple and dict only, not {type(obj).__name__}')
+
+
+def _untag(value):
+    """The object ``_tag`` made ``value`` from; ValueError for anything else."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict) and len(value) == 1:
+        (tag, inner), = value.items()
+        if tag in ('list', 'tuple') and isinstance(inner, list):
+            items = [_untag(x) for x in inner]
+            return items if tag == 'list' else tuple(items)
+        if tag == 'bytes' and isinstance(inner, str):
+            return base64.b64decode(inner, validate=True)
+        if tag == 'dict' and isinstance(inner, list) and all(
+                isinstance(p, list) and len(p) == 2 for p in inner):
+            return {_untag(k): _untag(v) for k, v in inner}
+    raise ValueError(f'not an encoded object: {str(value)[:100]}')
+
+
+def encode_object(obj):
+    """``obj`` as bytes (tagged JSON), for ``decode_object`` on another worker."""
+    return json.dumps(_tag(obj), allow_nan=True).encode()
+
+
+def decode_object(data):
+    """The object ``encode_object`` made ``data`` from (nothing is evaluated)."""
     try:
-        return json.dumps(obj, allow_nan=True).encode()
-    except (TypeError, ValueError) as e:
-        raise TypeError(f'd2ldist sends objects as JSON (never pickled): {e}') from None
+        return _untag(json.loads(data))
+    except TypeError as e:               # (a list as a dict key: unhashable)
+        raise ValueError(f'not an encoded object: {e}') from None
 
 
 def reducescatter(tensor, op=None, name=None):

@@ -55,7 +55,7 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
 
     Tensors (momenta, ...) by broadcast; every other setting of each parameter group
     and state -- numbers, bools such as ``nesterov``, None, strings, tuples such as
-    Adam's ``betas`` -- in one JSON object (``broadcast_object``)."""
+    Adam's ``betas`` -- in one object (``broadcast_object``)."""
     if size() == 1:
         return
     if not optimizer.state:   # make the state (momenta, ...) exist on every worker
@@ -71,13 +71,13 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     values = [{k: v for k, v in d.items() if k != 'params' and not torch.is_tensor(v)}
               for d in settings]
     for d, theirs in zip(settings, api.broadcast_object(values, root_rank)):
-        for k, v in theirs.items():
-            d[k] = tuple(v) if isinstance(d.get(k), tuple) else v   # JSON has no tuples
+        d.update(theirs)
 
 
 @torch.no_grad()
 def _initialize_state(optimizer):
-    """One step with zero gradients creates the state; the parameters are restored."""
+    """One step with zero gradients creates the state; the parameters are restored and
+    keep a zero gradient where they had none (as Horovod's: ``.grad`` is a tensor after)."""
     params = [p for g in optimizer.param_groups for p in g['params']
               if p.requires_grad and p.is_floating_point()]   # (integer ones have no grad)
     saved = [(p.clone(), p.grad) for p in params]
@@ -86,12 +86,23 @@ def _initialize_state(optimizer):
     getattr(optimizer, 'optimizer', optimizer).step()
     for p, (value, grad) in zip(params, saved):
         p.copy_(value)
-        p.grad = grad
+        if grad is not None:
+            p.grad = grad
+        else:
+            p.grad.zero_()
 
 
 def _dense(grad):
     """A gradient as a dense tensor (sparse_as_dense: embeddings' sparse gradients)."""
     return grad.to_dense() if grad.is_sparse else grad
+
+
+def _names(params, named):
+    """Each parameter's name (Horovod's ``_parameter_names``): from ``named``, or made
+    up by position when no names were given."""
+    if named is None:
+        return {p: f'allreduce.noname.{i}' for i, p in enumerate(params)}
+    return {p: name for name, p in named}
 
 
 def metric_average(value, name=None):
@@ -105,15 +116,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
     Horovod's keywords: ``backward_passes_per_step`` (accumulate that many backward
     passes locally, then all-reduce once), ``op`` and ``gradient_predivide_factor``
     (divide before the sum, multiply after), ``sparse_as_dense`` (sparse gradients
-    are always made dense here), ``compression`` (``Compression.fp16``: each bucket
-    through 16 bits). ``groups`` / ``num_groups`` are accepted but the buckets are made
+    travel dense here, in their bucket; ``.grad`` stays sparse, holding the rows whose
+    average is not zero, unless ``sparse_as_dense=True``), ``compression``
+    (``Compression.fp16``: each bucket through 16 bits). ``groups`` / ``num_groups`` are accepted but the buckets are made
     by size (``bucket_cap_mb``, like DDP's)."""
 
     def __init__(self, optimizer, named_parameters=None, compression=None,
                  backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                  num_groups=0, groups=None, sparse_as_dense=False,
                  bucket_cap_mb=BUCKET_CAP_MB):
-        self.compression = compression
+        self.compression, self.sparse_as_dense = compression, sparse_as_dense
         if int(backward_passes_per_step) < 1:
             raise ValueError('backward_passes_per_step must be 1 or more')
         self.optimizer, self.op = optimizer, ops.get(op)
@@ -122,8 +134,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._predivide != 1.0 and self.op is not Average:
             raise ValueError('gradient_predivide_factor needs op=Average')
         params = [p for g in optimizer.param_groups for p in g['params']]
-        if named_parameters is not None:   # Horovod's rule: every optimized one is named
-            named = list(named_parameters)
+        named = None if named_parameters is None else list(named_parameters)
+        self._parameter_names = _names(params, named)
+        if named is not None:   # Horovod's rule: every optimized one is named
             names = [name for name, _ in named]
             dups = sorted({n for n in names if names.count(n) > 1})
             if dups:
@@ -188,10 +201,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._slots[i].zero_()
         self._buckets.wait()
         for p, slot in zip(self._params, self._slots):
-            if p.grad is None:
+            if p.grad is None or (p.grad.is_sparse and self.sparse_as_dense):
                 p.grad = slot.clone()
+            elif p.grad.is_sparse:             # (e.g. nn.Embedding(sparse=True)'s)
+                p.grad = slot.to_sparse(p.grad.sparse_dim())
             else:
-                p.grad.copy_(slot.view_as(p.grad) if not p.grad.is_sparse else slot)
+                p.grad.copy_(slot.view_as(p.grad))
         self._synchronized = True
 
     @contextmanager
@@ -211,8 +226,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         faults.computed(computed)
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn('optimizer.step() after optimizer.synchronize() without '
-                              'optimizer.skip_synchronize(): the gradients are not '
+                warnings.warn('optimizer.step() called without optimizer.skip_synchronize() '
+                              'after optimizer.synchronize(): the gradients are not '
                               'averaged again; wrap step() in skip_synchronize()')
             with spans.span('synchronize', 'step'):
                 self.synchronize()

@@ -21,6 +21,7 @@ class Handle:
 
     def __init__(self):
         self._done, self._result, self._error = threading.Event(), None, None
+        self.on_wait = None      # called once, at the first wait() (api.py frees a name)
 
     @classmethod
     def finished(cls, result):
@@ -34,6 +35,9 @@ class Handle:
 
     def wait(self):
         self._done.wait()
+        if self.on_wait is not None:
+            self.on_wait, on_wait = None, self.on_wait
+            on_wait()
         if self._error is not None:
             raise self._error
         return self._result

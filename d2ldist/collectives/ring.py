@@ -50,6 +50,18 @@ def _copy_(acc, x):
     return acc.copy_(x)
 
 
+class Refused(ValueError):
+    """A collective that a worker in join() takes no part in (Horovod refuses it)."""
+
+
+def _drain(msg):
+    """Read off the stream what ``msg`` still has there (the stream's next message waits
+    behind it): a message that is dropped, or that ends in an error."""
+    for frame in msg.frames:
+        if isinstance(frame, stream.Pending) and not frame.read:
+            frame.read_into(bytearray(frame.nbytes))
+
+
 class Ring:
     """Collectives among the workers of a job, between ring neighbours over the van."""
 
@@ -63,6 +75,9 @@ class Ring:
         self.joins = 0        # join() rounds ended (every worker calls join() once a round)
         self.joined = {}      # worker id -> the round in which it called join()
         self._replay = self._root = None
+        self._failed = set()  # calls that failed on every worker: their late chunks go
+        self._last_failed = 0   # the latest of them (every chunk says it)
+        self._early = []      # chunks of the call after a failed one, come before the news
         self._linked, self._out = False, None     # the stream to the right, if any
         self._buffer = torch.empty(0, dtype=torch.uint8)   # a reduced chunk lands here
 
@@ -173,8 +188,9 @@ class Ring:
 
     def _send(self, x, phase, j, k):
         frame = x.view(torch.uint8).numpy()
-        head = {'n': self.calls, 'call': self._call, 'numel': self._numel, 'phase': phase,
-                'seg': j, 'k': k, 'replay': self._replay, 'joins': self.joins}
+        head = {'n': self.calls, 'failed': self._last_failed, 'call': self._call,
+                'numel': self._numel, 'phase': phase, 'seg': j, 'k': k,
+                'replay': self._replay, 'joins': self.joins}
         if self._out is not None:
             self._out.send(RING, head, [frame])
         else:
@@ -200,11 +216,14 @@ class Ring:
             self._note_joined(msg)
             self._check_root()
             return self._recv(phase, j, k, numel)
+        if self._stale(msg) or self._ahead(msg):
+            return self._recv(phase, j, k, numel)
         if msg.kind == DISAGREE:              # another worker saw two different calls
-            raise hang.Disagree(f'{self.node.id.replace(":", " ")} stops: '
-                                f'{str(msg.get("error"))[:600]}')
+            self._fail(f'{self.node.id.replace(":", " ")} stops: '
+                       f'{str(msg.get("error"))[:600]}')
         mine, theirs = self._call, str(msg.get('call'))[:200]
         if msg.sender == self.left and theirs != mine:
+            _drain(msg)
             self._disagree(f'{self.node.id} and {self.left} called different collectives '
                            f'as call {self.calls}: {mine} on {self.node.id}, {theirs} on '
                            f'{self.left}; the workers must call the same collectives in '
@@ -213,6 +232,7 @@ class Ring:
         got = tuple(msg.get(f) for f in ('n', 'numel', 'phase', 'seg', 'k'))
         if msg.sender != self.left or got != want or len(msg.frames) != 1 \
                 or msg.frames[0].nbytes != numel * self._itemsize:
+            _drain(msg)
             self._disagree(
                 f'{self.node.id}: expected chunk (call, numel, phase, segment, chunk) '
                 f'{want} of {mine} from {self.left}, got {got} from {msg.sender}: the '
@@ -225,8 +245,39 @@ class Ring:
         raise: every worker of the job fails with the same message."""
         for peer in self.node.peers('worker'):
             if peer != self.node.id:
-                self.node.send(peer, DISAGREE, {'error': error})
+                self.node.send(peer, DISAGREE, {'error': error, 'n': self.calls})
+        self._fail(error)
+
+    def _fail(self, error):
+        """Raise Disagree for this call, which has failed on every worker: its chunks
+        still on the way are dropped when they come, so the next call starts in step."""
+        self._mark_failed()
+        for msg in reversed(self._early):          # the next call's, for the next call
+            self.node.put_back(msg)
+        self._early = []
         raise hang.Disagree(error)
+
+    def _mark_failed(self):
+        """The current call has failed on every worker."""
+        self._failed.add(self.calls)
+        self._last_failed = self.calls
+
+    def _stale(self, msg):
+        """Whether ``msg`` belongs to a call that failed (a late chunk, a second notice):
+        then it is dropped, its frame read off the stream."""
+        if msg.kind not in (RING, DISAGREE) or msg.get('n') not in self._failed:
+            return False
+        _drain(msg)
+        return True
+
+    def _ahead(self, msg):
+        """Whether ``msg`` is the left neighbour's next call, sent after this call failed
+        there (the notice of the failure is on its way): kept for the next call."""
+        if msg.kind != RING or msg.sender != self.left or msg.get('failed') != self.calls \
+                or not isinstance(msg.get('n'), int) or msg.get('n') <= self.calls:
+            return False
+        self._early.append(msg)
+        return True
 
     def _begin(self, flat, segs, call, replay=None):
         """Start a collective on ``flat`` cut into ``segs``; returns segs."""
@@ -288,6 +339,8 @@ class Ring:
                 for chunk in reversed(later):      # for this worker's next collective
                     self.node.put_back(chunk)
                 return self._all_joined(msg)
+            if self._stale(msg):
+                continue
             if msg.kind == RING and msg.get('joins') != self.joins:
                 later.append(msg)
             else:
@@ -299,6 +352,11 @@ class Ring:
             self.node.put_back(msg)                # (the collective itself reads it)
             try:
                 take_part(msg.get('replay'))
+            except Refused as e:
+                self._refuse(f'{self.node.id} has called join() (it is out of data): '
+                             f'{str(msg.get("call"))[:200]} refused: {e}')
+            except hang.Disagree:      # the call failed on every worker: wait on in join()
+                pass
             except ValueError as e:
                 self._disagree(f'{self.node.id} in join() cannot take part in '
                                f'{str(msg.get("call"))[:200]}: {e}')
@@ -306,9 +364,22 @@ class Ring:
             self._note_joined(msg)
         elif msg.kind == protocol.BARRIER_DONE:    # the scheduler counted this one there
             self.node.passed_barrier(msg.get('group'), msg.get('n'))
+        elif msg.get('n') == self.calls + 1:       # the next call failed before it came
+            self.calls += 1
+            self._mark_failed()
         else:
             raise hang.Disagree(f'{self.node.id.replace(":", " ")} stops: '
                                 f'{str(msg.get("error"))[:600]}')
+
+    def _refuse(self, error):
+        """In join(): make the collective that has begun fail on every other worker, and
+        count it as failed here too (its chunks are dropped when they come)."""
+        self.calls += 1
+        self.node.counters['ring'] = self.calls
+        self._mark_failed()
+        for peer in self.node.peers('worker'):
+            if peer != self.node.id:
+                self.node.send(peer, DISAGREE, {'error': error, 'n': self.calls})
 
     def _all_joined(self, msg):
         """The scheduler's word that every worker has joined: the last one's rank."""

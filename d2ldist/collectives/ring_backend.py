@@ -15,6 +15,7 @@ from ..runtime.split import even_slices
 from ..runtime.staging import staged
 from ..runtime.wire import DTYPES, dtype_name
 from . import ops
+from .ring import Refused
 
 
 def _call(name, tensor, detail):
@@ -51,6 +52,9 @@ def stand_in(replay, size):
         return method, torch.zeros(shape, dtype=dtype), (root,)
     op = ops.get(what.get('op'))
     return method, torch.full(shape, ops.identity(op, dtype), dtype=dtype), (op,)
+
+
+REFUSED = ('broadcast_', 'allgather')   # what a worker in join() makes fail (Horovod's)
 
 
 # -- d2ldist's own backend -------------------------------------------------------------
@@ -133,14 +137,16 @@ class RingBackend:
         """hvd.join() on the ring: until every worker has joined, this one gives the
         op's identity to the others' all-reduces and reduce-scatters (zeros for Sum and
         Average, as Horovod's joined ranks; Average still divides by all workers, as
-        Horovod's), passes their broadcasts on (one from a worker in join() fails: it has
-        no data), and gives no rows to an allgather (it has none; the others get theirs --
-        Horovod refuses an allgather then); a barrier counts it as there. Alone: 0."""
+        Horovod's); their broadcasts and allgathers fail on every worker, as Horovod's
+        (this one has no data: ``REFUSED``), and it waits on; a barrier counts it as
+        there. Alone: 0."""
         return 0 if self.ring is None else self.ring.join(self._take_part)
 
     def _take_part(self, replay):
         """Take part, with nothing of our own, in the collective ``replay`` describes."""
         method, tensor, args = stand_in(replay, self.size)
+        if method in REFUSED:
+            raise Refused(f'no {method.strip("_")} while a worker is in join(), as Horovod')
         collective = {'allreduce_': self.allreduce_, 'reducescatter': self.reducescatter,
                       'broadcast_': self.broadcast_, 'allgather': self.allgather}[method]
         collective(tensor, *args)

@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from .. import config
 from ..runtime import started
+from ..runtime.hang import Disagree
 from ..runtime.split import even_slices
 from ..runtime.staging import staged
 from ..runtime.wire import DTYPES, dtype_name
@@ -166,6 +167,27 @@ def _heard(code, size):
     return method, (tensor, *args)
 
 
+def _disagreement(call, heard, low):
+    """What the workers still training disagree on, from the max (``heard``) and min
+    (``low``) of their codes; None if they agree (the rows of an allgather may differ)."""
+    fields = [('collective', CALL), ('dtype', DTYPE), ('op', OP), ('root', ROOT),
+              ('row size', ROW)] + ([] if call == 'allgather' else [('rows', ROWS)])
+    names = {CALL: lambda i: CALLS[i - 1], DTYPE: lambda i: _DTYPES[i], OP: lambda i: _OPS[i].name}
+    for what, i in fields:
+        if heard[i] != low[i]:
+            show = names.get(i, str)
+            return f'{what}: {show(low[i])} on one worker, {show(heard[i])} on another'
+    return None
+
+
+def _refuse_if_joined(what, heard):
+    """Horovod's rule: no broadcast or allgather while a worker is in join()."""
+    joined = [i for i, j in enumerate((heard or [])[JOINED:]) if j]
+    if joined:
+        raise RuntimeError(f'{what}: worker {joined[0]} has called join() (it is out of '
+                           f'data): no {what} while a worker is in join(), as Horovod')
+
+
 class TorchBackend:
     """The collectives on torch.distributed (gloo on CPU, NCCL on a GPU per worker).
 
@@ -209,13 +231,14 @@ class TorchBackend:
 
     def broadcast_(self, tensor, root):
         heard = self._say('broadcast_', tensor, root=root)
-        if heard is not None and heard[JOINED + root]:      # (a host sync: broadcasts only)
+        if heard is not None and heard[JOINED + root]:
             raise RuntimeError(f'broadcast from worker {root}, which has called join() '
                                '(it is out of data): broadcast from a worker still training')
+        _refuse_if_joined('broadcast', heard)
         return self._broadcast_(tensor, root)
 
     def allgather(self, tensor):
-        self._say('allgather', tensor)
+        _refuse_if_joined('allgather', self._say('allgather', tensor))
         return self._allgather(tensor)
 
     def reducescatter(self, tensor, op):
@@ -227,18 +250,26 @@ class TorchBackend:
         self._barrier()
 
     def _say(self, call, tensor=None, **args):
-        """Tell workers in join() which collective comes (if joinable); for a broadcast,
-        what all said (has its root joined? a wait for the result, so broadcasts only)."""
+        """Tell workers in join() which collective comes (if joinable), refusing it on
+        every worker if they disagree; what all said (max), or None."""
         if not self.joinable or self.size == 1:
             return None
-        heard = self._tell(_said(call, self.size, tensor, **args))
-        return heard.tolist() if call == 'broadcast_' else None
+        heard, low = self._tell(_said(call, self.size, tensor, **args))
+        differ = _disagreement(call, heard, low)
+        if differ:            # all workers see it: all refuse the call, and go on in step
+            raise Disagree(f'{call.strip("_")}: the workers called different collectives '
+                           f'({differ}); they must call the same collectives in the same '
+                           'order on tensors of the same shape and dtype')
+        return heard
 
     def _tell(self, code):
-        """All-reduce (max) the integers of every worker's ``code``."""
-        X = torch.tensor(code, dtype=torch.int64, device=self.device)
+        """All-reduce the integers of every worker's ``code``: (their max, their min over
+        the workers still training), as lists; one all-reduce (max) of code and -code."""
+        low = [-c for c in code] if code[ACTIVE] else [-(1 << 62)] * len(code)
+        X = torch.tensor(code + low, dtype=torch.int64, device=self.device)
         dist.all_reduce(X, dist.ReduceOp.MAX)
-        return X
+        X = X.tolist()
+        return X[:len(code)], [-x for x in X[len(code):]]
 
     def _allreduce_(self, tensor, op):
         with staged(tensor, self.device, self._wider(tensor.dtype)) as X:
@@ -307,7 +338,7 @@ class TorchBackend:
         code[FIRST], code[JOINED + self.rank] = self.rank + 1, 1   # (FIRST: only once)
         while True:
             try:
-                heard = self._tell(code).tolist()
+                heard, low = self._tell(code)
             except RuntimeError as e:      # (gloo: 'Connection closed by peer ...')
                 raise RuntimeError('join(): a worker stopped while this one waited in it: '
                                    'every worker must call hvd.join() (torch.distributed: '
@@ -316,5 +347,7 @@ class TorchBackend:
                 return heard[FIRST] - 1
             code[FIRST] = 0
             call, args = _heard(heard, self.size)
-            if call != 'broadcast_' or not heard[JOINED + args[1]]:   # (root joined: none)
+            if _disagreement(call, heard, low):    # the others refuse it: so does this one
+                continue
+            if call not in ('broadcast_', 'allgather'):   # (those fail on the others)
                 getattr(self, '_' + call)(*args)

@@ -159,9 +159,36 @@ def shutdown():
 
 
 def nccl_built():
-    """Whether torch.distributed can use NCCL here (backend 'torch' on GPUs)."""
+    """NCCL's version code, as Horovod's (2.18.3: 21803), where torch.distributed has NCCL
+    and a GPU is usable (backend 'torch' on GPUs); else 0."""
+    import torch
     import torch.distributed as dist
-    return dist.is_available() and dist.is_nccl_available()
+    if not (dist.is_available() and dist.is_nccl_available() and cuda_built()):
+        return 0
+    return nccl_code(torch.cuda.nccl.version())
+
+
+def nccl_code(version):
+    """NCCL's NCCL_VERSION_CODE for (major, minor, patch): before 2.9 1000/100/1, then
+    10000/100/1 (2.8.4: 2804, 2.18.3: 21803)."""
+    major, minor, patch = version[:3]
+    return major * (1000 if major <= 2 and minor <= 8 else 10000) + minor * 100 + patch
+
+
+def cuda_built():
+    """Whether torch has CUDA and a GPU is usable here (Horovod: built with CUDA)."""
+    import torch
+    return torch.version.cuda is not None and torch.cuda.is_available()
+
+
+def ccl_built():
+    """d2ldist does not use oneCCL (False, as Horovod built without it)."""
+    return False
+
+
+def ddl_built():
+    """d2ldist does not use IBM's DDL (False, as Horovod built without it)."""
+    return False
 
 
 def gloo_built():

@@ -72,3 +72,23 @@ def test_a_horovod_script_runs_unchanged_on_every_backend():
     assert len(outputs[0]) == 3 and outputs[0] == outputs[1] == outputs[2], outputs
     accuracy = float(outputs[0][-1].rsplit(' ', 1)[1])
     assert accuracy > 0.8, outputs[0]
+
+
+SEMANTICS = ROOT / 'tests' / 'jobs' / 'horovod_semantics.py'
+
+
+@pytest.mark.parametrize('workers,backend,module,env', [
+    (2, 'ring', 'd2ldist', ()), (2, 'ring', 'd2ldist.horovod', ()),
+    (3, 'ring', 'd2ldist', ()), (3, 'ring', 'd2ldist.horovod', ('D2L_SHM=0',)),
+    (2, 'torch', 'd2ldist.horovod', ())])
+def test_horovod_semantics_of_issue_33(workers, backend, module, env):
+    """Refused calls leave the workers in step; integer scaling; duplicate names; objects
+    with their types; broadcast after broadcast_optimizer_state; _parameter_names and the
+    step warning; nccl_built & co. (tests/jobs/horovod_semantics.py: which of Horovod's
+    tests each part covers). D2L_SHM=0: the ring's chunks on its TCP streams."""
+    extra = [a for e in env for a in ('--env', e)]
+    r = run_launch('-n', workers, '-s', 0, '--timeout', 150, '--env', f'D2L_BACKEND={backend}',
+                   *extra, sys.executable, SEMANTICS, module, timeout=200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert len(re.findall(rf'worker \d of {workers}: ok', r.stdout)) == workers, r.stdout[-3000:]
+    assert wait_no_survivors(r.tag) == []

@@ -117,9 +117,9 @@ def test_the_scheduler_tells_joined_workers_when_one_ends_without_join():
 
 
 def test_on_torch_only_the_horovod_apis_backend_says_each_call_first(monkeypatch):
-    """The price of join() on torch.distributed: one all-reduce of size + 8 integers
-    before each collective of the Horovod API's backend; the Trainer's 'torch' store
-    (not joinable) sends only its own."""
+    """The price of join() on torch.distributed: one all-reduce of size + 8 integers and
+    their negation (the min: calls that disagree are refused) before each collective of
+    the Horovod API's backend; the Trainer's 'torch' store (not joinable) sends only its own."""
     from types import SimpleNamespace
     import torch.distributed as dist
     from d2ldist.collectives import torch_backend
@@ -133,4 +133,4 @@ def test_on_torch_only_the_horovod_apis_backend_says_each_call_first(monkeypatch
         b.joinable, b.rank, b.size, b.device = joinable, 0, 3, torch.device('cpu')
         sent.clear()
         b.allreduce_(torch.ones(5), ops.Sum)
-        assert sent == [(11, dist.ReduceOp.MAX)] * joinable + [(5, dist.ReduceOp.SUM)]
+        assert sent == [(22, dist.ReduceOp.MAX)] * joinable + [(5, dist.ReduceOp.SUM)]

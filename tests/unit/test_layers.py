@@ -225,7 +225,9 @@ HOROVOD_MORE = [
     'grouped_allreduce', 'grouped_allreduce_', 'grouped_allreduce_async',
     'grouped_allreduce_async_', 'broadcast_object', 'allgather_object', 'is_initialized',
     'shutdown', 'nccl_built', 'gloo_built', 'mpi_built', 'mpi_enabled', 'cross_rank',
-    'cross_size', 'reducescatter', 'alltoall', 'SyncBatchNorm', 'Compression', 'join']
+    'cross_size', 'reducescatter', 'alltoall', 'SyncBatchNorm', 'Compression', 'join',
+    'ccl_built', 'cuda_built', 'ddl_built', 'grouped_allgather', 'grouped_allgather_async',
+    'sparse_allreduce_async']
 
 # Every name the README, the chapters and the examples use.
 PUBLIC = {
