@@ -19,13 +19,17 @@ detector, ``runtime/hang.py``, cannot see inside gloo or NCCL):
   ranks' calls (operation, shapes, dtypes) and fails naming both ranks and their calls
   ('Detected mismatch between collectives on ranks. Rank 1 is running collective:
   ... TensorShape=[4] ..., but Rank 0 is running collective: ... TensorShape=[2]'),
-  at the price of one more small collective per call;
+  at the price of one more small collective per call. The Horovod API's calls compare
+  themselves first (below), and every worker refuses a call that disagrees with d2ldist's
+  one line; torch's check is then for the Trainer's 'torch' store;
 * ``--hang-warn``: no warning; torch.distributed has none to give.
 
 ``hvd.join()`` (a worker out of data) on torch.distributed: the backend of the Horovod
 API (``joinable``) begins each collective by all-reducing (max) a few integers that say
 what it is (``_said``); a worker in join() contributes zeros there, learns the call from
 the result and takes part with the ring's stand-in (zeros, the op's identity, no rows).
+With ``--hang-fail`` on gloo that all-reduce is preceded by the monitored barrier, which
+every worker (joined or not) enters, so a late worker is named there too.
 It costs one small all-reduce more per collective; the Trainer's 'torch' store, which
 has no join(), makes its backend without it.
 """
@@ -266,6 +270,8 @@ class TorchBackend:
         """All-reduce the integers of every worker's ``code``: (their max, their min over
         the workers still training), as lists; one all-reduce (max) of code and -code."""
         low = [-c for c in code] if code[ACTIVE] else [-(1 << 62)] * len(code)
+        if config.get().hang_fail and dist.get_backend() == 'gloo':
+            self._barrier()   # (every worker, joined or not, comes here: a late one is named)
         X = torch.tensor(code + low, dtype=torch.int64, device=self.device)
         dist.all_reduce(X, dist.ReduceOp.MAX)
         X = X.tolist()

@@ -8,6 +8,10 @@
 Worker r contributes (r + 1) * [0, 1, 2, ...]; with N workers the sum is
 N(N + 1)/2 * [0, 1, 2, ...], exact in float32 at these sizes. A big key (over the
 big-array bound) is split over all servers; a small one lives on one.
+
+Each line is one write (``say``): under torchrun or mpirun the workers share one pipe,
+and with PYTHONUNBUFFERED print's text and its newline are two writes, which another
+worker's line can come between.
 """
 import sys
 
@@ -16,6 +20,14 @@ import torch
 import d2ldist
 
 BIG = 1_000_003
+
+
+def say(line):
+    """Print ``line`` in one write (it cannot be cut by another worker's)."""
+    sys.stdout.write(line + '\n')
+    sys.stdout.flush()
+
+
 what = sys.argv[1]
 device = torch.device(sys.argv[2] if len(sys.argv) > 2 else 'cpu')
 if what == 'kv':
@@ -33,9 +45,7 @@ else:
                              op=d2ldist.Sum)]
     want = [torch.arange(float(BIG)) * n * (n + 1) / 2]
     if d2ldist.collectives.world.name() == 'torch':
-        print(f'worker {rank}: torch.distributed on {torch.distributed.get_backend()}',
-              flush=True)
+        say(f'worker {rank}: torch.distributed on {torch.distributed.get_backend()}')
 ok = all(o.device.type == device.type and torch.equal(o.cpu(), w) for o, w in zip(out, want))
-print(f'worker {rank} of {n}: {what} sum on {device.type} {"exact" if ok else "WRONG"}',
-      flush=True)
+say(f'worker {rank} of {n}: {what} sum on {device.type} {"exact" if ok else "WRONG"}')
 sys.exit(0 if ok else 1)
