@@ -164,8 +164,11 @@ def test_a_full_disk_warns_once_per_write_and_training_goes_on(small_disk):
 def test_a_restarted_job_ends_as_if_nothing_had_failed(tmp_path, fail):
     """A worker, a server (each at a chosen step) or the scheduler (at a time) killed; the
     launcher starts the job again and it resumes: the same final weights, nothing left."""
+    # The scheduler's fault comes at a time, and with a thread each the job may end within
+    # 4 s: a worker slower by 100 ms a step (in attempt 0 only, as --fail) outlasts it.
+    slow = ['--slow', 'worker:0=+100ms'] if fail.startswith('scheduler') else []
     r = run_launch('-n', 2, '-s', 2, '--max-restarts', 1, '--checkpoint-dir', tmp_path,
-                   '--checkpoint-every', 10, '--fail', fail, '--timeout', 150,
+                   '--checkpoint-every', 10, '--fail', fail, *slow, '--timeout', 150,
                    sys.executable, JOB, 'dist_sync', EPOCHS, timeout=240)
     assert wait_no_survivors(r.tag) == []
     out = r.stdout + r.stderr
