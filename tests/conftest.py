@@ -85,17 +85,12 @@ def start_launch(*args, tag=None, env=None, cwd=ROOT, preexec_fn=None):
     return p
 
 
-def run_torchrun(script, *args, workers=2, env=None, cwd=ROOT, timeout=180):
-    """torchrun --standalone script args, without the launcher's D2L_* variables (but
-    ``env``'s); the CompletedProcess. Its workers go with it, even on failure."""
-    torchrun = Path(sys.executable).with_name('torchrun')
-    need(torchrun.exists(), 'torchrun (installed with torch)')
-    full_env = dict({k: v for k, v in os.environ.items() if not k.startswith('D2L_')},
-                    PYTHONPATH=str(ROOT), **(env or {}))
-    p = subprocess.Popen([str(torchrun), '--standalone', f'--nproc_per_node={workers}',
-                          str(script), *map(str, args)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=full_env, cwd=cwd, start_new_session=True)
+def run_group(argv, env, cwd, timeout):
+    """Run argv in a process group of its own to the end; the CompletedProcess (text).
+    Whatever happens, the whole group is killed at the end."""
+    p = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                         start_new_session=True)
     try:
         out, err = p.communicate(timeout=timeout)
     finally:
@@ -104,6 +99,30 @@ def run_torchrun(script, *args, workers=2, env=None, cwd=ROOT, timeout=180):
         except ProcessLookupError:
             pass
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def kill_leftovers(hosts):
+    """After a test on namespace hosts: kill what is left on them, then fail naming it
+    (killed first, so that one failure does not fail the next test)."""
+    left = hosts.wait_no_leftovers(15)
+    for pids in left.values():
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert not left, f'processes left on the hosts: {left}'
+
+
+def run_torchrun(script, *args, workers=2, env=None, cwd=ROOT, timeout=180):
+    """torchrun --standalone script args, without the launcher's D2L_* variables (but
+    ``env``'s); the CompletedProcess. Its workers go with it, even on failure."""
+    torchrun = Path(sys.executable).with_name('torchrun')
+    need(torchrun.exists(), 'torchrun (installed with torch)')
+    full_env = dict({k: v for k, v in os.environ.items() if not k.startswith('D2L_')},
+                    PYTHONPATH=str(ROOT), **(env or {}))
+    return run_group([torchrun, '--standalone', f'--nproc_per_node={workers}', script, *args],
+                     env=full_env, cwd=cwd, timeout=timeout)
 
 
 def run_mpirun(*argv, workers=2, options=(), netns=None, env=None, cwd=ROOT, timeout=180):
@@ -119,19 +138,9 @@ def run_mpirun(*argv, workers=2, options=(), netns=None, env=None, cwd=ROOT, tim
                     PYTHONPATH=str(ROOT), D2L_TEST_TAG=tag, **(env or {}))
     root = ['--allow-run-as-root'] if os.geteuid() == 0 else []
     where = ['ip', 'netns', 'exec', netns] if netns else []
-    p = subprocess.Popen([*where, 'mpirun', '-np', str(workers), *root, '--oversubscribe',
-                          '-x', 'D2L_TEST_TAG', '-x', 'PYTHONPATH', *map(str, options),
-                          *map(str, argv)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=full_env, cwd=cwd, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    r = run_group([*where, 'mpirun', '-np', workers, *root, '--oversubscribe', '-x',
+                   'D2L_TEST_TAG', '-x', 'PYTHONPATH', *options, *argv],
+                  env=full_env, cwd=cwd, timeout=timeout)
     r.tag = tag
     return r
 

@@ -7,14 +7,12 @@ never running as a job of one. On this host, and across two hosts (network names
 with sshd, as the ssh tests have them) where mpirun starts the processes over ssh.
 Nothing of the job is left afterwards (its tag, and every host's process table).
 """
-import os
 import re
-import signal
 import sys
 
 import pytest
 
-from conftest import ROOT, hosts_for_tests, run_mpirun, wait_no_survivors
+from conftest import ROOT, hosts_for_tests, kill_leftovers, run_mpirun, wait_no_survivors
 from d2ldist.runtime.started import free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -92,14 +90,7 @@ def across(hosts):
                 '--mca', 'oob_tcp_if_include', f'{hosts.subnet}.0/24',
                 *[x for name, value in env for x in ('-x', f'{name}={value}')]])
     yield run
-    left = hosts.wait_no_leftovers(15)
-    for pids in left.values():
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    assert not left, f'processes left on the hosts: {left}'
+    kill_leftovers(hosts)
 
 
 def test_mpirun_across_two_hosts_meets_at_master_addr(hosts, across):

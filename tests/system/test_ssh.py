@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, hosts_for_tests, launch_argv, new_tag, tagged_pids, \
+from conftest import ROOT, hosts_for_tests, kill_leftovers, launch_argv, new_tag, tagged_pids, \
     wait_no_survivors
 from d2ldist.testing.netns_hosts import LAUNCHER_NS, UNREACHABLE, netns_pids
 
@@ -43,14 +43,7 @@ def hosts():
 def clean(hosts):
     """Every test must leave no process on any host, whatever happened."""
     yield hosts
-    left = hosts.wait_no_leftovers(15)
-    for pids in left.values():            # so that one failure does not fail the next test
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    assert not left, f'processes left on the hosts: {left}'
+    kill_leftovers(hosts)
 
 
 def ssh_argv(hosts, *args, tag, config=None):
