@@ -311,7 +311,8 @@ def report_in_one_line():
 
     def hook(kind, value, tb):
         if issubclass(kind, ONE_LINE):
-            print(f'd2ldist: {value}', file=sys.stderr, flush=True)
+            sys.stderr.write(f'd2ldist: {value}\n')   # one write: processes started
+            sys.stderr.flush()                        # by mpirun may share the pipe
         else:
             previous(kind, value, tb)
     sys.excepthook = hook
