@@ -243,10 +243,18 @@ class Ring:
     def _disagree(self, error):
         """Tell every other worker (each may be waiting for a chunk that never comes), then
         raise: every worker of the job fails with the same message."""
-        for peer in self.node.peers('worker'):
-            if peer != self.node.id:
-                self.node.send(peer, DISAGREE, {'error': error, 'n': self.calls})
+        self._tell_all(DISAGREE, {'error': error, 'n': self.calls})
         self._fail(error)
+
+    def _tell_all(self, kind, head):
+        """Send a notice to every other worker. To the right neighbour it goes the way the
+        chunks go (on the stream, if there is one), so that it never overtakes a chunk
+        sent before it, nor is overtaken by one sent after."""
+        for peer in self.node.peers('worker'):
+            if peer == self.right and self._out is not None:
+                self._out.send(kind, head, [])
+            elif peer != self.node.id:
+                self.node.send(peer, kind, head)
 
     def _fail(self, error):
         """Raise Disagree for this call, which has failed on every worker: its chunks
@@ -271,10 +279,12 @@ class Ring:
         return True
 
     def _ahead(self, msg):
-        """Whether ``msg`` is the left neighbour's next call, sent after this call failed
-        there (the notice of the failure is on its way): kept for the next call."""
-        if msg.kind != RING or msg.sender != self.left or msg.get('failed') != self.calls \
-                or not isinstance(msg.get('n'), int) or msg.get('n') <= self.calls:
+        """Whether ``msg`` is one of the left neighbour's next calls, sent after this call
+        (and maybe the next ones) failed there -- it says the latest call that failed -- while
+        the notice of the failure is still on its way: kept for the next call."""
+        n, failed = msg.get('n'), msg.get('failed')
+        if msg.kind != RING or msg.sender != self.left or not isinstance(n, int) \
+                or not isinstance(failed, int) or failed < self.calls or n <= self.calls:
             return False
         self._early.append(msg)
         return True
@@ -324,10 +334,8 @@ class Ring:
         if not self._linked:
             self._open_links(hang.Wait('in join(), opening the ring',
                                        [('scheduler', {'counter': 'ring', 'n': 1})]))
-        for peer in self.node.peers('worker'):
-            if peer != self.node.id:
-                self.node.send(peer, JOINED, {'round': self.joins + 1})
-        self.node.send('scheduler', protocol.JOIN)
+        self._tell_all(JOINED, {'round': self.joins + 1})
+        self.node.send('scheduler', protocol.JOIN, {'calls': self.calls})
         later = []          # chunks from a worker that has left join() (the news is slower)
         while True:         # (waiting here is no hang: the heartbeats say where it is)
             self.node.doing = ("in join(), taking part in the others' collectives",
@@ -377,15 +385,22 @@ class Ring:
         self.calls += 1
         self.node.counters['ring'] = self.calls
         self._mark_failed()
-        for peer in self.node.peers('worker'):
-            if peer != self.node.id:
-                self.node.send(peer, DISAGREE, {'error': error, 'n': self.calls})
+        self._tell_all(DISAGREE, {'error': error, 'n': self.calls})
 
     def _all_joined(self, msg):
-        """The scheduler's word that every worker has joined: the last one's rank."""
+        """The scheduler's word that every worker has joined: the last one's rank. It also
+        says how many collectives the last one counted; any this worker has not seen
+        failed (a worker in join() takes part in every one that does not), and their
+        notices may still be on the way: count them failed now, so that the next call
+        has the same number on every worker and the late notices are dropped."""
         self.joins += 1
         if msg.get('error') or not isinstance(msg.get('last'), int):
             raise RuntimeError(f'join(): {str(msg.get("error"))[:600]}')
+        calls = msg.get('calls')
+        while isinstance(calls, int) and self.calls < calls:
+            self.calls += 1
+            self._mark_failed()
+        self.node.counters['ring'] = self.calls
         return msg.get('last')
 
     def _note_joined(self, msg):

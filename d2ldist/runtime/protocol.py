@@ -17,5 +17,5 @@ WHO = 'who'                    # node -> scheduler or server: {id, question}: wh
 WHO_ANSWER = 'who_answer'      # the answer: {id, missing: [[node, what it is doing]]}
 BARRIER_DISAGREE = 'barrier_disagree'  # scheduler -> nodes: {error}: two different barriers
 CLOCK = 'clock'                # node -> scheduler: {id}; the answer: {id, time} (spans.py)
-JOIN = 'join'                  # worker -> scheduler: it called hvd.join() (out of data)
-JOIN_DONE = 'join_done'        # scheduler -> workers: {last} (all have joined) or {error}
+JOIN = 'join'                  # worker -> scheduler: {calls}: it called hvd.join() (out of data)
+JOIN_DONE = 'join_done'        # scheduler -> workers: {last, calls} (all have joined) or {error}

@@ -40,6 +40,7 @@ class Scheduler:
         self.doing = {}          # node id -> its last heartbeat: what it waits for, counters
         self.failed = set()      # nodes announced as failed
         self.joined = []         # workers in hvd.join(), in the order they called it
+        self.join_calls = 0      # the most ring collectives a worker in join() had counted
 
     def members(self, group):
         return [n for n in self.nodes if group == 'all' or n.startswith(group + ':')]
@@ -75,7 +76,7 @@ class Scheduler:
         elif msg.kind == protocol.FAILED and msg.sender in self.nodes:
             self.fail(msg.sender, str(msg.get('reason', 'failed'))[:200])
         elif msg.kind == protocol.JOIN and msg.sender in self.members('worker'):
-            self.join(msg.sender)
+            self.join(msg.sender, msg.get('calls'))
         elif msg.kind == protocol.GOODBYE and msg.sender in self.nodes:
             self.finished.add(msg.sender)
             self.end_join()
@@ -134,11 +135,14 @@ class Scheduler:
                 self.van.send(member, protocol.BARRIER_DONE, {'group': group, 'n': n})
             del self.barriers[(group, n)]
 
-    def join(self, worker):
+    def join(self, worker, calls=None):
         """A worker called hvd.join(): it counts as there at barriers (it takes part in
-        the others' collectives); once all have joined, each learns who came last."""
+        the others' collectives); once all have joined, each learns who came last, and
+        how many collectives the last one had counted (``calls``)."""
         if worker not in self.joined:
             self.joined.append(worker)
+        if isinstance(calls, int) and not isinstance(calls, bool) and 0 <= calls < 2 ** 62:
+            self.join_calls = max(self.join_calls, calls)
         for (group, n), arrived in list(self.barriers.items()):   # the ones it held up
             if group != 'server':
                 self.barrier(worker, group, n, next(iter(arrived.values())))
@@ -158,7 +162,8 @@ class Scheduler:
         elif self.joined and set(self.joined) >= set(workers):
             last = int(self.joined[-1].split(':')[1])
             for worker in workers:
-                self.van.send(worker, protocol.JOIN_DONE, {'last': last})
+                self.van.send(worker, protocol.JOIN_DONE, {'last': last,
+                                                           'calls': self.join_calls})
         else:
             return
         self.joined = []

@@ -95,17 +95,29 @@ def test_on_torch_a_joined_worker_learns_each_call_from_the_max_of_what_all_say(
 def test_the_scheduler_counts_joined_workers_at_barriers_and_names_the_last():
     s = scheduler()
     s.handle(message(protocol.BARRIER, 'worker:2', group='worker', n=4, what='barrier()'))
-    s.handle(message(protocol.JOIN, 'worker:1'))
+    s.handle(message(protocol.JOIN, 'worker:1', calls=3))
     s.handle(message(protocol.BARRIER, 'worker:0', group='worker', n=4, what='barrier()'))
     assert [p for p, kind, _ in s.van.sent if kind == protocol.BARRIER_DONE] == \
         ['worker:0', 'worker:1', 'worker:2']
     s.van.sent.clear()
-    s.handle(message(protocol.JOIN, 'worker:0'))
+    s.handle(message(protocol.JOIN, 'worker:0', calls='9'))        # (not a count: ignored)
     s.handle(message(protocol.BARRIER, 'worker:2', group='worker', n=5, what='barrier()'))
     assert [h['n'] for _, kind, h in s.van.sent if kind == protocol.BARRIER_DONE] == [5] * 3
-    s.handle(message(protocol.JOIN, 'worker:2'))
+    s.handle(message(protocol.JOIN, 'worker:2', calls=7))
     done = [(p, h) for p, kind, h in s.van.sent if kind == protocol.JOIN_DONE]
-    assert done == [(f'worker:{r}', {'last': 2}) for r in range(3)] and s.joined == []
+    assert done == [(f'worker:{r}', {'last': 2, 'calls': 7}) for r in range(3)]
+    assert s.joined == []
+
+
+def test_after_join_calls_a_worker_never_saw_count_as_failed():
+    """Refused while it was in join(): their notices may come after the scheduler's word
+    (another path); the next call has the same number everywhere, the notices are dropped."""
+    ring = Ring(SimpleNamespace(rank=1, num_workers=3, counters={}), chunk_bytes=8)
+    ring.calls, ring._failed = 5, {2}
+    assert ring._all_joined(message(protocol.JOIN_DONE, 'scheduler', last=0, calls=8)) == 0
+    assert (ring.calls, ring._failed, ring.joins) == (8, {2, 6, 7, 8}, 1)
+    assert ring._stale(message('ring_disagree', 'worker:0', n=7, error='refused'))
+    assert not ring._stale(message('ring_disagree', 'worker:0', n=9, error='refused'))
 
 
 def test_the_scheduler_tells_joined_workers_when_one_ends_without_join():
