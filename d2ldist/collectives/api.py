@@ -376,11 +376,6 @@ def synchronize(handle):
     return handle.wait()
 
 
-def barrier():
-    """Wait until every worker has reached this point (behind the collectives asked for)."""
-    world.run(world.backend().barrier).wait()
-
-
 def join(device=-1):
     """This worker is out of data (Horovod's join): until every worker has called join(),
     it takes part in the collectives the others still call, with nothing of its own

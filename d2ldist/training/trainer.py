@@ -60,6 +60,7 @@ import copy
 import itertools
 import time
 from contextlib import contextmanager, nullcontext
+from typing import NamedTuple
 
 import torch
 
@@ -71,17 +72,21 @@ from ..kv.worker import sum_copies
 from .devices import split_and_load
 from .stores import create_store
 
-STEP_NAMES = {1: 'forward and backward on each device',
-              2: 'sum gradients on one device',
-              3: 'copy gradients to the CPU',
-              4: 'push gradients to the store',
-              5: 'update weights, pull them back',
-              6: 'copy weights to one device',
-              7: 'broadcast weights to all devices'}
-# What the dashboard's bars are called (d2ldist.report's step_times, in order)
-STEP_LABELS = {1: '1 forward, backward', 2: '2 sum on device', 3: '3 copy to CPU',
-               4: '4 push', 5: '5 update, pull', 6: '6 copy to device',
-               7: '7 to all devices'}
+
+class Step(NamedTuple):
+    """One of the seven steps: what it does, and its bar's label on the dashboard."""
+    what: str
+    label: str
+
+
+# The seven steps (d2ldist.report's step_times are keyed by the labels, in this order)
+STEPS = {1: Step('forward and backward on each device', '1 forward, backward'),
+         2: Step('sum gradients on one device', '2 sum on device'),
+         3: Step('copy gradients to the CPU', '3 copy to CPU'),
+         4: Step('push gradients to the store', '4 push'),
+         5: Step('update weights, pull them back', '5 update, pull'),
+         6: Step('copy weights to one device', '6 copy to device'),
+         7: Step('broadcast weights to all devices', '7 to all devices')}
 
 
 class Trainer:
@@ -409,7 +414,7 @@ class Trainer:
         start = time.perf_counter()
         self._timers.append(0.0)          # the time of the blocks nested in this one
         try:
-            with spans.span(STEP_LABELS[step], 'step') if count else nullcontext():
+            with spans.span(STEPS[step].label, 'step') if count else nullcontext():
                 yield
         finally:
             for d in set(self.devices):
@@ -422,8 +427,8 @@ class Trainer:
         self._time_counts[step] += count
 
     def reset_step_times(self):
-        self._time_sums = dict.fromkeys(STEP_NAMES, 0.0)
-        self._time_counts = dict.fromkeys(STEP_NAMES, 0)
+        self._time_sums = dict.fromkeys(STEPS, 0.0)
+        self._time_counts = dict.fromkeys(STEPS, 0)
 
     @property
     def step_times(self):
@@ -437,7 +442,7 @@ class Trainer:
         {'1 forward, backward': seconds, ..., '7 to all devices': seconds}: the
         dashboard labels its bars with the keys, in this order.
         """
-        return {STEP_LABELS[s]: t for s, t in self.step_times.items() if t is not None}
+        return {STEPS[s].label: t for s, t in self.step_times.items() if t is not None}
 
 
 def train_batch(X, y, net, loss, trainer, devices):

@@ -251,7 +251,7 @@ PUBLIC = {
         'allreduce_', 'allreduce_async_', 'broadcast', 'broadcast_', 'allgather', 'Sum',
         'Average', 'Min', 'Max', 'broadcast_parameters', 'broadcast_optimizer_state',
         'DistributedOptimizer', 'metric_average', 'Product'] + HOROVOD_MORE,
-    'd2ldist.training.trainer': ['STEP_NAMES', 'STEP_LABELS'],
+    'd2ldist.training.trainer': ['STEPS', 'Step'],
     'd2ldist.training.stores': ['create_store'],
     'd2ldist.runtime.van': ['Van'],
     'd2ldist.runtime': ['pacing', 'shm'],

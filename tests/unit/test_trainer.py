@@ -194,7 +194,7 @@ def test_step_times_reach_the_dashboard_by_name(capsys, use_config):
     from d2ldist.notebook.final import figure, steps_table
     from d2ldist.launch.processes import local_specs
     from d2ldist.report import parse_report, report
-    from d2ldist.training.trainer import STEP_LABELS
+    from d2ldist.training.trainer import STEPS
     net = small_cnn()
     trainer = Trainer(net, 'sgd', HYPER, devices=[cpu(), cpu()])
     (X, y), = batches(1, 4)
@@ -202,7 +202,7 @@ def test_step_times_reach_the_dashboard_by_name(capsys, use_config):
     use_config({'D2L_ROLE': 'worker'})
     report(step_times=trainer.step_times_report())
     r = parse_report(capsys.readouterr().out.strip())
-    assert list(r['step_times']) == list(STEP_LABELS.values())     # all seven, in order
+    assert list(r['step_times']) == [step.label for step in STEPS.values()]     # all seven, in order
     assert all(t > 0 for t in r['step_times'].values())
     model = JobModel(local_specs(1, 0, ['true'], 'secret'))
     model.add_report(model.workers[0].label, r)
