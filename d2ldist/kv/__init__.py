@@ -48,8 +48,19 @@ def create(name='local'):
     else:
         node = register('worker')
         if node is None:
-            raise RuntimeError(f"kvstore '{name}' runs in a job: start it with "
-                               f'd2l-launch -n N -s S python your_script.py')
+            _refuse_outside_a_job(name)
         store = DistKVStore(kind, node)
     store.type = name                                 # MXNet reports the name it was given
     return store
+
+
+def _refuse_outside_a_job(name):
+    """A dist store needs d2l-launch's scheduler and servers: say so in one line (StartError
+    ends the process so), naming the tool that started several copies without them."""
+    from ..runtime import node, started
+    node.report_in_one_line()
+    start = started.detect()
+    who = f'{start.who}, but ' if start.several else ''
+    raise started.StartError(f"{who}kvstore '{name}' runs in a job of d2l-launch (it starts "
+                             'the scheduler and the servers): d2l-launch -n N -s S python '
+                             'your_script.py')

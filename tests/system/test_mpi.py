@@ -37,7 +37,8 @@ ALONE_IS_WRONG = "import d2ldist\nd2ldist.init()\nprint('ran as a job of', d2ldi
 
 # What each process of two says, and how it was made to miss its piece: as on two hosts
 # (each process its host's only one, as mpirun on two hosts tells them) without
-# MASTER_ADDR; the ring backend asked for; a port that is not one.
+# MASTER_ADDR; the ring backend asked for; a port that is not one; a parameter-server
+# store ('script': KV_ALONE_IS_WRONG), which needs d2l-launch's scheduler and servers.
 MISSING = {
     'two hosts, no MASTER_ADDR': (
         ['sh', '-c', 'OMPI_COMM_WORLD_LOCAL_RANK=0 OMPI_COMM_WORLD_LOCAL_SIZE=1 exec "$@"',
@@ -51,13 +52,21 @@ MISSING = {
     'a bad MASTER_PORT': (
         [], {'MASTER_PORT': '29500x'},
         "d2ldist: MASTER_PORT='29500x' is not a whole number"),
+    'a parameter-server store': (
+        [], {'script': 'kv'},
+        "d2ldist: 2 workers started by mpirun, but kvstore 'dist_sync' runs in a job of "
+        "d2l-launch (it starts the scheduler and the servers): d2l-launch -n N -s S "
+        "python your_script.py"),
 }
+KV_ALONE_IS_WRONG = ("import d2ldist\nkv = d2ldist.kv.create('dist_sync')\n"
+                     "print('ran as a job of', kv.num_workers)\n")
 
 
 @pytest.mark.parametrize('case', MISSING)
 def test_a_process_that_cannot_find_the_others_fails_in_one_line(write_script, case):
     wrapper, env, line = MISSING[case]
-    script = write_script(ALONE_IS_WRONG)
+    env = dict(env)
+    script = write_script(KV_ALONE_IS_WRONG if env.pop('script', '') else ALONE_IS_WRONG)
     r = run_mpirun(*wrapper, sys.executable, script, env=env, timeout=120)
     assert r.returncode != 0 and 'ran as a job of' not in r.stdout, r.stdout + r.stderr
     ours = [x for x in r.stderr.splitlines() if x.startswith('d2ldist')]

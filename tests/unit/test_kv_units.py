@@ -2,12 +2,14 @@
 import os
 import subprocess
 import sys
+from unittest.mock import patch
 
 import pytest
 import torch
 from conftest import ROOT
 
 from d2ldist import kv
+from d2ldist.runtime.started import StartError
 from d2ldist.kv.optimizers import Updater
 
 
@@ -170,8 +172,11 @@ def test_mxnet_names_for_kinds_and_pushpull_in_place():
         assert store.type == name and isinstance(store, kv.LocalKVStore)
     with pytest.raises(ValueError, match="kvstore 'nccl' is not a parameter server"):
         kv.create('nccl')
-    with pytest.raises(RuntimeError, match="kvstore 'dist_device_sync' runs in a job"):
+    with pytest.raises(StartError, match="^kvstore 'dist_device_sync' runs in a job"):
         kv.create('dist_device_sync')                         # known: dist_sync_device
+    with pytest.raises(StartError, match="^2 workers started by mpirun, but kvstore"):
+        with patch.dict(os.environ, OMPI_COMM_WORLD_RANK='0', OMPI_COMM_WORLD_SIZE='2'):
+            kv.create('dist_sync')
     store = kv.create('local')
     out = torch.empty(2)
     store.broadcast('w', torch.tensor([1.0, 2.0]), out=out)
