@@ -77,7 +77,8 @@ class Ring:
         self._replay = self._root = None
         self._failed = set()  # calls that failed on every worker: their late chunks go
         self._last_failed = 0   # the latest of them (every chunk says it)
-        self._early = []      # chunks of the call after a failed one, come before the news
+        self._early = []      # kept for a later call: chunks that came before the news of
+                              # this call's failure, notices of a later call's
         self._linked, self._out = False, None     # the stream to the right, if any
         self._buffer = torch.empty(0, dtype=torch.uint8)   # a reduced chunk lands here
 
@@ -216,7 +217,7 @@ class Ring:
             self._note_joined(msg)
             self._check_root()
             return self._recv(phase, j, k, numel)
-        if self._stale(msg) or self._ahead(msg):
+        if self._stale(msg) or self._ahead(msg) or self._later(msg):
             return self._recv(phase, j, k, numel)
         if msg.kind == DISAGREE:              # another worker saw two different calls
             self._fail(f'{self.node.id.replace(":", " ")} stops: '
@@ -260,10 +261,14 @@ class Ring:
         """Raise Disagree for this call, which has failed on every worker: its chunks
         still on the way are dropped when they come, so the next call starts in step."""
         self._mark_failed()
-        for msg in reversed(self._early):          # the next call's, for the next call
+        self._put_back_early()
+        raise hang.Disagree(error)
+
+    def _put_back_early(self):
+        """The messages kept for a later call: back in the order they came, for it."""
+        for msg in reversed(self._early):
             self.node.put_back(msg)
         self._early = []
-        raise hang.Disagree(error)
 
     def _mark_failed(self):
         """The current call has failed on every worker."""
@@ -276,6 +281,16 @@ class Ring:
         if msg.kind not in (RING, DISAGREE) or msg.get('n') not in self._failed:
             return False
         _drain(msg)
+        return True
+
+    def _later(self, msg):
+        """Whether ``msg`` is a notice for a later call: a worker that finished this call
+        sooner refused its next one. Kept for then (the call may begin, or be refused here
+        too, when the notice is dropped as stale)."""
+        n = msg.get('n')
+        if msg.kind != DISAGREE or not isinstance(n, int) or n <= self.calls:
+            return False
+        self._early.append(msg)
         return True
 
     def _ahead(self, msg):
@@ -320,6 +335,7 @@ class Ring:
 
     def _end(self):
         """Wait until every chunk is sent, so the caller may reuse the memory."""
+        self._put_back_early()
         if self._out is not None:
             self._out.flush()
         for tracker in self._sent:
@@ -361,8 +377,8 @@ class Ring:
             try:
                 take_part(msg.get('replay'))
             except Refused as e:
-                self._refuse(f'{self.node.id} has called join() (it is out of data): '
-                             f'{str(msg.get("call"))[:200]} refused: {e}')
+                self.refuse(f'{self.node.id} has called join() (it is out of data): '
+                            f'{str(msg.get("call"))[:200]} refused: {e}')
             except hang.Disagree:      # the call failed on every worker: wait on in join()
                 pass
             except ValueError as e:
@@ -379,9 +395,13 @@ class Ring:
             raise hang.Disagree(f'{self.node.id.replace(":", " ")} stops: '
                                 f'{str(msg.get("error"))[:600]}')
 
-    def _refuse(self, error):
-        """In join(): make the collective that has begun fail on every other worker, and
-        count it as failed here too (its chunks are dropped when they come)."""
+    def refuse(self, error):
+        """Make the next collective fail on every other worker (they may have begun it),
+        and count it as failed here too: its chunks are dropped when they come, and the
+        notices of workers that refused it too."""
+        if not self._linked:                    # (the others wait for this one's link)
+            self._open_links(hang.Wait('refusing a collective, opening the ring',
+                                       [('scheduler', {'counter': 'ring', 'n': 1})]))
         self.calls += 1
         self.node.counters['ring'] = self.calls
         self._mark_failed()

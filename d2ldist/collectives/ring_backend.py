@@ -152,6 +152,11 @@ class RingBackend:
         collective(tensor, *args)
 
     def _check(self, tensor):
+        """Refuse a dtype the wire cannot carry. The others may have a dtype it can and be
+        waiting in this call: it counts on the ring as a failed call, and they hear why."""
         if tensor.dtype not in self.dtypes:
-            raise TypeError(f'd2ldist collectives do not support {tensor.dtype}; use one '
-                            f'of {", ".join(sorted(DTYPES))}')
+            error = (f'd2ldist collectives do not support {tensor.dtype}; use one '
+                     f'of {", ".join(sorted(DTYPES))}')
+            if self.ring is not None:
+                self.ring.refuse(f'{self.node.id} refused the call: {error}')
+            raise TypeError(error)

@@ -142,6 +142,12 @@ def agree_on_gpus(store, rank, size, uuid):
 CALLS = ('allreduce_', 'reducescatter', 'broadcast_', 'allgather', 'barrier')
 _DTYPES, _OPS = list(DTYPES.values()), list(ops.OPS.values())
 ACTIVE, CALL, DTYPE, OP, ROOT, ROWS, ROW, FIRST, JOINED = range(9)   # JOINED: one per worker
+UNSUPPORTED = len(_DTYPES)       # the DTYPE a worker says for a dtype that none can send
+
+
+def unsupported(dtype):
+    """Why a collective refuses ``dtype``, in one line."""
+    return f'd2ldist collectives do not support {dtype}; use one of {", ".join(sorted(DTYPES))}'
 
 
 def _said(call, size, tensor=None, op=None, root=0):
@@ -149,11 +155,8 @@ def _said(call, size, tensor=None, op=None, root=0):
     code = [0] * (JOINED + size)
     code[ACTIVE], code[CALL], code[ROOT] = 1, CALLS.index(call) + 1, root
     code[OP] = _OPS.index(op) if op is not None else 0
-    if tensor is not None:
-        if tensor.dtype not in _DTYPES:
-            raise TypeError(f'd2ldist collectives do not support {tensor.dtype}; use one '
-                            f'of {", ".join(sorted(DTYPES))}')
-        code[DTYPE] = _DTYPES.index(tensor.dtype)
+    if tensor is not None:      # (a dtype the collectives refuse: UNSUPPORTED, said first)
+        code[DTYPE] = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else UNSUPPORTED
         code[ROWS], code[ROW] = tensor.shape[0] if tensor.dim() else 1, \
             math.prod(tensor.shape[1:])
     return code
@@ -259,6 +262,12 @@ class TorchBackend:
         if not self.joinable or self.size == 1:
             return None
         heard, low = self._tell(_said(call, self.size, tensor, **args))
+        if tensor is not None and tensor.dtype not in _DTYPES:
+            raise TypeError(unsupported(tensor.dtype))  # (the others heard it: refused there)
+        if heard[DTYPE] == UNSUPPORTED:
+            raise Disagree(f'{call.strip("_")}: another worker called it on a dtype d2ldist '
+                           'collectives do not support; all must use one of '
+                           f'{", ".join(sorted(DTYPES))}')
         differ = _disagreement(call, heard, low)
         if differ:            # all workers see it: all refuse the call, and go on in step
             raise Disagree(f'{call.strip("_")}: the workers called different collectives '
@@ -352,6 +361,8 @@ class TorchBackend:
             if not heard[ACTIVE]:         # all are here: the last came in this round
                 return heard[FIRST] - 1
             code[FIRST] = 0
+            if heard[DTYPE] == UNSUPPORTED:        # refused by the others: so by this one
+                continue
             call, args = _heard(heard, self.size)
             if _disagreement(call, heard, low):    # the others refuse it: so does this one
                 continue

@@ -59,6 +59,20 @@ refused(lambda: hvd.allreduce(torch.ones(3_000_000 + r)), 'a many-chunk all-redu
 refused(lambda: hvd.allreduce(torch.ones([9 + r])), 'a second refusal in a row')
 handle = hvd.allreduce_async(torch.ones([4 + r]))          # refused through a handle too
 refused(lambda: hvd.synchronize(handle), 'an async all-reduce of other shapes')
+# a dtype the collectives cannot send: a TypeError where it is, and the call fails on the
+# other workers too, instead of leaving them waiting; then on every worker
+for some in (True, False):
+    for name, call in (('allreduce', hvd.allreduce), ('allgather', hvd.allgather),
+                       ('broadcast', lambda X: hvd.broadcast(X, root_rank=0))):
+        mine = odd or not some
+        try:
+            call(torch.ones(3, dtype=torch.complex64 if mine else torch.float32))
+            check(False, f'{name} of complex64 was not refused')
+        except TypeError as e:
+            check(mine and 'do not support torch.complex64' in str(e), f'{name}: {e}')
+        except RuntimeError as e:
+            check(not mine and 'do not support' in str(e), f'{name}: {e}')
+        in_step(f'{name} of complex64 on {"some" if some else "all"} workers')
 
 # -- 2. prescale/postscale on integers: scaled in float64, cast back
 # -- (test_horovod_allreduce_prescale, _postscale) ---------------------------------
