@@ -17,6 +17,10 @@ that, each chapter gets the book's markup that d2l's own tool would give it:
   and each figure a code cell drew, captioned by its cell's metadata
   (``{"d2l": {"caption": ..., "label": ...}}``) or by its own words (a finished
   ``%launch`` says what its figure shows);
+* the caption lines that a reader in JupyterLab or on a repository page sees under each
+  figure, ``*Figure 3.2: words*`` (under a diagram's label line, or first in the markdown
+  cell after a code cell's figures), taken out, since the page draws its own caption; a
+  line whose number is not its figure's stops the build;
 * math as MathML, which browsers draw themselves (latex2mathml), instead of MathJax;
 * no nbval markers (``# NBVAL_SKIP``) in the code.
 """
@@ -50,6 +54,7 @@ NBVAL = re.compile(r'^# *NBVAL_\w+ *\n', re.M)
 PLAIN_FIGURE = re.compile(r'^<(Figure|matplotlib)\b')   # a figure's repr, not words
 IMAGE = re.compile(r'^!\[([^\]]*)\]\(([^)\s]+)\)\s*$')   # a figure: an image, a line of its own
 INLINE = re.compile(r'(`[^`]+`|\$[^$]+\$)')              # code and math in a caption
+VISIBLE = re.compile(r'^\*(Figure \d+\.\d+): (.+)\*\s*$')     # a caption line a reader sees
 
 
 # -- the markup ----------------------------------------------------------------------------
@@ -119,6 +124,66 @@ def _link(label, refs):
         text, href = EXTERNAL[label]
         return f'[{text}]({href})'
     raise SystemExit(f'book: :numref:`{label}` names no :label: of any chapter')
+
+
+def visible_captions(nb, chapter):
+    """Take out the caption line under each figure, ``*Figure 3.2: words*``, which readers
+    of the notebook see (JupyterLab and repository pages show neither cell metadata nor an
+    image's words); the book draws the caption itself. A code cell's figures are captioned
+    by the first lines of the next markdown cell, a diagram by the line under its label.
+    Returns [(number, words, caption, kind)] per figure in order: words None where the
+    figure has no such line; kind 'diagram', 'metadata' (the cell's d2l.caption) or
+    'output' (the figure's own words). A line that names another figure's number, or
+    stands under none, stops the build."""
+    found, k, expect = [], 0, []                # expect: figures a caption line may caption now
+
+    def close():
+        found.extend((number, None, caption, kind) for number, caption, kind in expect)
+        expect.clear()
+
+    for cell in nb.cells:
+        if cell.cell_type == 'code':
+            close()
+            given = cell.metadata.get('d2l', {})
+            for out in cell.get('outputs', []):
+                if 'image/png' not in out.get('data', {}):
+                    continue
+                k += 1
+                words = out.data.get('text/plain', '')
+                caption, kind = given.get('caption'), 'metadata'
+                if not caption:
+                    caption, kind = ('' if PLAIN_FIGURE.match(words) else words), 'output'
+                expect.append((f'Figure {chapter}.{k}', caption, kind))
+                given = {}
+            continue
+        if cell.cell_type != 'markdown':
+            continue
+        lines, source = [], list(markdown_lines(cell.source))
+        for i, (line, prose) in enumerate(source):
+            shown = VISIBLE.match(line) if prose else None
+            if shown:
+                if not expect:
+                    raise SystemExit(f'book: chapter {chapter}: the caption line {line[:60]!r} '
+                                     'stands under no figure')
+                number, caption, kind = expect.pop(0)
+                if shown.group(1) != number:
+                    raise SystemExit(f'book: chapter {chapter}: the caption line says '
+                                     f'{shown.group(1)} under {number}')
+                found.append((number, shown.group(2), caption, kind))
+                continue
+            lines.append(line)
+            if not prose or not line.strip() or (LABEL.match(line) and i and
+                                                 IMAGE.match(source[i - 1][0])):
+                continue                                # a figure's caption may still come
+            close()
+            image = IMAGE.match(line)
+            if image:
+                k += 1
+                expect.append((f'Figure {chapter}.{k}', image.group(1), 'diagram'))
+        close()
+        cell.source = '\n'.join(lines)
+    close()
+    return found
 
 
 def number_figures(nb, chapter, href='', chapters_dir=ROOT / 'notebooks'):
@@ -244,6 +309,7 @@ def build(chapters_dir, out):
     titles, refs = [], {}
     for number, (name, nb) in enumerate(zip(CHAPTERS, nbs), 1):
         titles.append((name, number_headings(nb, number)))
+        visible_captions(nb, number)
         refs.update(number_figures(nb, number, f'{name}.html', chapters_dir))
         refs.update(collect_labels(nb, f'{name}.html'))
     out.mkdir(parents=True, exist_ok=True)

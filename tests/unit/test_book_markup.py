@@ -122,8 +122,6 @@ def chapter_figures():
 
 
 def test_every_figure_of_the_chapters_is_there_captioned_and_referenced():
-    prose = ' '.join(c.source for name in book.CHAPTERS for c in nbformat.read(
-        ROOT / 'notebooks' / f'{name}.ipynb', as_version=4).cells if c.cell_type == 'markdown')
     diagrams = []
     for name, figure in chapter_figures():
         if figure[0] == 'plot':
@@ -134,10 +132,48 @@ def test_every_figure_of_the_chapters_is_there_captioned_and_referenced():
         assert (ROOT / 'notebooks' / path).is_file(), f'{name}: {path} does not exist'
         assert words.strip(), f'{name}: {path} has no caption: ![caption]({path})'
         assert label and label.startswith('fig_'), f'{name}: {path} needs a :label:`fig_...` line under it'
-        assert f':numref:`{label}`' in prose, f'{name}: no prose says :numref:`{label}`'
         diagrams.append((ROOT / 'notebooks' / path).resolve())
     drawn = sorted(FIGURES.glob('*.svg'))
     assert drawn and sorted(set(diagrams)) == drawn                      # none missing, none unused
+
+
+def test_caption_lines_are_taken_out_and_must_name_their_figure():
+    png = 'iVBORw0KGgo='
+    nb = chapter('![A ring.](x.svg)\n:label:`fig_x`\n*Figure 2.1: A ring.*\n\nMore.')
+    nb.cells.append(nbformat.v4.new_code_cell('plot()', outputs=[nbformat.v4.new_output(
+        'display_data', {'image/png': png, 'text/plain': '<Figure size 640x480 with 1 Axes>'})],
+        metadata={'d2l': {'caption': 'Times.', 'label': 'fig_t'}}))
+    nb.cells.append(nbformat.v4.new_markdown_cell('*Figure 2.2: Times.*\n\nAs Figure 2.2 shows.'))
+    assert book.visible_captions(nb, 2) == [('Figure 2.1', 'A ring.', 'A ring.', 'diagram'),
+                                            ('Figure 2.2', 'Times.', 'Times.', 'metadata')]
+    assert nb.cells[0].source == '![A ring.](x.svg)\n:label:`fig_x`\n\nMore.'
+    assert nb.cells[2].source == '\nAs Figure 2.2 shows.'
+    with pytest.raises(SystemExit, match='says Figure 2.3 under Figure 2.1'):
+        book.visible_captions(chapter('![A ring.](x.svg)\n*Figure 2.3: A ring.*'), 2)
+    with pytest.raises(SystemExit, match='under no figure'):
+        book.visible_captions(chapter('Text.\n\n*Figure 2.1: A ring.*'), 2)
+
+
+def test_a_notebook_reader_sees_every_figure_numbered_and_captioned():
+    """JupyterLab and a repository page show neither a cell's metadata nor an image's words,
+    and print a :numref: as it is written: a line '*Figure 3.2: caption*' under every figure
+    gives its number and caption there (the metadata's or the diagram's own words), and the
+    prose names figures by those numbers."""
+    prose, figures = [], {}
+    for number, name in enumerate(book.CHAPTERS, 1):
+        nb = nbformat.read(ROOT / 'notebooks' / f'{name}.ipynb', as_version=4)
+        for figure, words, caption, kind in book.visible_captions(nb, number):
+            assert words, f'{name}: no line *{figure}: ...* under {figure}'
+            assert kind == 'output' or words == caption, \
+                f'{name}: the line under {figure} is not its caption: {words!r} against {caption!r}'
+            figures[figure] = kind
+        text = ' '.join(c.source for c in nb.cells if c.cell_type == 'markdown')
+        assert not re.search(r':numref:`fig_', text), f'{name}: a raw :numref: of a figure'
+        prose.append(text)
+    named = set(re.findall(r'\bFigure \d+\.\d+\b', ' '.join(prose)))
+    assert named <= set(figures), f'the prose names figures that do not exist: {named - set(figures)}'
+    unnamed = [f for f, kind in figures.items() if kind == 'diagram' and f not in named]
+    assert not unnamed, f'no prose names {unnamed}'
 
 
 def test_the_diagrams_are_what_draw_py_draws(tmp_path):
