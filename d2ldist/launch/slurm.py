@@ -118,6 +118,14 @@ def srun_argv(specs, conf, name):
             f'--job-name={name}', '--multi-prog', str(conf)]
 
 
+class StepSpec(ProcSpec):
+    """srun itself, as the job's output and failure report name it."""
+
+    @property
+    def label(self):
+        return 'srun'
+
+
 class SlurmJob(Job):
     """A Job whose processes are the tasks of one srun step; see the module docstring."""
 
@@ -125,6 +133,7 @@ class SlurmJob(Job):
         super().__init__(specs, **kw)
         self.job_id, self.step_id = job_id, None
         self.step = None                          # srun (under the guard), as a Proc
+        self.name, self.stopping = None, False    # the step's name; stop_all() under way
         self.folder = tempfile.mkdtemp(prefix='d2l-slurm-')
 
     def _start_all(self):
@@ -134,8 +143,9 @@ class SlurmJob(Job):
         with open(conf, 'w') as f:
             f.write(multi_prog([p.spec for p in self.procs], shared))
         name = f'd2l-{config.get().job_id or os.getpid()}'
-        self.step = Proc(ProcSpec('srun', 0, argv=srun_argv([p.spec for p in self.procs],
-                                                             conf, name), env=shared))
+        self.name = name
+        self.step = Proc(StepSpec('srun', 0, argv=srun_argv([p.spec for p in self.procs],
+                                                            conf, name), env=shared))
         self.step.popen = subprocess.Popen(
             guarded(self.step.spec.argv), env=child_env(self.step.spec), stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -194,34 +204,49 @@ class SlurmJob(Job):
                 p.code, p.exited_at = step.code or CANCELLED, time.monotonic()
                 self._set_state(p, 'finished' if step.code == 0 and p.state != 'stopped'
                                 else 'stopped')
-        if step.code and self.failure is None and not all(
+        if step.code and self.failure is None and not self.stopping and not all(
                 p.state == 'finished' for p in self.procs if p.spec.role == 'worker'):
             self.failure = step
 
     def cancel(self):
-        """scancel the step (if it has said its id), quietly."""
-        if self.step_id is not None:
-            subprocess.run(['scancel', '--quiet', self.step_id], stdin=subprocess.DEVNULL,
+        """scancel the step, quietly: by the id its task 0 said, else found by its name."""
+        step_id = self.step_id
+        if step_id is None:
+            r = subprocess.run(['squeue', '-h', '-s', '-j', self.job_id, '-o', '%i %j'],
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                               timeout=30)
+            step_id = next((line.split()[0] for line in r.stdout.splitlines()
+                            if line.split()[1:] == [self.name]), None)
+        if step_id is not None:
+            subprocess.run(['scancel', '--quiet', step_id], stdin=subprocess.DEVNULL,
                            capture_output=True, timeout=30)
 
     def stop_all(self, state='stopped'):
-        """Cancel the step, then stop srun (its guard: SIGTERM, SIGKILL after a grace)."""
+        """Cancel the step and wait for srun to end; then stop srun's guard (SIGTERM,
+        SIGKILL after a grace), and at last SIGKILL it."""
         for p in self.procs:
             if p.alive:
                 self._set_state(p, state)
         step = self.step
         if step is None or not step.alive:
             return
-        self.cancel()
-        self.terminate(step)
-        deadline = time.monotonic() + 2 * config.get().kill_grace + 10
-        while step.alive and time.monotonic() < deadline:
-            self._pump(0.05)
-            self._reap()
-        if step.alive:
-            os.killpg(step.popen.pid, signal.SIGKILL)
-            step.popen.wait()
-            self._reap()
+        self.stopping = True
+        try:
+            self.cancel()
+            grace = config.get().kill_grace
+            for stop, wait in ((lambda: None, grace + 5), (lambda: self.terminate(step),
+                                                           2 * grace + 5)):
+                stop()
+                deadline = time.monotonic() + wait
+                while step.alive and time.monotonic() < deadline:
+                    self._pump(0.05)
+                    self._reap()
+            if step.alive:
+                os.killpg(step.popen.pid, signal.SIGKILL)
+                step.popen.wait()
+                self._reap()
+        finally:
+            self.stopping = False
 
     def run(self):
         try:
