@@ -50,6 +50,10 @@ STEP = re.compile(r'd2ldist\.slurm: step (\d+\.\d+)')
 STEP_NOISE = re.compile(r'(srun: (error: \S+: tasks? [\d,-]+: |launch/slurm: _step_signal|'
                         r'Force Terminated|Job step aborted|got SIGCONT|forcing job)|'
                         r'slurmstepd(-\S+)?: error: \*\*\* STEP )')
+# The allocation's task layout, which srun would take as options of the step (sbatch
+# --ntasks-per-node=2 sets SLURM_NTASKS_PER_NODE=2), and warn that 7 tasks do not fit
+ALLOCATION_LAYOUT = ('SLURM_NTASKS_PER_NODE', 'SLURM_NTASKS_PER_SOCKET',
+                     'SLURM_NTASKS_PER_CORE')
 CANCELLED = 143       # SIGTERM, which Slurm sends to every task of a cancelled step
 
 
@@ -146,8 +150,9 @@ class SlurmJob(Job):
         self.name = name
         self.step = Proc(StepSpec('srun', 0, argv=srun_argv([p.spec for p in self.procs],
                                                             conf, name), env=shared))
+        env = {k: v for k, v in child_env(self.step.spec).items() if k not in ALLOCATION_LAYOUT}
         self.step.popen = subprocess.Popen(
-            guarded(self.step.spec.argv), env=child_env(self.step.spec), stdin=subprocess.PIPE,
+            guarded(self.step.spec.argv), env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         os.set_blocking(self.step.popen.stdout.fileno(), False)
         self._sel.register(self.step.popen.stdout, 1, self.step)   # selectors.EVENT_READ

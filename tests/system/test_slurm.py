@@ -156,3 +156,21 @@ def test_ctrl_c_cancels_the_step(slurm, tmp_path):
     assert 'd2l-launch: interrupted: stopping the job\n' in lines, ''.join(lines)
     assert slurm.wait_queue_empty(30) == []
     assert wait_no_survivors(tag, timeout=15) == []
+
+
+def test_launcher_slurm_in_an_sbatch_script(slurm, tmp_path):
+    """docs/cluster.md's batch script: two nodes of two tasks each, a 4 × 2 job; the
+    workers fill node1's two tasks, then node2's, and reach the exact sums."""
+    script, out = tmp_path / 'job.sbatch', tmp_path / 'job.out'
+    script.write_text(f'#!/bin/sh\n#SBATCH --nodes=2 --ntasks-per-node=2\n'
+                      f'exec {sys.executable} -m d2ldist.launch --launcher slurm -n 4 -s 2 '
+                      f'{sys.executable} {EXACT_SUMS} kv\n')
+    r = run_slurm(slurm, 'sbatch', '--wait', '--quiet', f'--output={out}', script)
+    text = out.read_text() if out.exists() else ''
+    assert r.returncode == 0, r.stderr[-3000:] + text[-3000:]
+    sums = sorted(re.findall(r'^\[worker (\d)@(node\d)\] worker \1 of 4: kv sum on cpu (\w+)$',
+                             text, re.M))
+    assert sums == [('0', 'node1', 'exact'), ('1', 'node1', 'exact'),
+                    ('2', 'node2', 'exact'), ('3', 'node2', 'exact')], text[-3000:]
+    assert '[srun]' not in text and 'Traceback' not in text, text[-3000:]
+    assert wait_no_survivors(r.tag) == []
