@@ -174,3 +174,30 @@ def test_launcher_slurm_in_an_sbatch_script(slurm, tmp_path):
                     ('2', 'node2', 'exact'), ('3', 'node2', 'exact')], text[-3000:]
     assert '[srun]' not in text and 'Traceback' not in text, text[-3000:]
     assert wait_no_survivors(r.tag) == []
+
+
+MAGIC = '''\
+import sys
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shell.run_line_magic('load_ext', 'd2ldist')
+shell.run_line_magic('launch', '--launcher slurm -n 2 -s 2 ' + ' '.join(sys.argv[1:]))
+result = shell.user_ns['_launch']
+print('outcome:', result.outcome, sorted(result.exit_codes.items()))
+'''
+
+
+def test_percent_launch_takes_launcher_slurm(slurm, tmp_path):
+    """%launch (here in a terminal IPython, inside salloc) runs the same step."""
+    script = tmp_path / 'magic.py'
+    script.write_text(MAGIC)
+    r = run_slurm(slurm, 'salloc', '-N', '2', '-n', '2', '--quiet', sys.executable, script,
+                  sys.executable, EXACT_SUMS, 'kv')
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for rank in (0, 1):
+        assert re.search(rf'^\[worker {rank}@node\d\] worker {rank} of 2: kv sum on cpu exact$',
+                         r.stdout, re.M), r.stdout[-3000:]
+    assert r.stdout.splitlines()[-1] == (
+        "outcome: finished [('scheduler@node1', 0), ('server 0@node2', 0), "
+        "('server 1@node1', 0), ('worker 0@node1', 0), ('worker 1@node2', 0)]"), r.stdout[-3000:]
+    assert wait_no_survivors(r.tag) == []
