@@ -325,7 +325,7 @@ def make_job(args, out=None, notices=True, **job_options):
     """The Job that parsed options describe, ready to run (``%launch`` uses it too).
 
     With ``--launcher ssh`` the hosts are checked and the directory synced first; a
-    host that fails raises UsageError. ``notices``: say what the launcher chose for
+    host that fails raises UsageError (``--launcher slurm``: the allocation is read). ``notices``: say what the launcher chose for
     the user (OMP_NUM_THREADS; %launch does not, so that a chapter's outputs are
     the same on every machine). ``job_options`` go to the Job (see job.py)."""
     secret = secrets.token_hex(32)

@@ -27,6 +27,7 @@ The scheduler listens on a port chosen before the step starts (``--port``, else 
 here), since every task starts at once and cannot wait for its first line.
 """
 import base64
+import selectors
 import json
 import os
 import re
@@ -46,6 +47,9 @@ from .processes import ProcSpec, child_env, free_port, guarded, job_specs, share
 LABEL = re.compile(r'\s*(\d+): (.*)')                  # srun --label's 'N: text'
 EXIT = re.compile(r'd2ldist\.slurm: exit (\d+)')
 STEP = re.compile(r'd2ldist\.slurm: step (\d+\.\d+)')
+# srun's word on tasks that ended badly: how a task that could not say it ended
+TASKS_ENDED = re.compile(r'srun: error: \S+: tasks? ([\d,-]+): (?:Exited with exit code (\d+)|'
+                         r'(Killed|Terminated))')
 # srun's and slurmstepd's words on tasks that ended: the launcher names the failure itself
 STEP_NOISE = re.compile(r'(srun: (error: \S+: tasks? [\d,-]+: |launch/slurm: _step_signal|'
                         r'Force Terminated|Job step aborted|got SIGCONT|forcing job)|'
@@ -155,7 +159,7 @@ class SlurmJob(Job):
             guarded(self.step.spec.argv), env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         os.set_blocking(self.step.popen.stdout.fileno(), False)
-        self._sel.register(self.step.popen.stdout, 1, self.step)   # selectors.EVENT_READ
+        self._sel.register(self.step.popen.stdout, selectors.EVENT_READ, self.step)
         self.step_id = None
         for p in self.procs:
             p.popen, p.file = self.step.popen, self._log_file(p)
@@ -176,6 +180,8 @@ class SlurmJob(Job):
             return super()._emit(proc, text)
         if STEP_NOISE.match(m[2] if m else line):
             self.log.append(('srun', line))
+            if (ended := TASKS_ENDED.match(line)) and not self.stopping:
+                self._tasks_ended(*ended.groups())
             return None
         self.step.tail.append(line)
         self.log.append(('srun', line))
@@ -196,6 +202,16 @@ class SlurmJob(Job):
             self._set_state(p, 'failed')
             self.failure = self.failure or p
 
+    def _tasks_ended(self, ranks, code, signal_name):
+        """srun said tasks ``ranks`` ('0-1,3') ended: those that did not say so themselves
+        (their program never started, say) ended with that code."""
+        code = int(code) if code else 137 if signal_name == 'Killed' else CANCELLED
+        for part in ranks.split(','):
+            first, _, last = part.partition('-')
+            for rank in range(int(first), int(last or first) + 1):
+                if rank < len(self.procs) and self.procs[rank].alive:
+                    self._exited(self.procs[rank], code)
+
     def _reap(self):
         """Notice that srun exited: the tasks that did not say how they ended, ended so."""
         step = self.step
@@ -206,7 +222,7 @@ class SlurmJob(Job):
             else 128 - step.popen.returncode
         for p in self.procs:
             if p.alive:
-                p.code, p.exited_at = step.code or CANCELLED, time.monotonic()
+                p.code, p.exited_at = CANCELLED if step.code else 0, time.monotonic()
                 self._set_state(p, 'finished' if step.code == 0 and p.state != 'stopped'
                                 else 'stopped')
         if step.code and self.failure is None and not self.stopping and not all(
@@ -216,15 +232,18 @@ class SlurmJob(Job):
     def cancel(self):
         """scancel the step, quietly: by the id its task 0 said, else found by its name."""
         step_id = self.step_id
-        if step_id is None:
-            r = subprocess.run(['squeue', '-h', '-s', '-j', self.job_id, '-o', '%i %j'],
-                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                               timeout=30)
-            step_id = next((line.split()[0] for line in r.stdout.splitlines()
-                            if line.split()[1:] == [self.name]), None)
-        if step_id is not None:
-            subprocess.run(['scancel', '--quiet', step_id], stdin=subprocess.DEVNULL,
-                           capture_output=True, timeout=30)
+        try:
+            if step_id is None:
+                r = subprocess.run(['squeue', '-h', '-s', '-j', self.job_id, '-o', '%i %j'],
+                                   stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                   timeout=30)
+                step_id = next((line.split()[0] for line in r.stdout.splitlines()
+                                if line.split()[1:] == [self.name]), None)
+            if step_id is not None:
+                subprocess.run(['scancel', '--quiet', step_id], stdin=subprocess.DEVNULL,
+                               capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            pass          # the controller does not answer: srun's guard still ends srun
 
     def stop_all(self, state='stopped'):
         """Cancel the step and wait for srun to end; then stop srun's guard (SIGTERM,

@@ -4,7 +4,9 @@ variables, the multi-prog file and what a task makes of its line, the refusals.
 The same launcher against a real Slurm (munged, slurmctld, two slurmd) is
 tests/system/test_slurm.py.
 """
+import io
 import os
+import shutil
 import subprocess
 import sys
 
@@ -12,6 +14,7 @@ import pytest
 
 from conftest import launch_argv
 from d2ldist.launch import slurm
+from d2ldist.launch.job import Proc
 from d2ldist.launch.processes import job_specs
 
 ALLOCATION = {'SLURM_JOB_ID': '42', 'SLURM_JOB_NODELIST': 'node[01-04,07]',
@@ -93,3 +96,33 @@ def test_outside_an_allocation_one_line_says_where_to_run():
                        env=env)
     assert (r.returncode, r.stderr) == (2, 'd2l-launch: error: -H/--hostfile needs '
                                            '--launcher ssh\n')
+
+
+def test_srun_output_goes_to_its_tasks_and_names_the_failure():
+    """srun --label's lines, fed as srun prints them: each task's under its label, the
+    exit marks hidden and taken, srun's words on ended tasks hidden (and taken for a task
+    that could not say), anything else srun says shown as [srun]."""
+    out = io.StringIO()
+    specs = job_specs(2, 1, ['train'], 'x', hosts=['n1', 'n2'], remote=True)
+    job = slurm.SlurmJob(specs, '7', out=out)
+    try:
+        job.step = Proc(slurm.StepSpec('srun', 0))
+        for p in [job.step, *job.procs]:
+            p.popen = object()                    # running (no process needed here)
+        for line in ['0: d2ldist.slurm: step 7.3', '2: hello from worker 0',
+                     '3: d2ldist.slurm: exit 137', '1: d2ldist.slurm: exit 143',
+                     'srun: error: n1: tasks 0,2: Exited with exit code 9',
+                     'srun: launch/slurm: _step_signal: Terminating StepId=7.3',
+                     '0: slurmstepd-n1: error: *** STEP 7.3 ON n1 CANCELLED AT 2026 ***',
+                     'srun: error: Unable to create step for job 7: Invalid node name']:
+            job._emit(job.step, line)
+    finally:
+        shutil.rmtree(job.folder)
+    assert job.step_id == '7.3'
+    assert out.getvalue() == ('[worker 0@n1] hello from worker 0\n'
+                              '[srun] srun: error: Unable to create step for job 7: '
+                              'Invalid node name\n')
+    assert [(p.label, p.state, p.code) for p in job.procs] == [
+        ('scheduler@n1', 'failed', 9), ('server 0@n2', 'stopped', 143),
+        ('worker 0@n1', 'failed', 9), ('worker 1@n2', 'failed', 137)]
+    assert job.failure.label == 'worker 1@n2'
