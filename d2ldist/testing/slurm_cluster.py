@@ -8,15 +8,18 @@ Debian's daemons run as root, in the foreground, with every file of theirs (mung
 ``slurm.conf``, state, spool, logs, pid files) in one temporary folder; no systemd. Each
 node is a network namespace (``netns_hosts.py``'s, without sshd) and a UTS namespace
 with its own hostname, so ``SLURM_JOB_NODELIST`` is ``node[1-2]`` and a task on node2
-says ``node2``. Names resolve through ``/etc/netns/NS/hosts``, which ``ip netns exec``
-puts over ``/etc/hosts`` in that namespace only. The clients (``srun``, ``sinfo``,
-``squeue``, ``scancel``) find the cluster through ``SLURM_CONF``: run them with
-``run()`` / ``argv()`` and ``env()``.
+says ``node2``. Every process here runs with a mount namespace of its own in which the
+folder's ``hosts`` file is mounted over ``/etc/hosts`` (the machine's stays as it is), so
+the names resolve on every node and where srun runs. The clients (``srun``, ``salloc``,
+``sbatch``, ``sinfo``, ``squeue``, ``scancel``) find the cluster through ``SLURM_CONF``: run
+them with ``argv()`` (or ``run()``) and ``env()``. Jobs share the machine's filesystem
+and process table, as nodes with a shared home would; the tests find a job's processes by
+their tag.
 
-``stop()`` kills every daemon and every process left in the namespaces, removes the
-namespaces, ``/etc/netns/d2lslurm-*`` and the folder; ``start()`` first removes what a
-crashed earlier run left. Everything here needs root and Debian's ``slurmctld``,
-``slurmd`` and ``munge``.
+``stop()`` ends the daemons, kills every process left in the namespaces, removes the
+namespaces and the folder; ``start()`` first removes the namespaces a crashed earlier
+run left. Everything here needs root and Debian's ``slurmctld``, ``slurmd`` and
+``munge``.
 """
 import os
 import shutil
@@ -247,7 +250,7 @@ def _netns_pids(ns):
 
 
 def _is_daemon(pid, daemons):
-    """Whether ``pid`` is one of the daemons or a slurmd (the one ip netns exec started)."""
+    """Whether ``pid`` is one of the daemons, or a process of theirs (slurmd forks)."""
     if pid in daemons:
         return True
     try:

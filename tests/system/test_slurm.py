@@ -19,7 +19,7 @@ import pytest
 
 from conftest import ROOT, new_tag, run_group, tagged_pids, wait_no_survivors
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = pytest.mark.timeout(300)
 
 EXACT_SUMS = ROOT / 'tests' / 'jobs' / 'exact_sums.py'
 SLEEPER = '''\
