@@ -122,14 +122,35 @@ def test_a_killed_worker_cancels_the_step(slurm, tmp_path):
     assert wait_no_survivors(r.tag) == []
 
 
-def test_ctrl_c_cancels_the_step(slurm, tmp_path):
-    """SIGINT to d2l-launch (Ctrl-C) while the job runs: exit 130, the step cancelled."""
+def comm(pid):
+    try:
+        return open(f'/proc/{pid}/comm').read().strip()
+    except OSError:
+        return None
+
+
+def wait_for(check, timeout):
+    """check()'s first true answer within ``timeout`` seconds, else its last answer."""
+    deadline = time.monotonic() + timeout
+    while not (answer := check()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return answer
+
+
+@pytest.mark.parametrize('sig,says', [
+    (signal.SIGINT, 'd2l-launch: interrupted: stopping the job\n'),    # Ctrl-C
+    (signal.SIGKILL, ''),              # the launcher dies: srun's guard ends srun, and the step
+], ids=['ctrl-c', 'kill-9'])
+def test_ctrl_c_or_a_killed_launcher_ends_the_step(slurm, tmp_path, sig, says):
+    """While the job runs, d2l-launch gets SIGINT or SIGKILL; the allocation stays (its
+    shell sleeps on), but the step is gone, and every process of the job with it."""
     script = tmp_path / 'sleeper.py'
     script.write_text(SLEEPER)
     tag = new_tag()
     salloc = subprocess.Popen(
-        slurm.argv('salloc', '-N', '2', '-n', '2', '--quiet', sys.executable, '-m',
-                   'd2ldist.launch', '--launcher', 'slurm', '-n', '2', '-s', '1',
+        slurm.argv('salloc', '-N', '2', '-n', '2', '--quiet', 'sh', '-c',
+                   '"$@"; echo "launcher ended $?"; exec sleep 120', 'sh', sys.executable,
+                   '-m', 'd2ldist.launch', '--launcher', 'slurm', '-n', '2', '-s', '1',
                    sys.executable, script),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
         env=slurm.env(job_env(tag)), start_new_session=True)
@@ -146,14 +167,25 @@ def test_ctrl_c_cancels_the_step(slurm, tmp_path):
         launcher = [pid for pid in tagged_pids(tag) if open(f'/proc/{pid}/cmdline', 'rb')
                     .read().startswith(f'{sys.executable}\0-m\0d2ldist.launch\0'.encode())]
         assert len(launcher) == 1, launcher
-        os.kill(launcher[0], signal.SIGINT)
-        assert salloc.wait(timeout=60) == 130, ''.join(lines)
+        os.kill(launcher[0], sig)
+        ended = f'launcher ended {128 + sig if sig == signal.SIGKILL else 130}\n'
+        assert wait_for(lambda: ended in lines, 60), ''.join(lines)
+        assert says in ''.join(lines), ''.join(lines)
+        # the allocation is still there, its step is not; nothing of the job runs but
+        # salloc and its shell
+        assert len(slurm.queue()) == 1
+        steps = wait_for(lambda: slurm.run('squeue', '-h', '-s').stdout == '', 30)
+        assert steps, slurm.run('squeue', '-h', '-s').stdout
+        assert wait_for(lambda: {comm(pid) for pid in tagged_pids(tag)} <= {
+            'salloc', 'sh', 'sleep'}, 15), [(p, comm(p)) for p in tagged_pids(tag)]
+        for pid in tagged_pids(tag):
+            if comm(pid) == 'sleep':
+                os.kill(pid, signal.SIGKILL)      # the shell ends; salloc gives back the nodes
+        salloc.wait(timeout=30)
     finally:
         if salloc.poll() is None:
             os.killpg(salloc.pid, signal.SIGKILL)
             salloc.wait()
-    time.sleep(0.2)
-    assert 'd2l-launch: interrupted: stopping the job\n' in lines, ''.join(lines)
     assert slurm.wait_queue_empty(30) == []
     assert wait_no_survivors(tag, timeout=15) == []
 
