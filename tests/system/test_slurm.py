@@ -71,9 +71,10 @@ def in_allocation(cluster, *launch_args, timeout=240):
 def test_plain_srun_runs_one_job_on_the_torch_backend(slurm):
     """srun -N 2 -n 2: rank and size from SLURM_*, met at node1 (the node list's first),
     gloo; one task on each node; rank 0 says which backend once."""
-    r = run_slurm(slurm, 'srun', '-N', '2', '-n', '2', '--label', sys.executable, EXACT_SUMS,
-                  'ring')
+    r = run_slurm(slurm, 'srun', '-N', '2', '-n', '2', '--label', 'sh', '-c',
+                  'echo "on $(hostname)" && exec "$@"', 'sh', sys.executable, EXACT_SUMS, 'ring')
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(re.findall(r'^\d: on \w+$', r.stdout, re.M)) == ['0: on node1', '1: on node2']
     assert sorted(re.findall(r'^\d: worker \d of \d: ring sum on cpu \w+$', r.stdout, re.M)) == [
         '0: worker 0 of 2: ring sum on cpu exact', '1: worker 1 of 2: ring sum on cpu exact']
     assert r.stdout.count('torch.distributed on gloo') == 2
