@@ -142,12 +142,14 @@ class SlurmJob(Job):
         self.job_id, self.step_id = job_id, None
         self.step = None                          # srun (under the guard), as a Proc
         self.name, self.stopping = None, False    # the step's name; stop_all() under way
-        self.folder = tempfile.mkdtemp(prefix='d2l-slurm-')
+        self.folder = None                        # the multi-prog file's, while srun reads it
 
     def _start_all(self):
         """Write the multi-prog file and start the step: every process at once."""
         shared = shared_env([p.spec for p in self.procs])
-        conf = os.path.join(self.folder, f'multi-prog.{self.attempt}.conf')
+        self._forget_folder()
+        self.folder = tempfile.mkdtemp(prefix='d2l-slurm-')
+        conf = os.path.join(self.folder, 'multi-prog.conf')
         with open(conf, 'w') as f:
             f.write(multi_prog([p.spec for p in self.procs], shared))
         name = f'd2l-{config.get().job_id or os.getpid()}'
@@ -176,6 +178,7 @@ class SlurmJob(Job):
                 return self._exited(proc, int(e[1]))
             if s := STEP.fullmatch(text):
                 self.step_id = s[1]
+                self._forget_folder()             # srun has read the multi-prog file by now
                 return None
             return super()._emit(proc, text)
         if STEP_NOISE.match(m[2] if m else line):
@@ -272,11 +275,16 @@ class SlurmJob(Job):
         finally:
             self.stopping = False
 
+    def _forget_folder(self):
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
     def run(self):
         try:
             return super().run()
         finally:
-            shutil.rmtree(self.folder, ignore_errors=True)
+            self._forget_folder()
 
 
 # -- putting it together -------------------------------------------------------------

@@ -6,7 +6,6 @@ tests/system/test_slurm.py.
 """
 import io
 import os
-import shutil
 import subprocess
 import sys
 
@@ -105,19 +104,16 @@ def test_srun_output_goes_to_its_tasks_and_names_the_failure():
     out = io.StringIO()
     specs = job_specs(2, 1, ['train'], 'x', hosts=['n1', 'n2'], remote=True)
     job = slurm.SlurmJob(specs, '7', out=out)
-    try:
-        job.step = Proc(slurm.StepSpec('srun', 0))
-        for p in [job.step, *job.procs]:
-            p.popen = object()                    # running (no process needed here)
-        for line in ['0: d2ldist.slurm: step 7.3', '2: hello from worker 0',
-                     '3: d2ldist.slurm: exit 137', '1: d2ldist.slurm: exit 143',
-                     'srun: error: n1: tasks 0,2: Exited with exit code 9',
-                     'srun: launch/slurm: _step_signal: Terminating StepId=7.3',
-                     '0: slurmstepd-n1: error: *** STEP 7.3 ON n1 CANCELLED AT 2026 ***',
-                     'srun: error: Unable to create step for job 7: Invalid node name']:
-            job._emit(job.step, line)
-    finally:
-        shutil.rmtree(job.folder)
+    job.step = Proc(slurm.StepSpec('srun', 0))
+    for p in [job.step, *job.procs]:
+        p.popen = object()                        # running (no process needed here)
+    for line in ['0: d2ldist.slurm: step 7.3', '2: hello from worker 0',
+                 '3: d2ldist.slurm: exit 137', '1: d2ldist.slurm: exit 143',
+                 'srun: error: n1: tasks 0,2: Exited with exit code 9',
+                 'srun: launch/slurm: _step_signal: Terminating StepId=7.3',
+                 '0: slurmstepd-n1: error: *** STEP 7.3 ON n1 CANCELLED AT 2026 ***',
+                 'srun: error: Unable to create step for job 7: Invalid node name']:
+        job._emit(job.step, line)
     assert job.step_id == '7.3'
     assert out.getvalue() == ('[worker 0@n1] hello from worker 0\n'
                               '[srun] srun: error: Unable to create step for job 7: '
