@@ -17,6 +17,7 @@ import pytest
 
 from d2ldist import config
 from d2ldist.testing.netns_hosts import NetnsHosts
+from d2ldist.testing.slurm_cluster import SlurmCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get('CI', '').lower() in ('1', 'true', 'yes')
@@ -52,6 +53,29 @@ def hosts_for_tests(names, commands, why, **options):
         yield hosts
     finally:
         hosts.stop()
+
+
+@pytest.fixture(scope='session')
+def slurm_cluster():
+    """A real Slurm of two nodes (d2ldist/testing/slurm_cluster.py): munged, slurmctld
+    and two slurmd, started once for the session and stopped at its end, whatever
+    happened; skipped without root or Debian's daemons, failed under CI=true."""
+    if os.geteuid() != 0:
+        pytest.skip('a Slurm cluster needs root (namespaces, daemons as root)')
+    for daemon in ('munged', 'slurmctld', 'slurmd'):
+        need(shutil.which(daemon) is not None or os.access(f'/usr/sbin/{daemon}', os.X_OK),
+             f"Debian's {daemon}")
+    for command in ('srun', 'salloc', 'sinfo', 'squeue', 'scancel', 'nsenter', 'unshare'):
+        need_command(command)
+    cluster = SlurmCluster()
+    try:
+        cluster.start()
+    except (subprocess.CalledProcessError, RuntimeError) as e:
+        need(False, f'a Slurm cluster ({getattr(e, "stderr", None) or e})')
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def launch_argv(*args):

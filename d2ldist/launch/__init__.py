@@ -4,6 +4,7 @@
 * ``processes.py`` -- which processes a job has, on which host, with what command and env;
 * ``job.py``       -- start them, merge their output, stop them together;
 * ``ssh.py``       -- the same over ssh: hosts, preflight, rsync, remote clean-up;
+* ``slurm.py``     -- the same as one srun step inside a Slurm allocation;
 * ``guard.py``     -- wraps every process and ends its group when the job ends;
 * ``progress.py``  -- what we know of a running job (``JobModel``, fed by the job's hooks)
                      and d2l-launch's terminal view of it.

@@ -42,8 +42,9 @@ def build_parser(prog='d2l-launch'):
     p.add_argument('-s', '--num-servers', type=int, default=None,
                    help='number of parameter servers (default: as many as workers; '
                    '0 for jobs without servers)')
-    p.add_argument('--launcher', choices=['local', 'ssh'], default='local',
-                   help='how processes are started (default: local)')
+    p.add_argument('--launcher', choices=['local', 'ssh', 'slurm'], default='local',
+                   help='how processes are started (default: local; slurm: as one srun '
+                   'step, inside an allocation of salloc or sbatch)')
     p.add_argument('-H', '--hostfile', default=None,
                    help='the hosts to run on (for --launcher ssh): a file of '
                    '[user@]host[:port] [slots=N] lines, or host1,host2:2222')
@@ -133,13 +134,19 @@ def parse(argv, prog='d2l-launch'):
         args.num_servers = args.num_workers
     if args.num_servers < 0:
         raise UsageError(f'-s must be 0 or more, got {args.num_servers}')
-    if args.launcher == 'local':
+    if args.launcher != 'ssh':
         for name, value in (('-H/--hostfile', args.hostfile),
                             ('--sync-dst-dir', args.sync_dst_dir), ('--python', args.python)):
             if value is not None:
                 raise UsageError(f'{name} needs --launcher ssh')
     elif args.hostfile is None:
         raise UsageError('--launcher ssh needs -H hostfile (or -H host1,host2)')
+    if args.launcher == 'slurm':
+        from . import slurm
+        try:
+            slurm.allocation()
+        except slurm.SlurmError as e:
+            raise UsageError(str(e)) from None
     if args.log_dir is not None:   # (made when the job starts; a file there is refused)
         args.log_dir = os.path.abspath(args.log_dir)
         if os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
@@ -153,7 +160,7 @@ def parse(argv, prog='d2l-launch'):
     if args.max_restarts < 0:
         raise UsageError(f'--max-restarts must be 0 or more, got {args.max_restarts}')
     if args.port is not None and not (0 < args.port < 65536 and (
-            args.launcher == 'ssh' or port_is_free(args.port))):
+            args.launcher != 'local' or port_is_free(args.port))):
         raise UsageError(f'port {args.port} is not free')
     args.env = dict(_name_value(item) for item in args.env)
     args.env.update(_network_env(args.bandwidth, args.latency))
@@ -318,7 +325,7 @@ def make_job(args, out=None, notices=True, **job_options):
     """The Job that parsed options describe, ready to run (``%launch`` uses it too).
 
     With ``--launcher ssh`` the hosts are checked and the directory synced first; a
-    host that fails raises UsageError. ``notices``: say what the launcher chose for
+    host that fails raises UsageError (``--launcher slurm``: the allocation is read). ``notices``: say what the launcher chose for
     the user (OMP_NUM_THREADS; %launch does not, so that a chapter's outputs are
     the same on every machine). ``job_options`` go to the Job (see job.py)."""
     secret = secrets.token_hex(32)
@@ -337,6 +344,12 @@ def make_job(args, out=None, notices=True, **job_options):
         try:
             return ssh.prepare(args, secret, out=out, notices=notices, **job_options)
         except ssh.HostError as e:
+            raise UsageError(str(e)) from None
+    if args.launcher == 'slurm':
+        from . import slurm
+        try:
+            return slurm.prepare(args, secret, out=out, notices=notices, **job_options)
+        except slurm.SlurmError as e:
             raise UsageError(str(e)) from None
     specs = local_specs(args.num_workers, args.num_servers, args.command, secret,
                         extra_env=args.env, process_env=args.process_env)

@@ -79,7 +79,7 @@ class NetnsHosts:
     def start(self):
         remove_stale(self.prefix)
         try:
-            self._network()
+            self.network()
             self._keys()
             for name in self.names:
                 self._start_sshd(name)
@@ -89,7 +89,8 @@ class NetnsHosts:
             raise
         return self
 
-    def _network(self):
+    def network(self):
+        """The namespaces and the bridge, without sshd (slurm_cluster.py uses this alone)."""
         lns = self.launcher_ns
         ip('netns', 'add', lns)
         ip('-n', lns, 'link', 'set', 'lo', 'up')

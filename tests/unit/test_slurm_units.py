@@ -1,0 +1,124 @@
+"""The Slurm launcher's parts that need no Slurm: the allocation read from SLURM_*
+variables, the multi-prog file and what a task makes of its line, the refusals.
+
+The same launcher against a real Slurm (munged, slurmctld, two slurmd) is
+tests/system/test_slurm.py.
+"""
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import launch_argv
+from d2ldist.launch import slurm
+from d2ldist.launch.job import Proc
+from d2ldist.launch.processes import job_specs
+
+ALLOCATION = {'SLURM_JOB_ID': '42', 'SLURM_JOB_NODELIST': 'node[01-04,07]',
+              'SLURM_TASKS_PER_NODE': '2(x4),1', 'SLURM_JOB_CPUS_PER_NODE': '8(x5)'}
+
+
+def test_the_allocation_is_read_with_its_ranges(monkeypatch):
+    monkeypatch.setattr(slurm.shutil, 'which', lambda name: f'/usr/bin/{name}')
+    assert slurm.allocation(ALLOCATION) == (
+        '42', ['node01', 'node02', 'node03', 'node04', 'node07'], [2, 2, 2, 2, 1], [8] * 5)
+    bad = dict(ALLOCATION, SLURM_JOB_NODELIST='node[01-')
+    with pytest.raises(slurm.SlurmError, match=r"--launcher slurm: node list 'node\[01-'"):
+        slurm.allocation(bad)
+    short = dict(ALLOCATION, SLURM_TASKS_PER_NODE='2(x3)')
+    with pytest.raises(slurm.SlurmError, match='5 nodes in SLURM_JOB_NODELIST but tasks'):
+        slurm.allocation(short)
+    monkeypatch.setattr(slurm.shutil, 'which', lambda name: None)
+    with pytest.raises(slurm.SlurmError, match='in allocation 42, but srun is not on PATH'):
+        slurm.allocation(ALLOCATION)
+
+
+def test_workers_follow_the_allocations_tasks_per_node():
+    """Two tasks per node: the workers fill node01's two slots, then node02's."""
+    nodes, tasks = ['node01', 'node02'], [2, 2]
+    specs = job_specs(4, 1, ['train'], 's' * 64, hosts=nodes, slots=tasks, remote=True,
+                      addresses={'node01': '10.0.0.1', 'node02': '10.0.0.2'})
+    assert [(s.label, s.env.get('LOCAL_RANK')) for s in specs] == [
+        ('scheduler@node01', None), ('server 0@node02', None), ('worker 0@node01', '0'),
+        ('worker 1@node01', '1'), ('worker 2@node02', '0'), ('worker 3@node02', '1')]
+    argv = slurm.srun_argv(specs, '/tmp/x.conf', 'd2l-1')
+    assert '--nodelist=node01,node02,node01,node01,node02,node02' in argv
+    assert '--ntasks=6' in argv and '--nodes=2' in argv and argv[-2:] == ['--multi-prog',
+                                                                           '/tmp/x.conf']
+
+
+def test_a_task_runs_its_line_with_its_own_variables():
+    """The multi-prog file's line of a task, run as srun runs it: that process's command
+    with its own variables over the shared ones; the secret is in no line."""
+    specs = job_specs(2, 1, [sys.executable, '-c', 'import os; print(os.environ["D2L_ROLE"],'
+                             ' os.environ["D2L_RANK"], os.environ["WORLD_SIZE"], "a b")'],
+                      'secret' * 10 + 'abcd', hosts=['n1'], addresses={'n1': '127.0.0.1'})
+    shared = slurm.shared_env(specs)
+    assert shared['D2L_JOB_SECRET'] == 'secret' * 10 + 'abcd' and 'D2L_ROLE' not in shared
+    lines = slurm.multi_prog(specs, shared).splitlines()
+    assert [line.split()[0] for line in lines] == ['0', '1', '2', '3']
+    assert all(line.split()[1:5] == [sys.executable, '-m', 'd2ldist.launch.slurm', '--task']
+               and len(line.split()) == 6 and 'secret' not in line for line in lines)
+    word = lines[3].split()[5]
+    env = dict(os.environ, **shared, SLURM_PROCID='3', SLURM_JOB_ID='7', SLURM_STEP_ID='0')
+    r = subprocess.run([sys.executable, '-m', 'd2ldist.launch.slurm', '--task', word],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert (r.returncode, r.stdout) == (0, 'worker 1 2 a b\nd2ldist.slurm: exit 0\n'), r.stderr
+
+
+def test_a_failing_task_reports_its_code_and_step_zero_its_step():
+    spec, = [s for s in job_specs(1, 0, [sys.executable, '-c', 'raise SystemExit(3)'], 'x',
+                                  hosts=['n1']) if s.role == 'worker']
+    env = dict(os.environ, SLURM_PROCID='0', SLURM_JOB_ID='7', SLURM_STEP_ID='2')
+    r = subprocess.run([sys.executable, '-m', 'd2ldist.launch.slurm', '--task',
+                        slurm.task_word(spec, {})], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert (r.returncode, r.stdout) == (3, 'd2ldist.slurm: step 7.2\nd2ldist.slurm: exit 3\n')
+    r = subprocess.run([sys.executable, '-m', 'd2ldist.launch.slurm', '--task', 'bad'],
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (1, 'd2ldist.slurm: --task takes a word written by '
+                                           'd2l-launch --launcher slurm\n')
+
+
+def test_outside_an_allocation_one_line_says_where_to_run():
+    env = {k: v for k, v in os.environ.items() if not k.startswith('SLURM_')}
+    r = subprocess.run(launch_argv('-n', '2', '--launcher', 'slurm', 'python', '-c', '1'),
+                       capture_output=True, text=True, timeout=30, env=env)
+    assert (r.returncode, r.stdout) == (2, '')
+    assert r.stderr == ('d2l-launch: error: --launcher slurm runs inside a Slurm allocation '
+                        '(SLURM_JOB_ID is not set): salloc -N 2 d2l-launch --launcher slurm '
+                        '..., or d2l-launch in an sbatch script\n')
+    r = subprocess.run(launch_argv('-n', '1', '--launcher', 'slurm', '-H', 'a,b', 'python',
+                                   '-c', '1'), capture_output=True, text=True, timeout=30,
+                       env=env)
+    assert (r.returncode, r.stderr) == (2, 'd2l-launch: error: -H/--hostfile needs '
+                                           '--launcher ssh\n')
+
+
+def test_srun_output_goes_to_its_tasks_and_names_the_failure():
+    """srun --label's lines, fed as srun prints them: each task's under its label, the
+    exit marks hidden and taken, srun's words on ended tasks hidden (and taken for a task
+    that could not say), anything else srun says shown as [srun]."""
+    out = io.StringIO()
+    specs = job_specs(2, 1, ['train'], 'x', hosts=['n1', 'n2'], remote=True)
+    job = slurm.SlurmJob(specs, '7', out=out)
+    job.step = Proc(slurm.StepSpec('srun', 0))
+    for p in [job.step, *job.procs]:
+        p.popen = object()                        # running (no process needed here)
+    for line in ['0: d2ldist.slurm: step 7.3', '2: hello from worker 0',
+                 '3: d2ldist.slurm: exit 137', '1: d2ldist.slurm: exit 143',
+                 'srun: error: n1: tasks 0,2: Exited with exit code 9',
+                 'srun: launch/slurm: _step_signal: Terminating StepId=7.3',
+                 '0: slurmstepd-n1: error: *** STEP 7.3 ON n1 CANCELLED AT 2026 ***',
+                 'srun: error: Unable to create step for job 7: Invalid node name']:
+        job._emit(job.step, line)
+    assert job.step_id == '7.3'
+    assert out.getvalue() == ('[worker 0@n1] hello from worker 0\n'
+                              '[srun] srun: error: Unable to create step for job 7: '
+                              'Invalid node name\n')
+    assert [(p.label, p.state, p.code) for p in job.procs] == [
+        ('scheduler@n1', 'failed', 9), ('server 0@n2', 'stopped', 143),
+        ('worker 0@n1', 'failed', 9), ('worker 1@n2', 'failed', 137)]
+    assert job.failure.label == 'worker 1@n2'
