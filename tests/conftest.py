@@ -5,10 +5,12 @@ so that a test can look for survivors in the process table afterwards: "no proce
 of the job is left" is checked, not assumed.
 """
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -125,17 +127,36 @@ def run_group(argv, env, cwd, timeout):
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
-def kill_leftovers(hosts):
-    """After a test on namespace hosts: kill what is left on them, then fail naming it
-    (killed first, so that one failure does not fail the next test)."""
-    left = hosts.wait_no_leftovers(15)
-    for pids in left.values():
+def kill_pids(by_host):
+    """SIGKILL every pid of ``by_host`` ({host: [pid, ...]}); those already gone are skipped."""
+    for pids in by_host.values():
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def kill_leftovers(hosts):
+    """After a test on namespace hosts: kill what is left on them, then fail naming it
+    (killed first, so that one failure does not fail the next test)."""
+    left = hosts.wait_no_leftovers(15)
+    kill_pids(left)
     assert not left, f'processes left on the hosts: {left}'
+
+
+def read_until_ready(proc, workers):
+    """Read ``proc``'s output on a thread: (its lines so far, an Event set once ``workers``
+    workers have printed 'worker N ready')."""
+    lines, ready = [], threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if sum(bool(re.search(r'\] worker \d ready$', x)) for x in lines) == workers:
+                ready.set()
+    threading.Thread(target=read, daemon=True).start()
+    return lines, ready
 
 
 def run_torchrun(script, *args, workers=2, env=None, cwd=ROOT, timeout=180):

@@ -12,12 +12,12 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
-from conftest import ROOT, new_tag, run_group, tagged_pids, wait_no_survivors
+from conftest import ROOT, kill_pids, new_tag, read_until_ready, run_group, tagged_pids, \
+    wait_no_survivors
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -37,12 +37,7 @@ def slurm(slurm_cluster):
     yield slurm_cluster
     left = slurm_cluster.wait_queue_empty(30)
     tasks = slurm_cluster.wait_no_tasks(15)
-    for pids in tasks.values():
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    kill_pids(tasks)
     if left:
         slurm_cluster.run('scancel', *[line.split()[0] for line in left])
     assert left == [] and tasks == {}, f'left by the test: jobs {left}, processes {tasks}'
@@ -155,14 +150,7 @@ def test_ctrl_c_or_a_killed_launcher_ends_the_step(slurm, tmp_path, sig, says):
                    sys.executable, script),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
         env=slurm.env(job_env(tag)), start_new_session=True)
-    lines, ready = [], threading.Event()
-
-    def read():
-        for line in salloc.stdout:
-            lines.append(line)
-            if sum(bool(re.search(r'\] worker \d ready$', x)) for x in lines) == 2:
-                ready.set()
-    threading.Thread(target=read, daemon=True).start()
+    lines, ready = read_until_ready(salloc, 2)
     try:
         assert ready.wait(120), ''.join(lines)
         launcher = [pid for pid in tagged_pids(tag) if open(f'/proc/{pid}/cmdline', 'rb')

@@ -7,16 +7,14 @@ namespace, other than sshd itself) and by the job's tag.
 """
 import json
 import os
-import re
 import signal
 import subprocess
-import threading
 import time
 
 import pytest
 
-from conftest import ROOT, hosts_for_tests, kill_leftovers, launch_argv, new_tag, tagged_pids, \
-    wait_no_survivors
+from conftest import ROOT, hosts_for_tests, kill_leftovers, launch_argv, new_tag, read_until_ready, \
+    tagged_pids, wait_no_survivors
 from d2ldist.testing.netns_hosts import LAUNCHER_NS, UNREACHABLE, netns_pids
 
 pytestmark = pytest.mark.timeout(120)
@@ -261,14 +259,7 @@ def test_no_process_left_on_any_host(clean, tmp_path, action, code, says):
         ssh_argv(hosts, '-H', 'hostA,hostB', '-n', '3', '-s', '0', 'python', script, tag=tag),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT)), start_new_session=True)
-    lines, ready = [], threading.Event()
-
-    def read():
-        for line in launcher.stdout:
-            lines.append(line)
-            if sum(bool(re.search(r'\] worker \d ready$', x)) for x in lines) == 3:
-                ready.set()
-    threading.Thread(target=read, daemon=True).start()
+    lines, ready = read_until_ready(launcher, 3)
     try:
         assert ready.wait(60), ''.join(lines)
         # the job runs on both hosts, and its secret is on no command line anywhere
