@@ -49,6 +49,16 @@ class PeerFailed(RuntimeError):
     """Another node of the job died or stopped answering."""
 
 
+class WorkersChanged(PeerFailed):
+    """The scheduler formed a new membership of the workers (elastic, ``--min-workers``):
+    the collective in flight failed; ``lost`` names the worker left out, ``round`` the
+    membership's number (Horovod's HorovodInternalError)."""
+
+    def __init__(self, message, lost=None, round=0):
+        super().__init__(message)
+        self.lost, self.round = lost, round
+
+
 class Node:
     """This process as a node of a job: its van, its rank and the address book."""
 
@@ -69,6 +79,8 @@ class Node:
         self._questions = itertools.count(1)
         self._receiving = 0       # threads inside recv() now (ZeroMQ sockets are not
         self._count_lock = threading.Lock()   # thread-safe: stop() must not join them)
+        self.members = None       # the live workers in rank order, after a membership change
+        self.round = 0            # which membership (elastic: the scheduler's MEMBERS)
 
     @classmethod
     def from_env(cls, role=None):
@@ -140,6 +152,10 @@ class Node:
         """The ids of the nodes with ``role``, in rank order."""
         count = self.num_workers if role == 'worker' else self.num_servers
         return [f'{role}:{r}' for r in range(count)]
+
+    def workers(self):
+        """The ids of the workers of the current membership, in rank order."""
+        return list(self.members) if self.members is not None else self.peers('worker')
 
     def send(self, peer, kind, header=None, frames=(), track=False):
         return self.van.send(peer, kind, header, frames, track=track)
@@ -230,9 +246,22 @@ class Node:
             if msg.kind == protocol.FAILED and msg.sender == 'scheduler':
                 raise PeerFailed(f'{msg.get("node", "a node").replace(":", " ")} failed '
                                  f'({msg.get("reason")}); {self.id.replace(":", " ")} gives up')
+            if msg.kind == protocol.MEMBERS and msg.sender == 'scheduler':
+                self._new_members(msg)
             if kinds is None or msg.kind in kinds:
                 return msg
             self._stash.append(msg)
+
+    def _new_members(self, msg):
+        """The scheduler's new membership: take it, and fail what waits on the old one."""
+        workers, rnd = msg.get('workers'), msg.get('round')
+        if not isinstance(rnd, int) or rnd <= self.round or not isinstance(workers, list) \
+                or self.id not in workers:
+            return
+        self.members, self.round = [str(w) for w in workers], rnd
+        lost = str(msg.get('lost'))
+        raise WorkersChanged(f'{lost.replace(":", " ")} was lost ({msg.get("reason")}); '
+                             f'{len(workers)} workers go on (round {rnd})', lost, rnd)
 
     def put_back(self, msg):
         """Return a message just received: the next recv of its kind gets it first."""
@@ -284,6 +313,9 @@ class Node:
         if self._stopped.is_set():
             return
         try:
+            if _crashed and config.get().min_workers:   # elastic: the others go on
+                self.van.send('scheduler', protocol.FAILED, {'reason': _crashed})
+                return                  # (no goodbye: lost, the heartbeats' silence says it)
             self.van.send('scheduler', protocol.GOODBYE)
             # Workers wait: the scheduler counts their goodbyes. (Servers go when told
             # to shut down, by a scheduler that is gone by then.)
@@ -299,6 +331,7 @@ class Node:
 # errors whose message says what happened where: uncaught, they end the process in one line
 ONE_LINE = (PeerFailed, hang.Hang, hang.Disagree, stream.StreamBroken, started.StartError)
 _one_line = False   # whether report_in_one_line() has hooked sys.excepthook
+_crashed = None     # the uncaught error this process ends with, if any (stop() says so)
 
 
 def report_in_one_line():
@@ -310,6 +343,8 @@ def report_in_one_line():
     _one_line, previous = True, sys.excepthook
 
     def hook(kind, value, tb):
+        global _crashed
+        _crashed = f'{kind.__name__}: {value}'[:200]
         if issubclass(kind, ONE_LINE):
             sys.stderr.write(f'd2ldist: {value}\n')   # one write: processes started
             sys.stderr.flush()                        # by mpirun may share the pipe
