@@ -234,7 +234,9 @@ class Scheduler:
     # left its own. Fewer than --min-workers left, or a server lost: the job fails.
     def reform(self, node, reason):
         """Form a membership without the lost worker ``node``; False where the job fails."""
-        workers = [w for w in self.members('worker') if w != node]
+        workers = sorted((w for w in self.members('worker')                  # rank order
+                          if w != node and w not in self.finished),
+                         key=lambda w: _by_rank((w,)))
         if self.min_workers is None or not node.startswith('worker:') or not self.book_sent \
                 or node in self.lost or len(workers) < self.min_workers:
             return False

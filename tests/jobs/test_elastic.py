@@ -1,0 +1,70 @@
+"""Elastic workers on the ring (hvd.elastic, d2l-launch --min-workers) in real jobs: a
+worker killed at step 40 of 100, the survivors re-form the ring and finish with the
+weights a replay of the same membership change in one process gives (elastic_job.py)."""
+import json
+import re
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, run_launch, wait_no_survivors
+from elastic_job import BATCH, STEPS, replay
+
+JOB = ROOT / 'tests' / 'jobs' / 'elastic_job.py'
+KILL = ['--fail', 'worker:1@step=40']
+
+
+def entries(out):
+    """{worker: [(batch, rank, size)]}: where each worker entered train()."""
+    found = {}
+    for w, batch, rank, size in re.findall(
+            r'^\[worker \d\] worker (\d): enters at batch (\d+) as rank (\d) of (\d)$', out, re.M):
+        found.setdefault(int(w), []).append((int(batch), int(rank), int(size)))
+    return found
+
+
+def finals(out, what):
+    """{worker: the JSON after 'worker W <what>'}: its final weights, the samples it read."""
+    return {int(w): json.loads(v) for w, v in
+            re.findall(rf'^\[worker \d\] worker (\d) {what} (\[.*\])$', out, re.M)}
+
+
+@pytest.mark.parametrize('env', [[], ['--env', 'D2L_SHM=0']], ids=['shm', 'tcp'])
+def test_a_killed_worker_is_left_out_and_the_survivors_finish_as_the_replay(env):
+    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, *KILL, *env, '--timeout', 150,
+                   sys.executable, JOB, timeout=200)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert 'd2l-launch: worker 1 failed (killed by SIGKILL (exit code 137)); 2 workers go ' \
+        'on (--min-workers 2)' in out
+    assert re.search(r'^\[scheduler\] d2ldist: worker 1 failed: .*; the ring re-forms with 2 '
+                     r'workers \(round 1\)$', out, re.M), out[-4000:]
+    # the survivors went back to the same commit, as ranks 0 and 1 of 2 (in their old order)
+    seen = entries(out)
+    k = seen[0][1][0]
+    assert seen == {0: [(0, 0, 3), (k, 0, 2)], 1: [(0, 1, 3)], 2: [(0, 2, 3), (k, 1, 2)]}
+    assert k in (39, 40)      # step 40 ended in the kill, or its all-reduce ended first
+    # equal weights, those of the same membership change replayed in one process
+    weights = finals(out, 'done:')
+    assert sorted(weights) == [0, 2] and weights[0] == weights[2]
+    expected = replay([3] * k + [2] * (STEPS - k))
+    assert torch.allclose(torch.tensor(weights[0]), torch.tensor(expected), rtol=1e-12,
+                          atol=1e-12), (weights[0], expected)
+    assert not torch.allclose(torch.tensor(expected), torch.tensor(replay([3] * STEPS)))
+    # from the commit on, every sample of the epoch was read once, by one of the two
+    read = finals(out, 'read')
+    assert sorted(read[0] + read[2]) == list(range(k * BATCH, STEPS * BATCH))
+    assert wait_no_survivors(r.tag) == []
+
+
+@pytest.mark.parametrize('elastic', [[], ['--min-workers', 3]], ids=['not-elastic', 'min-3'])
+def test_without_enough_workers_left_the_kill_stops_the_job(elastic):
+    r = run_launch('-n', 3, '-s', 0, *elastic, *KILL, '--timeout', 120, sys.executable, JOB,
+                   timeout=180)
+    out = r.stdout + r.stderr
+    assert r.returncode == 137, out[-4000:]
+    assert out.count('d2l-launch: worker 1 failed (killed by SIGKILL (exit code 137)); '
+                     'the job was stopped.') == 1, out[-4000:]
+    assert 'go on' not in out and 're-forms' not in out and ' done: ' not in out
+    assert wait_no_survivors(r.tag) == []

@@ -1,0 +1,211 @@
+"""Elastic workers in one process: the options, the scheduler's new membership, a node
+taking it, the ring keeping its own membership's messages, and TorchState with run()
+(tests/jobs/test_elastic.py runs jobs)."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from d2ldist.collectives import elastic, world
+from d2ldist.collectives.ring import Ring
+from d2ldist.launch import cli
+from d2ldist.runtime import protocol
+from d2ldist.runtime.node import Node, WorkersChanged
+from fakes import message, scheduler
+
+
+# -- the options ------------------------------------------------------------------------
+def parse(*options, servers=0):
+    return cli.parse(['-n', '3', '-s', str(servers), *map(str, options), 'python', '-c', 'pass'])
+
+
+@pytest.mark.parametrize('options,servers,error', [
+    (['--min-workers', 4], 0, '--min-workers must be between 1 and -n (3), got 4'),
+    (['--min-workers', 0], 0, '--min-workers must be between 1 and -n (3), got 0'),
+    (['--min-workers', 2, '--max-workers', 2], 0, '--max-workers must be at least -n (3), got 2'),
+    (['--max-workers', 5], 0, '--max-workers needs --min-workers A'),
+    (['--min-workers', 2], 1, '--min-workers needs -s 0: elastic workers are on the ring only'),
+    (['--min-np', 'two'], 0, "argument --min-workers/--min-np: invalid int value: 'two'"),
+])
+def test_bad_elastic_options_are_one_line_errors(options, servers, error):
+    with pytest.raises(cli.UsageError) as e:
+        parse(*options, servers=servers)
+    assert str(e.value) == error
+
+
+def test_min_workers_and_its_horovod_alias_reach_every_process():
+    for option in ('--min-workers', '--min-np'):
+        args = parse(option, 2, '--max-np', 4)
+        assert (args.min_workers, args.max_workers, args.env['D2L_MIN_WORKERS']) == (2, 4, '2')
+    assert 'D2L_MIN_WORKERS' not in parse().env
+
+
+# -- the scheduler's new membership -------------------------------------------------------
+def elastic_scheduler(workers=3, min_workers=2, order=None):
+    s = scheduler(workers)
+    s.min_workers = min_workers
+    if order:                                  # registration order is not rank order
+        s.nodes = {f'worker:{r}': s.nodes[f'worker:{r}'] for r in order}
+    return s
+
+
+def members_sent(s):
+    return [(peer, h['round'], h['workers'], h['lost']) for peer, kind, h in s.van.sent
+            if kind == protocol.MEMBERS]
+
+
+def test_a_lost_worker_leaves_the_others_a_new_membership_in_rank_order():
+    s = elastic_scheduler(order=[2, 0, 1])
+    assert s.reform('worker:1', 'no heartbeat for 5 s')
+    assert members_sent(s) == [('worker:2', 1, ['worker:0', 'worker:2'], 'worker:1'),
+                               ('worker:0', 1, ['worker:0', 'worker:2'], 'worker:1')]
+    assert s.members('worker') == ['worker:2', 'worker:0'] and s.round == 1
+    assert not [k for _, k, _ in s.van.sent if k == protocol.FAILED]
+
+
+def test_below_min_workers_or_without_it_a_loss_fails_the_job():
+    s = elastic_scheduler()
+    assert s.reform('worker:0', 'gone')
+    assert not s.reform('worker:2', 'gone')         # 1 left < 2: the caller fails the job
+    assert s.round == 1 and len(members_sent(s)) == 2
+    assert not elastic_scheduler(min_workers=None).reform('worker:0', 'gone')
+    assert not elastic_scheduler(min_workers=3).reform('worker:0', 'gone')
+
+
+def test_a_failed_message_from_a_worker_re_forms_and_barriers_count_the_survivors():
+    s = elastic_scheduler()
+    s.handle(message(protocol.BARRIER, 'worker:0', group='worker', n=1, what='barrier()'))
+    s.handle(message(protocol.FAILED, 'worker:1', reason='ValueError: bad'))
+    assert members_sent(s)[0][2] == ['worker:0', 'worker:2']
+    for w in ('worker:0', 'worker:2'):   # the half-entered barrier was forgotten: enter anew
+        s.handle(message(protocol.BARRIER, w, group='worker', n=2, what='barrier()'))
+    done = [(peer, h['n']) for peer, kind, h in s.van.sent if kind == protocol.BARRIER_DONE]
+    assert done == [('worker:0', 2), ('worker:2', 2)]
+    for w in ('worker:0', 'worker:2'):   # the job ends when the survivors have finished
+        ended = s.handle(message(protocol.GOODBYE, w))
+    assert ended is True
+
+
+# -- a node takes the new membership --------------------------------------------------------
+def bare_node(rank=2, workers=3):
+    node = Node.__new__(Node)
+    node.van = SimpleNamespace(node_id=f'worker:{rank}')
+    node.num_workers, node.members, node.round = workers, None, 0
+    return node
+
+
+def test_a_node_takes_a_new_membership_and_fails_what_waits():
+    node = bare_node()
+    assert node.workers() == ['worker:0', 'worker:1', 'worker:2']
+    with pytest.raises(WorkersChanged) as e:
+        node._new_members(message(protocol.MEMBERS, 'scheduler', round=1, lost='worker:1',
+                                  workers=['worker:0', 'worker:2'], reason='no heartbeat'))
+    assert (e.value.lost, e.value.round, node.workers()) == ('worker:1', 1, ['worker:0', 'worker:2'])
+    assert str(e.value) == 'worker 1 was lost (no heartbeat); 2 workers go on (round 1)'
+    for stale in (dict(round=1, workers=['worker:2']), dict(round=2, workers=['worker:0'])):
+        node._new_members(message(protocol.MEMBERS, 'scheduler', lost='x', **stale))
+    assert (node.round, node.workers()) == (1, ['worker:0', 'worker:2'])   # (not its own)
+
+
+# -- the ring keeps to its membership ----------------------------------------------------------
+class QueueNode(SimpleNamespace):
+    """A node whose recv() hands out the given messages (or raises them), in order."""
+
+    def recv(self, kinds, wait=None):
+        item = self.queue.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def put_back(self, msg):
+        self.back.insert(0, msg)
+
+
+def test_the_ring_drops_an_older_rounds_chunks_and_keeps_a_newer_ones_for_the_next_ring():
+    workers = ['worker:0', 'worker:2']
+    old = message('ring', 'worker:2', membership=0, n=7)
+    ours = message('ring', 'worker:2', membership=1, n=1)
+    newer = message('ring', 'worker:2', membership=2, n=1)
+    node = QueueNode(id='worker:0', workers=lambda: workers, round=1, counters={}, back=[],
+                     queue=[old, newer, ours, WorkersChanged('round 2', round=2)])
+    ring = Ring(node)
+    assert (ring.rank, ring.size, ring.left, ring.right) == (0, 2, 'worker:2', 'worker:2')
+    assert ring._next(['ring'], None) is ours
+    with pytest.raises(WorkersChanged):
+        ring._next(['ring'], None)
+    assert node.back == [newer]
+    node.round = 2                               # a collective on the old ring fails at once
+    with pytest.raises(WorkersChanged, match='called a collective on the old ring'):
+        ring.allreduce_(torch.ones(2), None)
+    assert ring.calls == 0
+
+
+# -- TorchState and run() ---------------------------------------------------------------------
+def net_and_optimizer():
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 1)
+    return net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+
+
+def take_a_step(net, optimizer):
+    optimizer.zero_grad()
+    net(torch.ones(2, 3)).sum().backward()
+    optimizer.step()
+
+
+def test_restore_goes_back_to_the_last_commit():
+    net, optimizer = net_and_optimizer()
+    state = elastic.TorchState(model=net, optimizer=optimizer, epoch=0, batch=0)
+    take_a_step(net, optimizer)
+    state.batch = 1
+    state.commit()
+    weights = [p.detach().clone() for p in net.parameters()]
+    momentum = [optimizer.state[p]['momentum_buffer'].clone() for p in net.parameters()]
+    take_a_step(net, optimizer)
+    state.batch, state.epoch = 2, 1
+    state.restore()
+    assert (state.epoch, state.batch) == (0, 1)
+    assert all(torch.equal(p, w) for p, w in zip(net.parameters(), weights))
+    assert all(torch.equal(optimizer.state[p]['momentum_buffer'], m)
+               for p, m in zip(net.parameters(), momentum))
+    take_a_step(net, optimizer)                  # the copy is not changed by later steps
+    state.restore()
+    assert all(torch.equal(p, w) for p, w in zip(net.parameters(), weights))
+
+
+def test_only_numbers_are_kept_as_attributes():
+    with pytest.raises(TypeError, match=r'TorchState\(names=...\): only numbers'):
+        elastic.TorchState(names=['a'])
+
+
+def test_a_commit_after_the_workers_changed_interrupts(monkeypatch):
+    state = elastic.TorchState(batch=0)
+    monkeypatch.setattr(world, 'membership', lambda: 1)
+    with pytest.raises(elastic.HostsUpdatedInterrupt):
+        state.commit()
+
+
+def test_run_restores_the_commit_resets_and_calls_again(monkeypatch):
+    reforms, resets, entered = [], [], []
+    monkeypatch.setattr(world, 'reform', lambda: reforms.append(1))
+    state = elastic.TorchState(batch=0)
+    state.register_reset_callbacks([lambda: resets.append(state.batch)])
+
+    @elastic.run
+    def train(state):
+        entered.append(state.batch)
+        while state.batch < 5:
+            state.batch += 1
+            if state.batch == 3 and len(entered) == 1:   # a collective fails, once
+                raise WorkersChanged('worker 1 was lost', 'worker:1', 1)
+            state.commit()
+        return 'done'
+
+    assert train(state) == 'done'
+    assert entered == [0, 2] and resets == [2] and len(reforms) == 1
+    assert state.batch == 5
+
+
+def test_part_cuts_a_global_batch_by_the_current_rank_and_size():
+    assert [elastic.part(10, r, 3) for r in range(3)] == [(0, 4), (4, 7), (7, 10)]
+    assert [elastic.part(10, r, 2) for r in range(2)] == [(0, 5), (5, 10)]
