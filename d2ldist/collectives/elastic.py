@@ -27,6 +27,8 @@ import functools
 
 import torch
 
+from .. import config
+from ..runtime import node
 from ..runtime.node import WorkersChanged
 from ..runtime.split import even_slices
 from . import world
@@ -137,6 +139,9 @@ def run(func):
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         world.init()
+        if config.get().min_workers and world.name() != 'ring':
+            raise RuntimeError('hvd.elastic.run under --min-workers needs the ring backend, '
+                               f'not {world.name()!r}')
         reset, skip_sync = False, False
         while True:
             if reset:
@@ -147,9 +152,9 @@ def run(func):
                     state.sync()
                 return func(state, *args, **kwargs)
             except WorkersChanged as e:
-                print(f'd2ldist: worker {world.rank()} of {world.size()}: {e}; back to '
-                      'the last commit', flush=True)
                 state.restore()
+                me = node.current().id.replace(':', ' ') if node.current() else 'worker'
+                print(f'd2ldist: {me}: {e}; back to the last commit', flush=True)
                 skip_sync = False
             except HostsUpdatedInterrupt as e:
                 skip_sync = e.skip_sync

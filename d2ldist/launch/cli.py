@@ -296,8 +296,9 @@ def _elastic_env(args):
         raise UsageError(f'--min-workers must be between 1 and -n ({n}), got {low}')
     if high is not None and high < n:
         raise UsageError(f'--max-workers must be at least -n ({n}), got {high}')
-    if args.num_servers:
-        raise UsageError('--min-workers needs -s 0: elastic workers are on the ring only')
+    if args.num_servers or args.env.get(config.variable('backend')) == 'torch':
+        raise UsageError('--min-workers needs -s 0 and the ring backend: elastic workers '
+                         'are on the ring only')
     return config.env(min_workers=low)
 
 

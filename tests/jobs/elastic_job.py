@@ -6,7 +6,8 @@ of 10 with three workers, 5, 5 with two, so the average of the parts' gradients 
 on the membership), commits after every step, and the learning rate follows the number
 of workers (Horovod's on_reset idiom). Each worker prints where it entered ``train``
 (the batch and its rank among how many), the samples it read from there, and its final
-weights. ``replay(first_batches)`` computes the same in one process, for any sequence
+weights. With ``RAISE_ON=R`` worker R raises an error at batch 20 instead of being killed.
+``replay(sizes)`` computes the same in one process, for any sequence
 of memberships.
 
     d2l-launch -n 3 -s 0 --min-workers 2 --fail worker:1@step=40 python elastic_job.py
@@ -80,6 +81,8 @@ def main():
               f'{hvd.size()}', flush=True)
         read = []
         while state.batch < STEPS:
+            if me == os.environ.get('RAISE_ON') and state.batch == 20:
+                raise ValueError('worker 1 stops at batch 20 (RAISE_ON)')
             a, b = hvd.elastic.part(BATCH)
             rows = (state.batch * BATCH + a, state.batch * BATCH + b)
             read += range(*rows)

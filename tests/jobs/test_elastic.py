@@ -30,21 +30,30 @@ def finals(out, what):
             re.findall(rf'^\[worker \d\] worker (\d) {what} (\[.*\])$', out, re.M)}
 
 
-@pytest.mark.parametrize('env', [[], ['--env', 'D2L_SHM=0']], ids=['shm', 'tcp'])
-def test_a_killed_worker_is_left_out_and_the_survivors_finish_as_the_replay(env):
-    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, *KILL, *env, '--timeout', 150,
+KILLED = 'killed by SIGKILL (exit code 137)'
+
+
+@pytest.mark.parametrize('fault,how,commits', [
+    (KILL, KILLED, (39, 40)),      # step 40 ended in the kill, or its all-reduce ended first
+    (KILL + ['--env', 'D2L_SHM=0'], KILLED, (39, 40)),     # (the ring's own TCP streams)
+    (['--env', 'RAISE_ON=1'], 'exit code 1', (20,))],      # an error, before batch 20
+    ids=['killed', 'killed-tcp', 'error'])
+def test_a_lost_worker_is_left_out_and_the_survivors_finish_as_the_replay(fault, how, commits):
+    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, *fault, '--timeout', 150,
                    sys.executable, JOB, timeout=200)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
-    assert 'd2l-launch: worker 1 failed (killed by SIGKILL (exit code 137)); 2 workers go ' \
-        'on (--min-workers 2)' in out
+    assert f'd2l-launch: worker 1 failed ({how}); 2 workers go on (--min-workers 2)' in out
     assert re.search(r'^\[scheduler\] d2ldist: worker 1 failed: .*; the ring re-forms with 2 '
                      r'workers \(round 1\)$', out, re.M), out[-4000:]
+    for w in (0, 2):
+        assert re.search(rf'^\[worker {w}\] d2ldist: worker {w}: worker 1 was lost \(.*\); '
+                         r'2 workers go on \(round 1\); back to the last commit$', out, re.M)
     # the survivors went back to the same commit, as ranks 0 and 1 of 2 (in their old order)
     seen = entries(out)
     k = seen[0][1][0]
     assert seen == {0: [(0, 0, 3), (k, 0, 2)], 1: [(0, 1, 3)], 2: [(0, 2, 3), (k, 1, 2)]}
-    assert k in (39, 40)      # step 40 ended in the kill, or its all-reduce ended first
+    assert k in commits
     # equal weights, those of the same membership change replayed in one process
     weights = finals(out, 'done:')
     assert sorted(weights) == [0, 2] and weights[0] == weights[2]

@@ -24,7 +24,10 @@ def parse(*options, servers=0):
     (['--min-workers', 0], 0, '--min-workers must be between 1 and -n (3), got 0'),
     (['--min-workers', 2, '--max-workers', 2], 0, '--max-workers must be at least -n (3), got 2'),
     (['--max-workers', 5], 0, '--max-workers needs --min-workers A'),
-    (['--min-workers', 2], 1, '--min-workers needs -s 0: elastic workers are on the ring only'),
+    (['--min-workers', 2], 1, '--min-workers needs -s 0 and the ring backend: elastic '
+                              'workers are on the ring only'),
+    (['--min-workers', 2, '--env', 'D2L_BACKEND=torch'], 0, '--min-workers needs -s 0 and '
+     'the ring backend: elastic workers are on the ring only'),
     (['--min-np', 'two'], 0, "argument --min-workers/--min-np: invalid int value: 'two'"),
 ])
 def test_bad_elastic_options_are_one_line_errors(options, servers, error):
