@@ -20,7 +20,8 @@ commit (``restore``), the ring is made anew (``world.reform``), the reset callba
 0's state (``sync``: by broadcast, nothing pickled) and ``train`` is called again.
 Which data a worker reads is the script's: a batch cut by ``hvd.rank()`` and
 ``hvd.size()`` from a position kept in the state (``state.batch``) is cut anew after
-a reset, so that from the commit on no sample is lost or read twice (``part``).
+a reset, so that from the commit on no sample is lost or read twice (``part``, or
+``ElasticSampler`` for a DataLoader).
 """
 import copy
 import functools
@@ -44,17 +45,63 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
+class ElasticSampler(torch.utils.data.Sampler):
+    """This worker's part of what is left of an epoch, cut anew after a reset (Horovod's):
+    the samples not yet read, in ``hvd.size()`` interleaved parts, ``hvd.rank()``'s.
+
+    Keep it in the state (``TorchState(..., sampler=sampler)``: its position goes back to
+    the commit and comes from rank 0) and call ``record_batch(i, batch_size)`` after each
+    batch: every worker has read ``batch_size`` more. Parts are of equal length, the last
+    padded from the epoch's start, so that every worker has as many batches."""
+
+    def __init__(self, dataset, shuffle=True, seed=0):
+        self.n, self.shuffle, self.seed = len(dataset), shuffle, seed
+        self.epoch = self.processed = 0
+        self.reset()
+
+    def set_epoch(self, epoch):
+        self.epoch, self.processed = epoch, 0
+        self.reset()
+
+    def record_batch(self, batch_idx, batch_size):
+        self.processed += batch_size * self.size
+
+    def reset(self):
+        """Cut what is left of the epoch for the current workers."""
+        self.rank, self.size = world.rank(), world.size()
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(
+            self.seed + self.epoch)).tolist() if self.shuffle else list(range(self.n))
+        left = order[self.processed:]
+        pad = -len(left) % self.size
+        self.indices = (left + (order * (pad // max(self.n, 1) + 1))[:pad])[self.rank::self.size]
+
+    def state_dict(self):
+        return {'epoch': self.epoch, 'processed': self.processed}
+
+    def load_state_dict(self, state):
+        self.epoch, self.processed = int(state['epoch']), int(state['processed'])
+        self.reset()
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+
 class State:
     """What a reset goes back to: ``commit()`` saves it, ``restore()`` returns to it,
     ``sync()`` gives every worker rank 0's; numbers kept as attributes (``state.epoch``)."""
 
     def __init__(self, **attrs):
         for name, value in attrs.items():
-            if not isinstance(value, (int, float)):
-                raise TypeError(f'TorchState({name}=...): only numbers are kept as attributes '
-                                f'(they go by broadcast), got {type(value).__name__}')
+            if not isinstance(value, (int, float, ElasticSampler)):
+                raise TypeError(f'TorchState({name}=...): only numbers and ElasticSamplers are '
+                                f'kept (they go by broadcast), got {type(value).__name__}')
         self.__dict__.update(attrs)
-        self._names, self._callbacks = sorted(attrs), []
+        self._samplers = sorted(n for n, v in attrs.items() if isinstance(v, ElasticSampler))
+        self._names = sorted(set(attrs) - set(self._samplers))
+        self._callbacks = []
         self._membership = world.membership()
         self._saved = None
 
@@ -78,22 +125,27 @@ class State:
 
     def save(self):
         self._saved = {name: getattr(self, name) for name in self._names}
+        self._saved_samplers = {n: getattr(self, n).state_dict() for n in self._samplers}
 
     def restore(self):
         """Go back to the last commit (to the start, if none)."""
         if self._saved is not None:
             self.__dict__.update(self._saved)
+            for name, saved in self._saved_samplers.items():
+                getattr(self, name).load_state_dict(saved)
 
     def sync(self):
         """Every worker takes rank 0's attributes (in two broadcasts: whole numbers and
-        the others), then commits them."""
+        the others) and samplers' positions (cut anew for this membership), and commits."""
         for kind, dtype in ((int, torch.int64), (float, torch.float64)):
             names = [n for n in self._names if isinstance(getattr(self, n), kind)]
-            if names and world.size() > 1:
-                values = torch.tensor([getattr(self, n) for n in names], dtype=dtype)
-                world.run(world.backend().broadcast_, values, 0).wait()
-                for name, value in zip(names, values.tolist()):
-                    setattr(self, name, type(getattr(self, name))(value))
+            values = _broadcast([getattr(self, n) for n in names], dtype)
+            for name, value in zip(names, values):
+                setattr(self, name, type(getattr(self, name))(value))
+        for name in self._samplers:
+            sampler = getattr(self, name)
+            sampler.load_state_dict(dict(zip(('epoch', 'processed'), _broadcast(
+                [sampler.epoch, sampler.processed], torch.int64))))
         self._membership = world.membership()
         self.save()
 
@@ -126,6 +178,15 @@ class TorchState(State):
         if self.optimizer is not None:
             broadcast_optimizer_state(self.optimizer, root_rank=0)
         super().sync()
+
+
+def _broadcast(values, dtype):
+    """Rank 0's ``values`` (a list of numbers), by one broadcast."""
+    if not values or world.size() == 1:
+        return values
+    tensor = torch.tensor(values, dtype=dtype)
+    world.run(world.backend().broadcast_, tensor, 0).wait()
+    return tensor.tolist()
 
 
 def _copy(state_dict):

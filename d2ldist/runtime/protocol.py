@@ -19,4 +19,4 @@ BARRIER_DISAGREE = 'barrier_disagree'  # scheduler -> nodes: {error}: two differ
 CLOCK = 'clock'                # node -> scheduler: {id}; the answer: {id, time} (spans.py)
 JOIN = 'join'                  # worker -> scheduler: {calls}: it called hvd.join() (out of data)
 JOIN_DONE = 'join_done'        # scheduler -> workers: {last, calls} (all have joined) or {error}
-MEMBERS = 'members'            # scheduler -> nodes: {round, workers, lost, reason}: the ring re-forms
+MEMBERS = 'members'            # scheduler -> nodes: {round, workers, lost, reason} (elastic)
