@@ -347,13 +347,29 @@ class Ring:
         self.node.send(self.left, LINK, {'offer': offer, 'membership': self.round})
         msg = self._next([LINK], wait)
         if msg.get('offer') and van.through_socket(self.right):
-            self._out = stream.connect(van, self.right, self.node.host_of(self.right),
-                                       msg['offer'])
+            try:
+                self._out = stream.connect(van, self.right, self.node.host_of(self.right),
+                                           msg['offer'])
+            except stream.StreamBroken:
+                self._await_news()
+                raise
 
     def _end(self):
         """Wait until every chunk is sent, so the caller may reuse the memory."""
         if self._out is not None:
-            self._out.flush()
+            try:
+                self._out.flush()
+            except stream.StreamBroken:
+                self._await_news()
+                raise
+
+    def _await_news(self):
+        """Elastic: the stream to the right broke, its worker may be lost: wait for the
+        scheduler's word (WorkersChanged, or PeerFailed where the job fails)."""
+        if config.get().min_workers:
+            right = self.right.replace(':', ' ')
+            self.node.recv([], wait=hang.Wait(f'for news of {right} (its stream broke)',
+                                              [('scheduler', {'nodes': [self.right]})]))
         for tracker in self._sent:
             tracker.wait()
         self._sent = []

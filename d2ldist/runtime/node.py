@@ -259,6 +259,7 @@ class Node:
                 or self.id not in workers:
             return
         self.members, self.round = [str(w) for w in workers], rnd
+        self._barriers = {g: n for g, n in self._barriers.items() if g == 'server'}
         lost = str(msg.get('lost'))
         raise WorkersChanged(f'{lost.replace(":", " ")} was lost ({msg.get("reason")}); '
                              f'{len(workers)} workers go on (round {rnd})', lost, rnd)
@@ -273,14 +274,16 @@ class Node:
         ``what`` names the call (e.g. 'kv.init'): the scheduler fails every node of the
         group at once if two of them enter their n-th barrier from different calls."""
         n = self._barriers[group] = self._barriers.get(group, 0) + 1   # numbered per group
-        self.van.send('scheduler', protocol.BARRIER, {'group': group, 'n': n, 'what': what})
+        self.van.send('scheduler', protocol.BARRIER, {'group': group, 'n': n, 'what': what,
+                                                      'round': self.round})
         wait = hang.Wait(f'in {group} barrier {n} ({what})',
                          [('scheduler', {'barrier': [group, n]})], span='barrier')
         while True:
             msg = self.recv([protocol.BARRIER_DONE, protocol.BARRIER_DISAGREE], wait=wait)
             if msg.kind == protocol.BARRIER_DISAGREE:
                 raise hang.Disagree(str(msg.get('error'))[:600])
-            if msg.get('group') == group and msg.get('n') == n:
+            if msg.get('group') == group and msg.get('n') == n \
+                    and msg.get('round', 0) == self.round:
                 return
 
     def passed_barrier(self, group, n):

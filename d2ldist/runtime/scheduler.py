@@ -75,7 +75,8 @@ class Scheduler:
             self.register(msg)
         elif msg.kind == protocol.HEARTBEAT and msg.sender in self.nodes:
             self.heard(msg)
-        elif msg.kind == protocol.BARRIER and msg.sender in self.nodes:
+        elif msg.kind == protocol.BARRIER and msg.sender in self.nodes \
+                and msg.get('round', 0) == self.round:       # (not one left by a reform)
             self.barrier(msg.sender, msg.get('group'), msg.get('n'), str(msg.get('what'))[:200])
         elif msg.kind == protocol.WHO and msg.sender in self.nodes:
             self.van.send(msg.sender, protocol.WHO_ANSWER, {
@@ -142,7 +143,8 @@ class Scheduler:
                 self.van.send(member, protocol.BARRIER_DISAGREE, {'error': error})
         elif set(arrived) | set(self.joined) >= set(self.members(group)):
             for member in self.members(group):
-                self.van.send(member, protocol.BARRIER_DONE, {'group': group, 'n': n})
+                self.van.send(member, protocol.BARRIER_DONE, {'group': group, 'n': n,
+                                                              'round': self.round})
             del self.barriers[(group, n)]
 
     def join(self, worker, calls=None):
@@ -231,7 +233,7 @@ class Scheduler:
     # membership (the workers left, in their old order, are ranks 0..N'-1) with a new
     # round number: their collective in flight fails, and the chunks of the old ring
     # that come late are dropped. Barriers half entered are forgotten: every survivor
-    # left its own. Fewer than --min-workers left, or a server lost: the job fails.
+    # left its own, and counts the barriers of the new round from 1. Fewer than --min-workers left, or a server lost: the job fails.
     def reform(self, node, reason):
         """Form a membership without the lost worker ``node``; False where the job fails."""
         workers = sorted((w for w in self.members('worker')                  # rank order

@@ -80,10 +80,14 @@ def test_a_failed_message_from_a_worker_re_forms_and_barriers_count_the_survivor
     s.handle(message(protocol.BARRIER, 'worker:0', group='worker', n=1, what='barrier()'))
     s.handle(message(protocol.FAILED, 'worker:1', reason='ValueError: bad'))
     assert members_sent(s)[0][2] == ['worker:0', 'worker:2']
-    for w in ('worker:0', 'worker:2'):   # the half-entered barrier was forgotten: enter anew
-        s.handle(message(protocol.BARRIER, w, group='worker', n=2, what='barrier()'))
-    done = [(peer, h['n']) for peer, kind, h in s.van.sent if kind == protocol.BARRIER_DONE]
-    assert done == [('worker:0', 2), ('worker:2', 2)]
+    # the half-entered barrier was forgotten, one of the old round is not counted, and
+    # the survivors count the new round's barriers from 1
+    s.handle(message(protocol.BARRIER, 'worker:2', group='worker', n=1, what='barrier()'))
+    for w in ('worker:0', 'worker:2'):
+        s.handle(message(protocol.BARRIER, w, group='worker', n=1, what='b()', round=1))
+    done = [(peer, h['n'], h['round']) for peer, kind, h in s.van.sent
+            if kind == protocol.BARRIER_DONE]
+    assert done == [('worker:0', 1, 1), ('worker:2', 1, 1)]
     for w in ('worker:0', 'worker:2'):   # the job ends when the survivors have finished
         ended = s.handle(message(protocol.GOODBYE, w))
     assert ended is True
@@ -94,6 +98,7 @@ def bare_node(rank=2, workers=3):
     node = Node.__new__(Node)
     node.van = SimpleNamespace(node_id=f'worker:{rank}')
     node.num_workers, node.members, node.round = workers, None, 0
+    node._barriers = {'worker': 3, 'all': 1, 'server': 2}
     return node
 
 
@@ -105,6 +110,7 @@ def test_a_node_takes_a_new_membership_and_fails_what_waits():
                                   workers=['worker:0', 'worker:2'], reason='no heartbeat'))
     assert (e.value.lost, e.value.round) == ('worker:1', 1)
     assert node.workers() == ['worker:0', 'worker:2']
+    assert node._barriers == {'server': 2}      # the new round's barriers count from 1
     assert str(e.value) == 'worker 1 was lost (no heartbeat); 2 workers go on (round 1)'
     for stale in (dict(round=1, workers=['worker:2']), dict(round=2, workers=['worker:0'])):
         node._new_members(message(protocol.MEMBERS, 'scheduler', lost='x', **stale))
@@ -248,3 +254,24 @@ def test_a_sampler_in_the_state_goes_back_to_the_commit():
     assert state.sampler is sampler and sampler.processed == 3 and list(sampler) == [3, 4, 5, 6, 7]
     state.sync()                                 # alone: its own position, cut for 1
     assert list(sampler) == [3, 4, 5, 6, 7]
+
+
+def test_a_broken_stream_to_the_right_waits_for_the_schedulers_word(monkeypatch):
+    """Elastic: the right neighbour may be lost; the scheduler says so (or fails the job)."""
+    from d2ldist import config
+    from d2ldist.runtime.stream import StreamBroken
+
+    def broken():
+        raise StreamBroken('the stream to worker 1 broke: [Errno 32] Broken pipe')
+    news = WorkersChanged('worker 1 was lost', 'worker:1', 1)
+    workers = ['worker:0', 'worker:1']
+    node = QueueNode(id='worker:0', workers=lambda: workers, round=0, counters={}, back=[],
+                     queue=[news])
+    ring = Ring(node)
+    ring._out = SimpleNamespace(flush=broken)
+    with pytest.raises(StreamBroken):             # not elastic: as before
+        ring._end()
+    monkeypatch.setattr(config, 'get', lambda: config.Config.from_env({'D2L_MIN_WORKERS': '1'}))
+    with pytest.raises(WorkersChanged) as e:
+        ring._end()
+    assert e.value is news
