@@ -10,6 +10,10 @@ weights. With ``RAISE_ON=R`` worker R raises an error at batch 20 instead of bei
 ``replay(sizes)`` computes the same in one process, for any sequence
 of memberships.
 
+``elastic_job.py sampler``: a DataLoader of batches of LOCAL samples from an
+``ElasticSampler`` instead (in order: the global batch is LOCAL times the workers, each
+worker's samples interleaved), until the epoch's samples are read; ``replay_sampler``.
+
     d2l-launch -n 3 -s 0 --min-workers 2 --fail worker:1@step=40 python elastic_job.py
 """
 import json
@@ -18,6 +22,7 @@ import os
 import torch
 
 STEPS, BATCH, FEATURES, LR = 100, 10, 5, 0.02
+LOCAL = 4          # a worker's batch, with the sampler
 
 
 def data():
@@ -59,20 +64,76 @@ def replay(sizes):
     return weights(net)
 
 
-def main():
+def replay_sampler(steps):
+    """The final weights in one process, with the sampler; ``steps``: how many global
+    batches three workers read before two went on."""
+    x, y = data()
+    net = model()
+    read, step = 0, 0
+    while read < len(x):
+        n = 3 if step < steps else 2
+        chunk = torch.arange(read, min(read + LOCAL * n, len(x)))
+        grads = []
+        for r in range(n):
+            net.zero_grad()
+            rows = chunk[r::n]
+            ((net(x[rows]).squeeze(1) - y[rows]) ** 2).mean().backward()
+            grads.append([p.grad.clone() for p in net.parameters()])
+        with torch.no_grad():
+            for i, p in enumerate(net.parameters()):
+                p -= LR * n * sum(g[i] for g in grads) / n
+        read, step = read + LOCAL * n, step + 1
+    return weights(net)
+
+
+def start():
+    """The job's model, optimizer (the learning rate follows the workers) and state."""
     import d2ldist.horovod as hvd
     torch.set_num_threads(1)
     hvd.init()
-    me = os.environ.get('D2L_RANK', '0')
-    x, y = data()
     net = model()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=LR * hvd.size()),
                                          named_parameters=net.named_parameters())
-    state = hvd.elastic.TorchState(model=net, optimizer=optimizer, batch=0)
 
     def on_reset():
         for group in optimizer.param_groups:
             group['lr'] = LR * hvd.size()
+    return hvd, net, optimizer, on_reset
+
+
+def main_sampler():
+    hvd, net, optimizer, on_reset = start()
+    me = os.environ.get('D2L_RANK', '0')
+    x, y = data()
+    sampler = hvd.elastic.ElasticSampler(range(len(x)), shuffle=False)
+    loader = torch.utils.data.DataLoader(range(len(x)), batch_size=LOCAL, sampler=sampler)
+    state = hvd.elastic.TorchState(model=net, optimizer=optimizer, sampler=sampler, batch=0)
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state):
+        print(f'worker {me}: enters at sample {sampler.processed} as rank {hvd.rank()} of '
+              f'{hvd.size()}', flush=True)
+        read = []
+        for rows in loader:
+            read += rows.tolist()
+            optimizer.zero_grad()
+            ((net(x[rows]).squeeze(1) - y[rows]) ** 2).mean().backward()
+            optimizer.step()
+            sampler.record_batch(state.batch, LOCAL)
+            state.batch += 1
+            state.commit()
+        print(f'worker {me} read {json.dumps(read)}', flush=True)
+
+    train(state)
+    print(f'worker {me} done: {json.dumps(weights(net))}', flush=True)
+
+
+def main():
+    hvd, net, optimizer, on_reset = start()
+    me = os.environ.get('D2L_RANK', '0')
+    x, y = data()
+    state = hvd.elastic.TorchState(model=net, optimizer=optimizer, batch=0)
     state.register_reset_callbacks([on_reset])
 
     @hvd.elastic.run
@@ -98,4 +159,5 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    import sys
+    main_sampler() if sys.argv[1:] == ['sampler'] else main()

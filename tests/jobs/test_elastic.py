@@ -9,17 +9,17 @@ import pytest
 import torch
 
 from conftest import ROOT, run_launch, wait_no_survivors
-from elastic_job import BATCH, STEPS, replay
+from elastic_job import BATCH, LOCAL, STEPS, replay, replay_sampler
 
 JOB = ROOT / 'tests' / 'jobs' / 'elastic_job.py'
 KILL = ['--fail', 'worker:1@step=40']
 
 
-def entries(out):
+def entries(out, at='batch'):
     """{worker: [(batch, rank, size)]}: where each worker entered train()."""
     found = {}
     for w, batch, rank, size in re.findall(
-            r'^\[worker \d\] worker (\d): enters at batch (\d+) as rank (\d) of (\d)$', out, re.M):
+            rf'^\[worker \d\] worker (\d): enters at {at} (\d+) as rank (\d) of (\d)$', out, re.M):
         found.setdefault(int(w), []).append((int(batch), int(rank), int(size)))
     return found
 
@@ -76,4 +76,25 @@ def test_without_enough_workers_left_the_kill_stops_the_job(elastic):
     assert out.count('d2l-launch: worker 1 failed (killed by SIGKILL (exit code 137)); '
                      'the job was stopped.') == 1, out[-4000:]
     assert 'go on' not in out and 're-forms' not in out and ' done: ' not in out
+    assert wait_no_survivors(r.tag) == []
+
+
+def test_with_the_elastic_sampler_the_survivors_read_what_is_left_of_the_epoch_once():
+    """A DataLoader on an ElasticSampler: after the reset the samples not yet read are
+    cut in two, and the weights are those of the replay (global batches of 12, then 8)."""
+    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, *KILL, '--timeout', 150,
+                   sys.executable, JOB, 'sampler', timeout=200)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    seen = entries(out, at='sample')
+    done = seen[0][1][0]
+    assert seen == {0: [(0, 0, 3), (done, 0, 2)], 1: [(0, 1, 3)], 2: [(0, 2, 3), (done, 1, 2)]}
+    assert done in (39 * 3 * LOCAL, 40 * 3 * LOCAL)
+    read = finals(out, 'read')
+    assert sorted(read[0] + read[2]) == list(range(done, STEPS * BATCH))
+    weights = finals(out, 'done:')
+    assert weights[0] == weights[2]
+    expected = replay_sampler(done // (3 * LOCAL))
+    assert torch.allclose(torch.tensor(weights[0]), torch.tensor(expected), rtol=1e-12,
+                          atol=1e-12), (weights[0], expected)
     assert wait_no_survivors(r.tag) == []
