@@ -33,37 +33,41 @@ def finals(out, what):
 KILLED = 'killed by SIGKILL (exit code 137)'
 
 
-@pytest.mark.parametrize('fault,how,commits', [
-    (KILL, KILLED, (39, 40)),      # step 40 ended in the kill, or its all-reduce ended first
-    (KILL + ['--env', 'D2L_SHM=0'], KILLED, (39, 40)),     # (the ring's own TCP streams)
-    (['--env', 'RAISE_ON=1'], 'exit code 1', (20,))],      # an error, before batch 20
-    ids=['killed', 'killed-tcp', 'error'])
-def test_a_lost_worker_is_left_out_and_the_survivors_finish_as_the_replay(fault, how, commits):
+@pytest.mark.parametrize('lost,fault,how,commits', [
+    (1, KILL, KILLED, (39, 40)),   # step 40 ended in the kill, or its all-reduce ended first
+    (1, KILL + ['--env', 'D2L_SHM=0'], KILLED, (39, 40)),  # (the ring's own TCP streams)
+    (0, ['--fail', 'worker:0@step=40'], KILLED, (39, 40)),  # rank 0: worker 1 takes its place
+    (1, ['--env', 'RAISE_ON=1'], 'exit code 1', (20,))],    # an error, before batch 20
+    ids=['killed', 'killed-tcp', 'killed-rank-0', 'error'])
+def test_a_lost_worker_is_left_out_and_the_survivors_finish_as_the_replay(lost, fault, how,
+                                                                          commits):
     r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, *fault, '--timeout', 150,
                    sys.executable, JOB, timeout=200)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
-    assert f'd2l-launch: worker 1 failed ({how}); 2 workers go on (--min-workers 2)' in out
-    assert re.search(r'^\[scheduler\] d2ldist: worker 1 failed: .*; the ring re-forms with 2 '
-                     r'workers \(round 1\)$', out, re.M), out[-4000:]
-    for w in (0, 2):
-        assert re.search(rf'^\[worker {w}\] d2ldist: worker {w}: worker 1 was lost \(.*\); '
-                         r'2 workers go on \(round 1\); back to the last commit$', out, re.M)
+    assert f'd2l-launch: worker {lost} failed ({how}); 2 workers go on (--min-workers 2)' in out
+    assert re.search(rf'^\[scheduler\] d2ldist: worker {lost} failed: .*; the ring re-forms '
+                     r'with 2 workers \(round 1\)$', out, re.M), out[-4000:]
+    a, b = survivors = [w for w in (0, 1, 2) if w != lost]
+    for w in survivors:
+        assert re.search(rf'^\[worker {w}\] d2ldist: worker {w}: worker {lost} was lost '
+                         r'\(.*\); 2 workers go on \(round 1\); back to the last commit$',
+                         out, re.M)
     # the survivors went back to the same commit, as ranks 0 and 1 of 2 (in their old order)
     seen = entries(out)
-    k = seen[0][1][0]
-    assert seen == {0: [(0, 0, 3), (k, 0, 2)], 1: [(0, 1, 3)], 2: [(0, 2, 3), (k, 1, 2)]}
+    k = seen[a][1][0]
+    assert seen == {lost: [(0, lost, 3)], a: [(0, a, 3), (k, 0, 2)], b: [(0, b, 3), (k, 1, 2)]}
     assert k in commits
     # equal weights, those of the same membership change replayed in one process
     weights = finals(out, 'done:')
-    assert sorted(weights) == [0, 2] and weights[0] == weights[2]
+    assert sorted(weights) == survivors and weights[a] == weights[b]
     expected = replay([3] * k + [2] * (STEPS - k))
-    assert torch.allclose(torch.tensor(weights[0]), torch.tensor(expected), rtol=1e-12,
-                          atol=1e-12), (weights[0], expected)
+    assert torch.allclose(torch.tensor(weights[a]), torch.tensor(expected), rtol=1e-12,
+                          atol=1e-12), (weights[a], expected)
     assert not torch.allclose(torch.tensor(expected), torch.tensor(replay([3] * STEPS)))
     # from the commit on, every sample of the epoch was read once, by one of the two
     read = finals(out, 'read')
-    assert sorted(read[0] + read[2]) == list(range(k * BATCH, STEPS * BATCH))
+    assert sorted(read[a] + read[b]) == list(range(k * BATCH, STEPS * BATCH))
     assert wait_no_survivors(r.tag) == []
 
 
