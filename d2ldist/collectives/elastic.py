@@ -155,6 +155,7 @@ class TorchState(State):
 
     def __init__(self, model=None, optimizer=None, **attrs):
         self.model, self.optimizer = model, optimizer
+        self._model_saved = self._optimizer_saved = None
         super().__init__(**attrs)
 
     def save(self):

@@ -92,7 +92,8 @@ def build_parser(prog='d2l-launch'):
                    help='elastic workers on the ring (-s 0): a lost worker does not stop '
                    'the job while at least A workers remain; the ring re-forms without it')
     p.add_argument('--max-workers', '--max-np', type=int, default=None, metavar='B',
-                   help='with --min-workers: at most B workers (at least -n)')
+                   help='with --min-workers: a lost worker is started again, once, and '
+                   'joins the job, while fewer than B run (B at least -n)')
     p.add_argument('--checkpoint-dir', default=None, metavar='DIR',
                    help="a folder every worker can read, for the job's checkpoints: "
                    'd2ldist.train saves them there and resumes from the newest')
@@ -369,7 +370,7 @@ def make_job(args, out=None, notices=True, **job_options):
     if args.port:
         specs[0].env.update(config.env(scheduler_port=args.port))
     return Job(specs, timeout=args.timeout, max_restarts=args.max_restarts, out=out,
-               min_workers=args.min_workers, **job_options)
+               min_workers=args.min_workers, max_workers=args.max_workers, **job_options)
 
 
 def _terminate(signum, frame):

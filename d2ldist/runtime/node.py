@@ -113,6 +113,8 @@ class Node:
             raise RuntimeError(f'{self.id}: {msg["error"]}')
         self.van.node_id = msg['you']
         self.rank = int(msg['you'].split(':')[1])
+        if isinstance(msg.get('members'), list) and isinstance(msg.get('round'), int):
+            self.members, self.round = [str(w) for w in msg['members']], msg['round']  # joins
         self.book, identities = dict(msg['nodes']), dict(msg.get('host_ids') or {})
         for peer, address in self.book.items():
             if peer != self.id:
@@ -255,14 +257,22 @@ class Node:
     def _new_members(self, msg):
         """The scheduler's new membership: take it, and fail what waits on the old one."""
         workers, rnd = msg.get('workers'), msg.get('round')
-        if not isinstance(rnd, int) or rnd <= self.round or not isinstance(workers, list) \
-                or self.id not in workers:
+        if not isinstance(rnd, int) or rnd <= self.round or not isinstance(workers, list):
             return
+        if self.id not in workers:     # declared lost (silent too long): it cannot go on
+            raise PeerFailed(f'{self.id.replace(":", " ")} was left out of the workers '
+                             f'({msg.get("reason")})')
         self.members, self.round = [str(w) for w in workers], rnd
         self._barriers = {g: n for g, n in self._barriers.items() if g == 'server'}
-        lost = str(msg.get('lost'))
-        raise WorkersChanged(f'{lost.replace(":", " ")} was lost ({msg.get("reason")}); '
-                             f'{len(workers)} workers go on (round {rnd})', lost, rnd)
+        lost, joined, reason = msg.get('lost'), msg.get('joined'), msg.get('reason')
+        if isinstance(joined, list) and len(joined) == 3 and joined[0] in workers:
+            peer, address, host = (str(j) for j in joined)   # a worker joins: its address
+            self.book[peer] = address
+            self.van.connect(peer, address, same_host=host == shm.identity()
+                             and shm.same_host(self.van.address, address))
+        said = reason if joined else f'{str(lost).replace(":", " ")} was lost ({reason})'
+        raise WorkersChanged(f'{said}; {len(workers)} workers go on (round {rnd})',
+                             lost if isinstance(lost, str) else None, rnd)
 
     def put_back(self, msg):
         """Return a message just received: the next recv of its kind gets it first."""

@@ -108,6 +108,9 @@ class Scheduler:
             rank = min(set(range(count)) - taken, default=None)
         node = f'{role}:{rank}'
         self.van.connect(msg.sender, address)
+        if self.book_sent and self.min_workers and role == 'worker' \
+                and isinstance(rank, int) and 0 <= rank < count:
+            return self.admit(node, address, msg.get('host_id'))
         if self.book_sent or not isinstance(rank, int) or not 0 <= rank < count \
                 or node in self.nodes:
             self.van.send(msg.sender, protocol.ERROR, {
@@ -255,6 +258,41 @@ class Scheduler:
                 self.van.send(other, protocol.MEMBERS, {
                     'round': self.round, 'workers': workers, 'lost': node, 'reason': reason})
         return True
+
+    def admit(self, node, address, host_id):
+        """Elastic: a worker started again joins (in place of the one it was, if that one's
+        loss has not been noticed yet): a new membership with it, and the book for it."""
+        replaced = node in self.members('worker') and node not in self.finished
+        self.van.connect(node, address)
+        ended = [w for w in self.members('worker') if w in self.finished - self.failed
+                 and w != node]
+        if ended:                      # the others have left their training: too late
+            self.van.send(node, protocol.ERROR, {'error': f'cannot join: the job is ending '
+                                                          f'({ended[0].replace(":", " ")} '
+                                                          'has finished)'})
+            return
+        self.nodes[node], self.host_ids[node] = address, host_id if isinstance(
+            host_id, str) else None
+        self.lost.discard(node)
+        self.finished.discard(node)
+        self.failed.discard(node)
+        self.last_seen[node] = time.monotonic()
+        self.round += 1
+        workers = sorted((w for w in self.members('worker') if w not in self.finished),
+                         key=lambda w: _by_rank((w,)))
+        self.barriers = {key: arrived for key, arrived in self.barriers.items()
+                         if key[0] == 'server'}
+        reason = f'{node.replace(":", " ")} {"was started again" if replaced else "joins"}'
+        print(f'd2ldist: {reason}; the ring re-forms with {len(workers)} workers '
+              f'(round {self.round})', flush=True)
+        self.van.send(node, protocol.ADDRESS_BOOK, {
+            'nodes': self.nodes, 'host_ids': self.host_ids, 'you': node,
+            'members': workers, 'round': self.round})
+        for other in workers:
+            if other != node:
+                self.van.send(other, protocol.MEMBERS, {
+                    'round': self.round, 'workers': workers, 'reason': reason,
+                    'lost': node if replaced else None, 'joined': [node, address, host_id]})
 
     def fail(self, node, reason):
         """Tell every other node that ``node`` is gone, so that nobody waits for it."""

@@ -102,3 +102,32 @@ def test_with_the_elastic_sampler_the_survivors_read_what_is_left_of_the_epoch_o
     assert torch.allclose(torch.tensor(weights[0]), torch.tensor(expected), rtol=1e-12,
                           atol=1e-12), (weights[0], expected)
     assert wait_no_survivors(r.tag) == []
+
+
+def test_a_lost_worker_started_again_joins_and_trains_from_the_current_weights():
+    """--max-workers 3: the launcher starts worker 1 again; it joins (at once in its own
+    place, or after the two went on alone for a while), takes rank 0's state by
+    broadcast, and all three end with the weights of the replay of those memberships.
+    (Worker 0 is a little slow, so that the job does not end before it has joined.)"""
+    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, '--max-workers', 3, *KILL,
+                   '--slow', 'worker:0=+30ms', '--timeout', 150, sys.executable, JOB,
+                   timeout=200)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert 'd2l-launch: starting worker 1 again, to join the job (--max-workers 3)' in out
+    assert re.search(r'^\[scheduler\] d2ldist: worker 1 (was started again|joins); the ring '
+                     r're-forms with 3 workers \(round \d\)$', out, re.M), out[-4000:]
+    seen = entries(out)
+    last = seen[0][-1][0]
+    assert seen[0][-1] == (last, 0, 3) and seen[2][-1] == (last, 2, 3)
+    assert seen[1] == [(0, 1, 3), (last, 1, 3)]          # the first worker 1, the new one
+    sizes = []
+    for (batch, _, size), (until, _, _) in zip(seen[0], seen[0][1:] + [(STEPS, 0, 0)]):
+        sizes += [size] * (until - batch)
+    weights = finals(out, 'done:')
+    assert sorted(weights) == [0, 1, 2] and weights[0] == weights[1] == weights[2]
+    assert torch.allclose(torch.tensor(weights[0]), torch.tensor(replay(sizes)), rtol=1e-12,
+                          atol=1e-12), (sizes, weights[0])
+    read = finals(out, 'read')
+    assert sorted(read[0] + read[1] + read[2]) == list(range(last * BATCH, STEPS * BATCH))
+    assert wait_no_survivors(r.tag) == []

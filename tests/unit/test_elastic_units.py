@@ -10,7 +10,7 @@ from d2ldist.collectives import elastic, world
 from d2ldist.collectives.ring import Ring
 from d2ldist.launch import cli
 from d2ldist.runtime import protocol
-from d2ldist.runtime.node import Node, WorkersChanged
+from d2ldist.runtime.node import Node, PeerFailed, WorkersChanged
 from fakes import message, scheduler
 
 
@@ -112,9 +112,46 @@ def test_a_node_takes_a_new_membership_and_fails_what_waits():
     assert node.workers() == ['worker:0', 'worker:2']
     assert node._barriers == {'server': 2}      # the new round's barriers count from 1
     assert str(e.value) == 'worker 1 was lost (no heartbeat); 2 workers go on (round 1)'
-    for stale in (dict(round=1, workers=['worker:2']), dict(round=2, workers=['worker:0'])):
-        node._new_members(message(protocol.MEMBERS, 'scheduler', lost='x', **stale))
-    assert (node.round, node.workers()) == (1, ['worker:0', 'worker:2'])   # (not its own)
+    node._new_members(message(protocol.MEMBERS, 'scheduler', round=1, workers=['worker:2']))
+    assert (node.round, node.workers()) == (1, ['worker:0', 'worker:2'])   # (an old one)
+    with pytest.raises(PeerFailed, match=r'^worker 2 was left out of the workers \(no hb\)$'):
+        node._new_members(message(protocol.MEMBERS, 'scheduler', round=2, reason='no hb',
+                                  lost='worker:2', workers=['worker:0']))
+
+
+def test_a_restarted_worker_joins_with_the_book_and_the_others_connect_to_it():
+    s = elastic_scheduler()
+    s.van.connect = lambda peer, address: None
+    assert s.reform('worker:1', 'gone')
+    s.register(message(protocol.REGISTER, 'worker:1', role='worker', rank=1,
+                       address='tcp://new', host_id='h'))
+    book = [h for peer, kind, h in s.van.sent if kind == protocol.ADDRESS_BOOK]
+    assert [(b['you'], b['members'], b['round']) for b in book] == [
+        ('worker:1', ['worker:0', 'worker:1', 'worker:2'], 2)]
+    joined = [(peer, h['joined'], h['reason']) for peer, kind, h in s.van.sent
+              if kind == protocol.MEMBERS and h['round'] == 2]
+    assert joined == [('worker:0', ['worker:1', 'tcp://new', 'h'], 'worker 1 joins'),
+                      ('worker:2', ['worker:1', 'tcp://new', 'h'], 'worker 1 joins')]
+    node, connected = bare_node(0), []
+    node.book, node.van.address = {}, 'tcp://w0'
+    node.van.connect = lambda peer, address, same_host: connected.append((peer, address))
+    news = next(h for peer, kind, h in s.van.sent
+                if kind == protocol.MEMBERS and peer == 'worker:0' and h['round'] == 2)
+    with pytest.raises(WorkersChanged, match=r'^worker 1 joins; 3 workers go on \(round 2\)$'):
+        node._new_members(message(protocol.MEMBERS, 'scheduler', **news))
+    assert connected == [('worker:1', 'tcp://new')] and node.book['worker:1'] == 'tcp://new'
+
+
+def test_a_worker_cannot_join_once_another_has_finished():
+    s = elastic_scheduler()
+    s.van.connect = lambda peer, address: None
+    assert s.reform('worker:1', 'gone')
+    s.handle(message(protocol.GOODBYE, 'worker:0'))
+    s.register(message(protocol.REGISTER, 'worker:1', role='worker', rank=1,
+                       address='tcp://new', host_id='h'))
+    assert s.van.sent[-1] == ('worker:1', protocol.ERROR, {
+        'error': 'cannot join: the job is ending (worker 0 has finished)'})
+    assert s.round == 1
 
 
 # -- the ring keeps to its membership ----------------------------------------------------------
