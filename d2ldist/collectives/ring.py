@@ -362,6 +362,9 @@ class Ring:
             except stream.StreamBroken:
                 self._await_news()
                 raise
+        for tracker in self._sent:
+            tracker.wait()
+        self._sent = []
 
     def _await_news(self):
         """Elastic: the stream to the right broke, its worker may be lost: wait for the
@@ -370,9 +373,6 @@ class Ring:
             right = self.right.replace(':', ' ')
             self.node.recv([], wait=hang.Wait(f'for news of {right} (its stream broke)',
                                               [('scheduler', {'nodes': [self.right]})]))
-        for tracker in self._sent:
-            tracker.wait()
-        self._sent = []
 
     # -- join(): a worker out of data takes part in the others' collectives ---------------
     def join(self, take_part):

@@ -312,3 +312,7 @@ def test_a_broken_stream_to_the_right_waits_for_the_schedulers_word(monkeypatch)
     with pytest.raises(WorkersChanged) as e:
         ring._end()
     assert e.value is news
+    waited = []                                   # with no stream, the end waits for
+    ring._out, ring._sent = None, [SimpleNamespace(wait=lambda: waited.append(1))]   # ZeroMQ
+    ring._end()
+    assert waited == [1] and ring._sent == []
