@@ -236,28 +236,37 @@ class Scheduler:
     # membership (the workers left, in their old order, are ranks 0..N'-1) with a new
     # round number: their collective in flight fails, and the chunks of the old ring
     # that come late are dropped. Barriers half entered are forgotten: every survivor
-    # left its own, and counts the barriers of the new round from 1. Fewer than --min-workers left, or a server lost: the job fails.
+    # left its own, and counts the barriers of the new round from 1. Fewer than
+    # --min-workers left, or a server lost: the job fails. A worker started again joins
+    # the same way (admit): it gets the book, the others its address.
     def reform(self, node, reason):
         """Form a membership without the lost worker ``node``; False where the job fails."""
-        workers = sorted((w for w in self.members('worker')                  # rank order
-                          if w != node and w not in self.finished),
-                         key=lambda w: _by_rank((w,)))
+        left = [w for w in self.live_workers() if w != node]
         if self.min_workers is None or not node.startswith('worker:') or not self.book_sent \
-                or node in self.lost or len(workers) < self.min_workers:
+                or node in self.lost or len(left) < self.min_workers:
             return False
         self.lost.add(node)
         self.finished.add(node)
         self.failed.add(node)
+        workers = self.next_round()
+        print(f'd2ldist: {node.replace(":", " ")} failed: {reason}; the ring re-forms '
+              f'with {len(workers)} workers (round {self.round})', flush=True)
+        for other in workers:
+            self.van.send(other, protocol.MEMBERS, {
+                'round': self.round, 'workers': workers, 'lost': node, 'reason': reason})
+        return True
+
+    def live_workers(self):
+        """The workers of the membership that have not finished, in rank order."""
+        return sorted((w for w in self.members('worker') if w not in self.finished),
+                      key=lambda w: _by_rank((w,)))
+
+    def next_round(self):
+        """A new membership: its number, half-entered barriers forgotten; its workers."""
         self.round += 1
         self.barriers = {key: arrived for key, arrived in self.barriers.items()
                          if key[0] == 'server'}
-        print(f'd2ldist: {node.replace(":", " ")} failed: {reason}; the ring re-forms '
-              f'with {len(workers)} workers (round {self.round})', flush=True)
-        for other in self.nodes:
-            if other not in self.finished:
-                self.van.send(other, protocol.MEMBERS, {
-                    'round': self.round, 'workers': workers, 'lost': node, 'reason': reason})
-        return True
+        return self.live_workers()
 
     def admit(self, node, address, host_id):
         """Elastic: a worker started again joins (in place of the one it was, if that one's
@@ -277,11 +286,7 @@ class Scheduler:
         self.finished.discard(node)
         self.failed.discard(node)
         self.last_seen[node] = time.monotonic()
-        self.round += 1
-        workers = sorted((w for w in self.members('worker') if w not in self.finished),
-                         key=lambda w: _by_rank((w,)))
-        self.barriers = {key: arrived for key, arrived in self.barriers.items()
-                         if key[0] == 'server'}
+        workers = self.next_round()
         reason = f'{node.replace(":", " ")} {"was started again" if replaced else "joins"}'
         print(f'd2ldist: {reason}; the ring re-forms with {len(workers)} workers '
               f'(round {self.round})', flush=True)

@@ -60,8 +60,8 @@ def members_sent(s):
 def test_a_lost_worker_leaves_the_others_a_new_membership_in_rank_order():
     s = elastic_scheduler(order=[2, 0, 1])
     assert s.reform('worker:1', 'no heartbeat for 5 s')
-    assert members_sent(s) == [('worker:2', 1, ['worker:0', 'worker:2'], 'worker:1'),
-                               ('worker:0', 1, ['worker:0', 'worker:2'], 'worker:1')]
+    assert members_sent(s) == [('worker:0', 1, ['worker:0', 'worker:2'], 'worker:1'),
+                               ('worker:2', 1, ['worker:0', 'worker:2'], 'worker:1')]
     assert s.members('worker') == ['worker:2', 'worker:0'] and s.round == 1
     assert not [k for _, k, _ in s.van.sent if k == protocol.FAILED]
 
