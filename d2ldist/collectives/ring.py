@@ -255,9 +255,7 @@ class Ring:
             try:
                 msg = self.node.recv(kinds, wait=wait)
             except node_module.WorkersChanged:
-                for later in reversed(self._later):
-                    self.node.put_back(later)
-                self._later = []
+                self._put_back_later()
                 raise
             membership = msg.get('membership', 0)
             if membership == self.round or not isinstance(membership, int):
@@ -266,6 +264,12 @@ class Ring:
                 self._later.append(msg)
             else:
                 _drain(msg)
+
+    def _put_back_later(self):
+        """The messages of a newer membership, for the Ring made for it."""
+        for later in reversed(self._later):
+            self.node.put_back(later)
+        self._later = []
 
     def _disagree(self, error):
         """Tell every other worker (each may be waiting for a chunk that never comes), then
@@ -320,6 +324,7 @@ class Ring:
     def _begin(self, flat, segs, call, replay=None):
         """Start a collective on ``flat`` cut into ``segs``; returns segs."""
         if self.node.round != self.round:     # the membership changed: make a new Ring
+            self._put_back_later()
             raise node_module.WorkersChanged(f'the workers changed (round {self.node.round}): '
                                              f'{self.node.id} called a collective on the old '
                                              'ring', round=self.node.round)
