@@ -181,7 +181,7 @@ class Job:
         for p in self.procs:
             p.spec.env.update(fresh)
         self.failure = self.code = None
-        self.lost = []
+        self.lost, self.again = [], set()
         self.on_restart(self.attempt, why)
 
     def ending(self):
@@ -234,13 +234,16 @@ class Job:
 
     def _log_file(self, p):
         """--log-dir's file of this process: 'worker-1.log' ('worker-1.restart-2.log' in
-        the third attempt), every line it prints, as printed; None without --log-dir."""
+        the third attempt; 'worker-1.again.log' started again to join), every line it
+        prints, as printed; None without --log-dir."""
         if self.log_dir is None:
             return None
         os.makedirs(self.log_dir, exist_ok=True)
         name = p.spec.role if p.spec.role == 'scheduler' else f'{p.spec.role}-{p.spec.rank}'
         if self.attempt:
             name += f'.restart-{self.attempt}'
+        if p.spec.role == 'worker' and p.spec.rank in self.again:
+            name += '.again'                # (elastic: started again, to join)
         return open(os.path.join(self.log_dir, f'{name}.log'), 'w', buffering=1,
                     encoding='utf-8', errors='replace')
 
@@ -345,6 +348,8 @@ class Job:
         again = Proc(dataclasses.replace(p.spec, env={
             k: v for k, v in p.spec.env.items() if k not in drop}))
         self.procs[self.procs.index(p)] = again
+        if p.file is not None:
+            p.file.close()
         self._say(f'starting {p.label} again, to join the job (--max-workers '
                   f'{self.max_workers})')
         self._start(again)

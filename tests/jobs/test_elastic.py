@@ -104,14 +104,14 @@ def test_with_the_elastic_sampler_the_survivors_read_what_is_left_of_the_epoch_o
     assert wait_no_survivors(r.tag) == []
 
 
-def test_a_lost_worker_started_again_joins_and_trains_from_the_current_weights():
+def test_a_lost_worker_started_again_joins_and_trains_from_the_current_weights(tmp_path):
     """--max-workers 3: the launcher starts worker 1 again; it joins (at once in its own
     place, or after the two went on alone for a while), takes rank 0's state by
     broadcast, and all three end with the weights of the replay of those memberships.
     (Worker 0 is a little slow, so that the job does not end before it has joined.)"""
     r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, '--max-workers', 3, *KILL,
-                   '--slow', 'worker:0=+30ms', '--timeout', 150, sys.executable, JOB,
-                   timeout=200)
+                   '--slow', 'worker:0=+30ms', '--log-dir', tmp_path, '--timeout', 150,
+                   sys.executable, JOB, timeout=200)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     assert 'd2l-launch: starting worker 1 again, to join the job (--max-workers 3)' in out
@@ -130,4 +130,6 @@ def test_a_lost_worker_started_again_joins_and_trains_from_the_current_weights()
                           atol=1e-12), (sizes, weights[0])
     read = finals(out, 'read')
     assert sorted(read[0] + read[1] + read[2]) == list(range(last * BATCH, STEPS * BATCH))
+    first, again = (tmp_path / 'worker-1.log').read_text(), (tmp_path / 'worker-1.again.log')
+    assert 'fails on purpose' in first and f'enters at batch {last} as rank 1' in again.read_text()
     assert wait_no_survivors(r.tag) == []
