@@ -60,6 +60,7 @@ _LAZY = {
     'Checkpoint': 'training.checkpoint', 'CheckpointError': 'training.checkpoint',
 }
 _LAZY_MODULES = {'kv': 'kv', 'horovod': 'horovod', 'timeline': 'timeline',
+                 'elastic': 'collectives.elastic',
                  'checkpoint': 'training.checkpoint'}
 def __getattr__(name):
     """Load the heavy parts (torch) on first use, then keep them as module attributes."""

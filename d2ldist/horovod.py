@@ -21,6 +21,7 @@ from .collectives.api import (Compression, Handle, allgather, allgather_async,  
 from .collectives.distributed_optimizer import (DistributedOptimizer,  # noqa: F401
                                                 broadcast_optimizer_state,
                                                 broadcast_parameters, metric_average)
+from .collectives import elastic  # noqa: F401  (hvd.elastic.run, TorchState)
 from .collectives.missing import missing
 from .collectives.ops import Average, Max, Min, Product, Sum  # noqa: F401
 from .collectives.sync_batchnorm import SyncBatchNorm  # noqa: F401

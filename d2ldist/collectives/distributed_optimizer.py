@@ -239,6 +239,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             spans.step_done()
             self._computing_since = time.perf_counter()
 
+    def forget_gradients(self):
+        """Forget the gradients of a step cut short (elastic: its collective failed)."""
+        if self._buckets is not None:
+            self._buckets._reset()
+        self._synchronized = False
+
     def zero_grad(self, set_to_none=True):
         return self.optimizer.zero_grad(set_to_none=set_to_none)
 

@@ -2,12 +2,11 @@
 
 Light on purpose (no torch): both faces, ``d2ldist`` and ``d2ldist.horovod``, consult it
 in their module ``__getattr__``. The error is an AttributeError, so that feature
-detection in users' code (``hasattr(hvd, 'elastic')``) answers False, and a
+detection in users' code (``hasattr(hvd, 'Adasum')``) answers False, and a
 NotImplementedError, for what it means.
 """
 
 NOT_YET = {
-    'elastic': 'elastic training (workers joining and leaving) is out of scope for now',
     'ProcessSet': 'process sets are out of scope for now: collectives run over all workers',
     'add_process_set': 'process sets are out of scope for now',
     'Adasum': 'Adasum is out of scope for now: use op=Average',

@@ -19,6 +19,11 @@ the right neighbour reads each chunk straight into its place -- the all-gather's
 the output, the reduce-scatter's into one reused buffer -- as gloo does. Elsewhere
 (shared memory on one host, a simulated link) they go through the van.
 
+Elastic workers (``d2l-launch --min-workers``): a Ring is made for one membership of the
+workers (``node.workers()``, numbered ``node.round``); every message carries that number,
+so when the scheduler forms a new one the collective in flight fails (``WorkersChanged``),
+a new Ring is made, and what the old ring's workers still send is dropped.
+
 A worker out of data calls ``join()`` (Horovod's): it has no collective of its own
 to call, so it learns each one the others call from the first chunk that reaches it
 -- every chunk describes its call -- and takes part with zeros, until all have joined.
@@ -29,6 +34,7 @@ import torch
 
 from .. import config
 from ..runtime import hang, protocol, stream
+from ..runtime import node as node_module
 from ..runtime.split import even_slices
 
 RING = 'ring'             # the message kind of the ring's chunks
@@ -66,9 +72,11 @@ class Ring:
     """Collectives among the workers of a job, between ring neighbours over the van."""
 
     def __init__(self, node, chunk_bytes=None):
-        self.node, self.rank, self.size = node, node.rank, node.num_workers
-        self.left = f'worker:{(self.rank - 1) % self.size}'
-        self.right = f'worker:{(self.rank + 1) % self.size}'
+        self.node, self.members, self.round = node, node.workers(), node.round
+        self.rank, self.size = self.members.index(node.id), len(self.members)
+        self.left = self.members[(self.rank - 1) % self.size]
+        self.right = self.members[(self.rank + 1) % self.size]
+        self._later = []      # messages of a newer membership, come before the news of it
         self.chunk_bytes = chunk_bytes or config.get().ring_chunk or CHUNK_BYTES
         self.calls = 0        # collectives so far: every chunk says which call it is from
         self._sent = []       # trackers of chunks ZeroMQ may still be reading
@@ -143,7 +151,7 @@ class Ring:
         whole = self._begin(flat, [(0, flat.numel())], call, replay)[0]
         self._root = root
         self._check_root()                         # (a root in join() has nothing to send)
-        last = self.right == f'worker:{root}'      # the end of the chain
+        last = self.right == self.members[root]    # the end of the chain
         if self.rank == root:
             for k, (a, b) in enumerate(self.chunks(whole)):
                 self._send(flat[a:b], 'bc', 0, k)
@@ -191,7 +199,7 @@ class Ring:
         frame = x.view(torch.uint8).numpy()
         head = {'n': self.calls, 'failed': self._last_failed, 'call': self._call,
                 'numel': self._numel, 'phase': phase, 'seg': j, 'k': k,
-                'replay': self._replay, 'joins': self.joins}
+                'replay': self._replay, 'joins': self.joins, 'membership': self.round}
         if self._out is not None:
             self._out.send(RING, head, [frame])
         else:
@@ -212,7 +220,7 @@ class Ring:
 
     def _recv(self, phase, j, k, numel):
         """The next chunk from the left, checked to be the one expected: its frame."""
-        msg = self.node.recv([RING, DISAGREE, JOINED], wait=self._wait)
+        msg = self._next([RING, DISAGREE, JOINED], self._wait)
         if msg.kind == JOINED:                # another worker called join(): note, wait on
             self._note_joined(msg)
             self._check_root()
@@ -241,6 +249,29 @@ class Ring:
                 'of the same size')
         return msg.frames[0]
 
+    def _next(self, kinds, wait):
+        """The next message of this membership: older ones are dropped, newer ones kept
+        until the news of their membership has come (WorkersChanged), then put back."""
+        while True:
+            try:
+                msg = self.node.recv(kinds, wait=wait)
+            except node_module.WorkersChanged:
+                self._put_back_later()
+                raise
+            membership = msg.get('membership', 0)
+            if membership == self.round or not isinstance(membership, int):
+                return msg
+            if membership > self.round:
+                self._later.append(msg)
+            else:
+                _drain(msg)
+
+    def _put_back_later(self):
+        """The messages of a newer membership, for the Ring made for it."""
+        for later in reversed(self._later):
+            self.node.put_back(later)
+        self._later = []
+
     def _disagree(self, error):
         """Tell every other worker (each may be waiting for a chunk that never comes), then
         raise: every worker of the job fails with the same message."""
@@ -251,7 +282,8 @@ class Ring:
         """Send a notice to every other worker. To the right neighbour it goes the way the
         chunks go (on the stream, if there is one), so that it never overtakes a chunk
         sent before it, nor is overtaken by one sent after."""
-        for peer in self.node.peers('worker'):
+        head = {**head, 'membership': self.round}
+        for peer in self.members:
             if peer == self.right and self._out is not None:
                 self._out.send(kind, head, [])
             elif peer != self.node.id:
@@ -306,6 +338,11 @@ class Ring:
 
     def _begin(self, flat, segs, call, replay=None):
         """Start a collective on ``flat`` cut into ``segs``; returns segs."""
+        if self.node.round != self.round:     # the membership changed: make a new Ring
+            self._put_back_later()
+            raise node_module.WorkersChanged(f'the workers changed (round {self.node.round}): '
+                                             f'{self.node.id} called a collective on the old '
+                                             'ring', round=self.node.round)
         self.calls += 1
         self._numel, self._itemsize, self._segs = flat.numel(), flat.element_size(), segs
         self._call = call
@@ -327,20 +364,36 @@ class Ring:
         offer = None
         if van.through_socket(self.left):
             offer = stream.listen(van, self.left).offer()
-        self.node.send(self.left, LINK, {'offer': offer})
-        msg = self.node.recv([LINK], wait=wait)
+        self.node.send(self.left, LINK, {'offer': offer, 'membership': self.round})
+        msg = self._next([LINK], wait)
         if msg.get('offer') and van.through_socket(self.right):
-            self._out = stream.connect(van, self.right, self.node.host_of(self.right),
-                                       msg['offer'])
+            try:
+                self._out = stream.connect(van, self.right, self.node.host_of(self.right),
+                                           msg['offer'])
+            except stream.StreamBroken:
+                self._await_news()
+                raise
 
     def _end(self):
         """Wait until every chunk is sent, so the caller may reuse the memory."""
         self._put_back_early()
         if self._out is not None:
-            self._out.flush()
+            try:
+                self._out.flush()
+            except stream.StreamBroken:
+                self._await_news()
+                raise
         for tracker in self._sent:
             tracker.wait()
         self._sent = []
+
+    def _await_news(self):
+        """Elastic: the stream to the right broke, its worker may be lost: wait for the
+        scheduler's word (WorkersChanged, or PeerFailed where the job fails)."""
+        if config.get().min_workers:
+            right = self.right.replace(':', ' ')
+            self.node.recv([], wait=hang.Wait(f'for news of {right} (its stream broke)',
+                                              [('scheduler', {'nodes': [self.right]})]))
 
     # -- join(): a worker out of data takes part in the others' collectives ---------------
     def join(self, take_part):
@@ -430,7 +483,7 @@ class Ring:
     def _check_root(self):
         """A broadcast from a worker in join() fails: it has no data to send."""
         root = self._root
-        if root is not None and self.joined.get(f'worker:{root}') == self.joins + 1:
+        if root is not None and self.joined.get(self.members[root]) == self.joins + 1:
             self.calls -= 1                        # it never began: nothing was sent
             raise RuntimeError(f'broadcast from worker {root}, which has called join() '
                                '(it is out of data): broadcast from a worker still training')

@@ -67,8 +67,9 @@ class RingBackend:
         from .ring import Ring
         self.dtypes = list(DTYPES.values())    # the wire's; allgather sends a dtype's index
         self.node = node
-        self.ring = Ring(node) if node is not None and node.num_workers > 1 else None
-        self.rank, self.size = (node.rank, node.num_workers) if node else (0, 1)
+        workers = node.workers() if node is not None else []
+        self.ring = Ring(node) if len(workers) > 1 else None
+        self.rank, self.size = (workers.index(node.id), len(workers)) if node else (0, 1)
 
     def allreduce_(self, tensor, op):
         self._check(tensor)

@@ -82,6 +82,23 @@ def backend():
     return _backend
 
 
+def reform():
+    """After a membership change (elastic): the ring anew, with the new ranks and size,
+    on a fresh communication thread; the old thread ends after what it was given."""
+    global _engine
+    if _name != 'ring':
+        raise RuntimeError(f'elastic workers need the ring backend, not {_name!r}')
+    if _engine is not None:
+        _engine.stop()
+    use(backends.make('ring', node.current()))
+
+
+def membership():
+    """Which membership of the workers this is: 0, then one more after each change."""
+    n = node.current()
+    return n.round if n else 0
+
+
 def engine():
     """The communication thread, or None (alone, or no collective has run yet)."""
     return _engine
@@ -107,7 +124,7 @@ def rank():
     if _name == 'torch':
         return backend().rank
     n = node.current()
-    return n.rank if n else 0
+    return n.workers().index(n.id) if n and n.role == 'worker' else n.rank if n else 0
 
 
 def size():
@@ -115,7 +132,7 @@ def size():
     if _name == 'torch':
         return backend().size
     n = node.current()
-    return n.num_workers if n else 1
+    return len(n.workers()) if n else 1
 
 
 def local_rank():

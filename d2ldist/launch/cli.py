@@ -89,6 +89,12 @@ def build_parser(prog='d2l-launch'):
                    help='when a process fails, stop the job and start every process again, '
                    'up to K times (default: 0); --fail and --slow act in the first '
                    'attempt only')
+    p.add_argument('--min-workers', '--min-np', type=int, default=None, metavar='A',
+                   help='elastic workers on the ring (-s 0): a lost worker does not stop '
+                   'the job while at least A workers remain; the ring re-forms without it')
+    p.add_argument('--max-workers', '--max-np', type=int, default=None, metavar='B',
+                   help='with --min-workers: a lost worker is started again, once, and '
+                   'joins the job, while fewer than B run (B at least -n)')
     p.add_argument('--checkpoint-dir', default=None, metavar='DIR',
                    help="a folder every worker can read, for the job's checkpoints: "
                    'd2ldist.train saves them there and resumes from the newest')
@@ -166,6 +172,7 @@ def parse(argv, prog='d2l-launch'):
     args.env.update(_network_env(args.bandwidth, args.latency))
     args.env.update(_watch_env(args))
     args.env.update(_checkpoint_env(args))
+    args.env.update(_elastic_env(args))
     try:               # what every process will read: a bad --env value fails here, once
         config.Config.from_env(args.env)
     except ValueError as e:
@@ -286,6 +293,23 @@ def _checkpoint_env(args):
     return env
 
 
+def _elastic_env(args):
+    """--min-workers and --max-workers, checked; the scheduler reads D2L_MIN_WORKERS."""
+    low, high, n = args.min_workers, args.max_workers, args.num_workers
+    if low is None:
+        if high is not None:
+            raise UsageError('--max-workers needs --min-workers A')
+        return {}
+    if not 1 <= low <= n:
+        raise UsageError(f'--min-workers must be between 1 and -n ({n}), got {low}')
+    if high is not None and high < n:
+        raise UsageError(f'--max-workers must be at least -n ({n}), got {high}')
+    if args.num_servers or args.env.get(config.variable('backend')) == 'torch':
+        raise UsageError('--min-workers needs -s 0 and the ring backend: elastic workers '
+                         'are on the ring only')
+    return config.env(min_workers=low)
+
+
 def _network_env(bandwidth, latency):
     """The simulated network as the van reads it: bytes/s and seconds (see pacing.py)."""
     env = {}
@@ -359,7 +383,7 @@ def make_job(args, out=None, notices=True, **job_options):
     if args.port:
         specs[0].env.update(config.env(scheduler_port=args.port))
     return Job(specs, timeout=args.timeout, max_restarts=args.max_restarts, out=out,
-               **job_options)
+               min_workers=args.min_workers, max_workers=args.max_workers, **job_options)
 
 
 def _terminate(signum, frame):

@@ -17,9 +17,16 @@ starts them all again, with a fresh secret and ``D2L_RESTART`` set to the attemp
 K times; only the last attempt's failure ends the job as above. A timeout or an
 interrupt is never restarted, and the timeout counts from the first attempt.
 
+With ``min_workers=A`` (``--min-workers``, elastic workers on the ring) a worker that
+fails is only lost: one line says so, and the job goes on while at least A workers
+remain (the scheduler re-forms the ring); it succeeds when the others have finished.
+With ``max_workers=B`` too, a lost worker is started again, once, as a new process that
+joins the job (without its ``--fail`` and ``--slow``), while fewer than B run.
+
 Each process runs under the guard (``guard.py``) in its own session, with a stdin
 pipe from us: if we die, the pipe closes and the guards end their process groups.
 """
+import dataclasses
 import os
 import re
 import secrets
@@ -107,12 +114,16 @@ class Job:
 
     def __init__(self, specs, timeout=None, max_restarts=0, out=None, on_line=None,
                  on_state=None, on_tick=None, on_restart=None, last_lines=True,
-                 log_dir=None):
+                 log_dir=None, min_workers=None, max_workers=None):
         self.procs = [Proc(s) for s in specs]
         self.log_dir = log_dir            # --log-dir: each process's lines in a file too
         self.last_lines = last_lines
         self.timeout, self.out = timeout, out or sys.stdout
         self.max_restarts, self.attempt = max_restarts, 0     # attempt: 0, then restarts
+        self.min_workers = min_workers    # elastic: workers that may be lost, down to this
+        self.lost = []                    # ... and those lost, in this attempt
+        self.max_workers = max_workers    # elastic: lost workers are started again, once
+        self.again = set()                # ... the ranks started again
         self.on_line = on_line or (lambda proc, line: line)   # may hide or change a line
         self.on_state = on_state or (lambda proc: None)       # state or exit code changed
         self.on_tick = on_tick or (lambda: None)              # about every 0.1 s
@@ -170,6 +181,7 @@ class Job:
         for p in self.procs:
             p.spec.env.update(fresh)
         self.failure = self.code = None
+        self.lost, self.again = [], set()
         self.on_restart(self.attempt, why)
 
     def ending(self):
@@ -190,7 +202,10 @@ class Job:
         if self.timeout is not None and time.monotonic() - start > self.timeout:
             self._say(f'timeout: the job ran for more than {self.timeout:g} s; stopping it')
             return 124
-        workers = [p for p in self.procs if p.spec.role == 'worker']
+        workers = [p for p in self.procs if p.spec.role == 'worker' and p not in self.lost]
+        if self.again and not self.procs[0].alive:   # the scheduler has ended: a worker
+            workers = [p for p in workers if p.spec.rank not in self.again   # started again
+                       or not p.alive]                                      # came too late
         if all(p.state == 'finished' for p in workers):
             done = max(p.exited_at for p in workers)
             others = [p for p in self.procs if p.alive]
@@ -219,13 +234,16 @@ class Job:
 
     def _log_file(self, p):
         """--log-dir's file of this process: 'worker-1.log' ('worker-1.restart-2.log' in
-        the third attempt), every line it prints, as printed; None without --log-dir."""
+        the third attempt; 'worker-1.again.log' started again to join), every line it
+        prints, as printed; None without --log-dir."""
         if self.log_dir is None:
             return None
         os.makedirs(self.log_dir, exist_ok=True)
         name = p.spec.role if p.spec.role == 'scheduler' else f'{p.spec.role}-{p.spec.rank}'
         if self.attempt:
             name += f'.restart-{self.attempt}'
+        if p.spec.role == 'worker' and p.spec.rank in self.again:
+            name += '.again'                # (elastic: started again, to join)
         return open(os.path.join(self.log_dir, f'{name}.log'), 'w', buffering=1,
                     encoding='utf-8', errors='replace')
 
@@ -297,9 +315,44 @@ class Job:
                 self.on_state(p)             # stopped by us: only the exit code is new
             elif p.code == 0:
                 self._set_state(p, 'finished')
+            elif self._lost(p):
+                self.lost.append(p)
+                self._set_state(p, 'failed')
+                self._start_again(p)
             else:
                 self._set_state(p, 'failed')
                 self.failure = self.failure or p
+
+    def _lost(self, p):
+        """Elastic: whether the failed worker ``p`` is only lost (enough others remain);
+        if so, say it in one line."""
+        if self.min_workers is None or p.spec.role != 'worker':
+            return False
+        left = [q for q in self.procs if q.spec.role == 'worker' and q is not p
+                and q not in self.lost and q.state in ('running', 'finished')]
+        if len(left) < self.min_workers:
+            return False
+        self._say(f'{what_failed(p)}; {len(left)} workers go on (--min-workers '
+                  f'{self.min_workers})')
+        return True
+
+    def _start_again(self, p):
+        """Elastic, with --max-workers: start the lost worker ``p`` once more, in its
+        place, as a new process that joins the job."""
+        running = [q for q in self.procs if q.spec.role == 'worker' and q.alive]
+        if self.max_workers is None or len(running) >= self.max_workers \
+                or p.spec.rank in self.again:
+            return
+        self.again.add(p.spec.rank)
+        drop = {config.variable('fail'), config.variable('slow')}
+        again = Proc(dataclasses.replace(p.spec, env={
+            k: v for k, v in p.spec.env.items() if k not in drop}))
+        self.procs[self.procs.index(p)] = again
+        if p.file is not None:
+            p.file.close()
+        self._say(f'starting {p.label} again, to join the job (--max-workers '
+                  f'{self.max_workers})')
+        self._start(again)
 
     def _drain(self, p):
         """Read what an exited process left in its pipe."""

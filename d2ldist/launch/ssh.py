@@ -423,5 +423,6 @@ def prepare(args, secret, out=None, notices=True, **job_options):
     out.flush()
     return SshJob(specs, hosts, ssh, python, workdir, pythonpath, job_id,
                   timeout=args.timeout, max_restarts=args.max_restarts, out=out,
+                  min_workers=args.min_workers, max_workers=args.max_workers,
                   **job_options)
 

@@ -49,6 +49,16 @@ class PeerFailed(RuntimeError):
     """Another node of the job died or stopped answering."""
 
 
+class WorkersChanged(PeerFailed):
+    """The scheduler formed a new membership of the workers (elastic, ``--min-workers``):
+    the collective in flight failed; ``lost`` names the worker left out, ``round`` the
+    membership's number (Horovod's HorovodInternalError)."""
+
+    def __init__(self, message, lost=None, round=0):
+        super().__init__(message)
+        self.lost, self.round = lost, round
+
+
 class Node:
     """This process as a node of a job: its van, its rank and the address book."""
 
@@ -69,6 +79,8 @@ class Node:
         self._questions = itertools.count(1)
         self._receiving = 0       # threads inside recv() now (ZeroMQ sockets are not
         self._count_lock = threading.Lock()   # thread-safe: stop() must not join them)
+        self.members = None       # the live workers in rank order, after a membership change
+        self.round = 0            # which membership (elastic: the scheduler's MEMBERS)
 
     @classmethod
     def from_env(cls, role=None):
@@ -101,6 +113,8 @@ class Node:
             raise RuntimeError(f'{self.id}: {msg["error"]}')
         self.van.node_id = msg['you']
         self.rank = int(msg['you'].split(':')[1])
+        if isinstance(msg.get('members'), list) and isinstance(msg.get('round'), int):
+            self.members, self.round = [str(w) for w in msg['members']], msg['round']  # joins
         self.book, identities = dict(msg['nodes']), dict(msg.get('host_ids') or {})
         for peer, address in self.book.items():
             if peer != self.id:
@@ -140,6 +154,10 @@ class Node:
         """The ids of the nodes with ``role``, in rank order."""
         count = self.num_workers if role == 'worker' else self.num_servers
         return [f'{role}:{r}' for r in range(count)]
+
+    def workers(self):
+        """The ids of the workers of the current membership, in rank order."""
+        return list(self.members) if self.members is not None else self.peers('worker')
 
     def send(self, peer, kind, header=None, frames=(), track=False):
         return self.van.send(peer, kind, header, frames, track=track)
@@ -230,9 +248,31 @@ class Node:
             if msg.kind == protocol.FAILED and msg.sender == 'scheduler':
                 raise PeerFailed(f'{msg.get("node", "a node").replace(":", " ")} failed '
                                  f'({msg.get("reason")}); {self.id.replace(":", " ")} gives up')
+            if msg.kind == protocol.MEMBERS and msg.sender == 'scheduler':
+                self._new_members(msg)
             if kinds is None or msg.kind in kinds:
                 return msg
             self._stash.append(msg)
+
+    def _new_members(self, msg):
+        """The scheduler's new membership: take it, and fail what waits on the old one."""
+        workers, rnd = msg.get('workers'), msg.get('round')
+        if not isinstance(rnd, int) or rnd <= self.round or not isinstance(workers, list):
+            return
+        if self.id not in workers:     # declared lost (silent too long): it cannot go on
+            raise PeerFailed(f'{self.id.replace(":", " ")} was left out of the workers '
+                             f'({msg.get("reason")})')
+        self.members, self.round = [str(w) for w in workers], rnd
+        self._barriers = {g: n for g, n in self._barriers.items() if g == 'server'}
+        lost, joined, reason = msg.get('lost'), msg.get('joined'), msg.get('reason')
+        if isinstance(joined, list) and len(joined) == 3 and joined[0] in workers:
+            peer, address, host = (str(j) for j in joined)   # a worker joins: its address
+            self.book[peer] = address
+            self.van.connect(peer, address, same_host=host == shm.identity()
+                             and shm.same_host(self.van.address, address))
+        said = reason if joined else f'{str(lost).replace(":", " ")} was lost ({reason})'
+        raise WorkersChanged(f'{said}; {len(workers)} workers go on (round {rnd})',
+                             lost if isinstance(lost, str) else None, rnd)
 
     def put_back(self, msg):
         """Return a message just received: the next recv of its kind gets it first."""
@@ -244,14 +284,16 @@ class Node:
         ``what`` names the call (e.g. 'kv.init'): the scheduler fails every node of the
         group at once if two of them enter their n-th barrier from different calls."""
         n = self._barriers[group] = self._barriers.get(group, 0) + 1   # numbered per group
-        self.van.send('scheduler', protocol.BARRIER, {'group': group, 'n': n, 'what': what})
+        self.van.send('scheduler', protocol.BARRIER, {'group': group, 'n': n, 'what': what,
+                                                      'round': self.round})
         wait = hang.Wait(f'in {group} barrier {n} ({what})',
                          [('scheduler', {'barrier': [group, n]})], span='barrier')
         while True:
             msg = self.recv([protocol.BARRIER_DONE, protocol.BARRIER_DISAGREE], wait=wait)
             if msg.kind == protocol.BARRIER_DISAGREE:
                 raise hang.Disagree(str(msg.get('error'))[:600])
-            if msg.get('group') == group and msg.get('n') == n:
+            if msg.get('group') == group and msg.get('n') == n \
+                    and msg.get('round', 0) == self.round:
                 return
 
     def passed_barrier(self, group, n):
@@ -284,6 +326,9 @@ class Node:
         if self._stopped.is_set():
             return
         try:
+            if _crashed and config.get().min_workers:   # elastic: the others go on
+                self.van.send('scheduler', protocol.FAILED, {'reason': _crashed})
+                return                  # (no goodbye: lost, the heartbeats' silence says it)
             self.van.send('scheduler', protocol.GOODBYE)
             # Workers wait: the scheduler counts their goodbyes. (Servers go when told
             # to shut down, by a scheduler that is gone by then.)
@@ -299,6 +344,7 @@ class Node:
 # errors whose message says what happened where: uncaught, they end the process in one line
 ONE_LINE = (PeerFailed, hang.Hang, hang.Disagree, stream.StreamBroken, started.StartError)
 _one_line = False   # whether report_in_one_line() has hooked sys.excepthook
+_crashed = None     # the uncaught error this process ends with, if any (stop() says so)
 
 
 def report_in_one_line():
@@ -310,6 +356,8 @@ def report_in_one_line():
     _one_line, previous = True, sys.excepthook
 
     def hook(kind, value, tb):
+        global _crashed
+        _crashed = f'{kind.__name__}: {value}'[:200]
         if issubclass(kind, ONE_LINE):
             sys.stderr.write(f'd2ldist: {value}\n')   # one write: processes started
             sys.stderr.flush()                        # by mpirun may share the pipe

@@ -6,8 +6,8 @@ code; these are the ones every node speaks.
 REGISTER = 'register'          # node -> scheduler: {role, rank, address}
 ADDRESS_BOOK = 'address_book'  # scheduler -> node: {nodes: {id: address}, you: id}
 ERROR = 'error'                # scheduler -> node: {error}: registration refused
-BARRIER = 'barrier'            # node -> scheduler: {group, n, what}
-BARRIER_DONE = 'barrier_done'  # scheduler -> node: {group, n}
+BARRIER = 'barrier'            # node -> scheduler: {group, n, what, round}
+BARRIER_DONE = 'barrier_done'  # scheduler -> node: {group, n, round}
 HEARTBEAT = 'heartbeat'        # node -> scheduler, every second: {what, for, counters}
 GOODBYE = 'goodbye'            # node -> scheduler: finished normally
 FAREWELL = 'farewell'          # scheduler -> node: your goodbye arrived (you may exit)
@@ -19,3 +19,4 @@ BARRIER_DISAGREE = 'barrier_disagree'  # scheduler -> nodes: {error}: two differ
 CLOCK = 'clock'                # node -> scheduler: {id}; the answer: {id, time} (spans.py)
 JOIN = 'join'                  # worker -> scheduler: {calls}: it called hvd.join() (out of data)
 JOIN_DONE = 'join_done'        # scheduler -> workers: {last, calls} (all have joined) or {error}
+MEMBERS = 'members'            # scheduler -> nodes: {round, workers, lost, reason} (elastic)

@@ -9,7 +9,9 @@ It does four things and nothing else (and tells the time, for the timeline):
    dies, is announced to everybody else, so that nobody waits for it forever; the
    heartbeats say what each node waits for, so that a node that has waited too long
    can ask who is missing (``hang.py``);
-4. the end: when every worker has said goodbye, the servers are told to shut down.
+4. the end: when every worker has said goodbye, the servers are told to shut down;
+5. elastic workers (``--min-workers``): a lost worker is left out of a new membership
+   (``reform``), while enough remain.
 
 Run as ``python -m d2ldist.runtime.scheduler`` by the launcher; the environment says the job's
 shape (see ARCHITECTURE.md). It prints ``d2ldist: scheduler ready at <address>`` once
@@ -28,7 +30,8 @@ GROUPS = ('worker', 'server', 'all')
 class Scheduler:
     """Registration, address book, barriers and liveness of one job."""
 
-    def __init__(self, van, num_workers, num_servers, heartbeat_timeout=5.0):
+    def __init__(self, van, num_workers, num_servers, heartbeat_timeout=5.0,
+                 min_workers=None):
         self.van, self.num_workers, self.num_servers = van, num_workers, num_servers
         self.heartbeat_timeout = heartbeat_timeout
         self.nodes = {}          # node id -> address, in registration order
@@ -41,9 +44,13 @@ class Scheduler:
         self.failed = set()      # nodes announced as failed
         self.joined = []         # workers in hvd.join(), in the order they called it
         self.join_calls = 0      # the most ring collectives a worker in join() had counted
+        self.min_workers = min_workers   # set: elastic workers (reform)
+        self.lost = set()        # workers left out of the membership
+        self.round = 0           # memberships formed since the first
 
     def members(self, group):
-        return [n for n in self.nodes if group == 'all' or n.startswith(group + ':')]
+        return [n for n in self.nodes if n not in self.lost
+                and (group == 'all' or n.startswith(group + ':'))]
 
     def serve(self):
         """Answer messages until the workers are done; return the exit code."""
@@ -56,6 +63,8 @@ class Scheduler:
                 if done:
                     return 0
             dead = self.silent_node()
+            if dead and self.reform(dead, f'no heartbeat for {self.heartbeat_timeout:g} s'):
+                continue
             if dead:
                 self.fail(dead, f'no heartbeat for {self.heartbeat_timeout:g} s')
                 return 1
@@ -66,7 +75,8 @@ class Scheduler:
             self.register(msg)
         elif msg.kind == protocol.HEARTBEAT and msg.sender in self.nodes:
             self.heard(msg)
-        elif msg.kind == protocol.BARRIER and msg.sender in self.nodes:
+        elif msg.kind == protocol.BARRIER and msg.sender in self.nodes \
+                and msg.get('round', 0) == self.round:       # (not one left by a reform)
             self.barrier(msg.sender, msg.get('group'), msg.get('n'), str(msg.get('what'))[:200])
         elif msg.kind == protocol.WHO and msg.sender in self.nodes:
             self.van.send(msg.sender, protocol.WHO_ANSWER, {
@@ -74,7 +84,8 @@ class Scheduler:
         elif msg.kind == protocol.CLOCK and msg.sender in self.nodes:
             self.van.send(msg.sender, protocol.CLOCK, {'id': msg.get('id'), 'time': time.time()})
         elif msg.kind == protocol.FAILED and msg.sender in self.nodes:
-            self.fail(msg.sender, str(msg.get('reason', 'failed'))[:200])
+            if not self.reform(msg.sender, str(msg.get('reason', 'failed'))[:200]):
+                self.fail(msg.sender, str(msg.get('reason', 'failed'))[:200])
         elif msg.kind == protocol.JOIN and msg.sender in self.members('worker'):
             self.join(msg.sender, msg.get('calls'))
         elif msg.kind == protocol.GOODBYE and msg.sender in self.nodes:
@@ -97,6 +108,9 @@ class Scheduler:
             rank = min(set(range(count)) - taken, default=None)
         node = f'{role}:{rank}'
         self.van.connect(msg.sender, address)
+        if self.book_sent and self.min_workers and role == 'worker' \
+                and isinstance(rank, int) and 0 <= rank < count:
+            return self.admit(node, address, msg.get('host_id'))
         if self.book_sent or not isinstance(rank, int) or not 0 <= rank < count \
                 or node in self.nodes:
             self.van.send(msg.sender, protocol.ERROR, {
@@ -132,7 +146,8 @@ class Scheduler:
                 self.van.send(member, protocol.BARRIER_DISAGREE, {'error': error})
         elif set(arrived) | set(self.joined) >= set(self.members(group)):
             for member in self.members(group):
-                self.van.send(member, protocol.BARRIER_DONE, {'group': group, 'n': n})
+                self.van.send(member, protocol.BARRIER_DONE, {'group': group, 'n': n,
+                                                              'round': self.round})
             del self.barriers[(group, n)]
 
     def join(self, worker, calls=None):
@@ -217,6 +232,73 @@ class Scheduler:
                 return node
         return None
 
+    # Elastic workers: a lost worker is not a lost job. The survivors are told the new
+    # membership (the workers left, in their old order, are ranks 0..N'-1) with a new
+    # round number: their collective in flight fails, and the chunks of the old ring
+    # that come late are dropped. Barriers half entered are forgotten: every survivor
+    # left its own, and counts the barriers of the new round from 1. Fewer than
+    # --min-workers left, or a server lost: the job fails. A worker started again joins
+    # the same way (admit): it gets the book, the others its address.
+    def reform(self, node, reason):
+        """Form a membership without the lost worker ``node``; False where the job fails."""
+        left = [w for w in self.live_workers() if w != node]
+        if self.min_workers is None or not node.startswith('worker:') or not self.book_sent \
+                or node in self.lost or len(left) < self.min_workers:
+            return False
+        self.lost.add(node)
+        self.finished.add(node)
+        self.failed.add(node)
+        workers = self.next_round()
+        print(f'd2ldist: {node.replace(":", " ")} failed: {reason}; the ring re-forms '
+              f'with {len(workers)} workers (round {self.round})', flush=True)
+        for other in workers:
+            self.van.send(other, protocol.MEMBERS, {
+                'round': self.round, 'workers': workers, 'lost': node, 'reason': reason})
+        return True
+
+    def live_workers(self):
+        """The workers of the membership that have not finished, in rank order."""
+        return sorted((w for w in self.members('worker') if w not in self.finished),
+                      key=lambda w: _by_rank((w,)))
+
+    def next_round(self):
+        """A new membership: its number, half-entered barriers forgotten; its workers."""
+        self.round += 1
+        self.barriers = {key: arrived for key, arrived in self.barriers.items()
+                         if key[0] == 'server'}
+        return self.live_workers()
+
+    def admit(self, node, address, host_id):
+        """Elastic: a worker started again joins (in place of the one it was, if that one's
+        loss has not been noticed yet): a new membership with it, and the book for it."""
+        replaced = node in self.members('worker') and node not in self.finished
+        self.van.connect(node, address)
+        ended = [w for w in self.members('worker') if w in self.finished - self.failed
+                 and w != node]
+        if ended:                      # the others have left their training: too late
+            self.van.send(node, protocol.ERROR, {'error': f'cannot join: the job is ending '
+                                                          f'({ended[0].replace(":", " ")} '
+                                                          'has finished)'})
+            return
+        self.nodes[node], self.host_ids[node] = address, host_id if isinstance(
+            host_id, str) else None
+        self.lost.discard(node)
+        self.finished.discard(node)
+        self.failed.discard(node)
+        self.last_seen[node] = time.monotonic()
+        workers = self.next_round()
+        reason = f'{node.replace(":", " ")} {"was started again" if replaced else "joins"}'
+        print(f'd2ldist: {reason}; the ring re-forms with {len(workers)} workers '
+              f'(round {self.round})', flush=True)
+        self.van.send(node, protocol.ADDRESS_BOOK, {
+            'nodes': self.nodes, 'host_ids': self.host_ids, 'you': node,
+            'members': workers, 'round': self.round})
+        for other in workers:
+            if other != node:
+                self.van.send(other, protocol.MEMBERS, {
+                    'round': self.round, 'workers': workers, 'reason': reason,
+                    'lost': node if replaced else None, 'joined': [node, address, host_id]})
+
     def fail(self, node, reason):
         """Tell every other node that ``node`` is gone, so that nobody waits for it."""
         print(f'd2ldist: {node.replace(":", " ")} failed: {reason}; telling the others',
@@ -248,7 +330,8 @@ def main():
         sys.exit(f'd2ldist.scheduler: cannot listen: {e}')
     print(f'd2ldist: scheduler ready at {van.address}', flush=True)
     faults.arm()                 # d2l-launch --fail scheduler@5s
-    code = Scheduler(van, cfg.num_worker, cfg.num_server, cfg.heartbeat_timeout).serve()
+    code = Scheduler(van, cfg.num_worker, cfg.num_server, cfg.heartbeat_timeout,
+                     cfg.min_workers).serve()
     if van.dropped:
         print(f'd2ldist: the scheduler dropped {van.dropped} invalid messages', flush=True)
     van.close()

@@ -363,7 +363,7 @@ def test_compat_lists_exactly_the_horovod_names():
     rows = api_rows('Horovod')
     listed = check_rows(rows, lookup, 'compat.md, Horovod')
     code = {n for n in dir(hvd) if not n.startswith('_')
-            and not inspect.ismodule(getattr(hvd, n))
+            and (not inspect.ismodule(getattr(hvd, n)) or n == 'elastic')
             and getattr(getattr(hvd, n), '__module__', None) != missing.__name__}
     refused = {name for tokens, provided in rows if not provided for name, _ in tokens}
     assert sorted(code - listed) == [], 'in d2ldist.horovod, not in compat.md'

@@ -48,8 +48,14 @@ def test_a_stand_in_refuses_what_describes_no_collective(bad):
     assert '\n' not in str(e.value)
 
 
+def fake_node(rank, size):
+    """What a Ring reads of its node: its id, the workers, the membership's number."""
+    workers = [f'worker:{r}' for r in range(size)]
+    return SimpleNamespace(id=workers[rank], workers=lambda: workers, round=0, counters={})
+
+
 def test_an_empty_segment_still_sends_one_empty_chunk():
-    ring = Ring(SimpleNamespace(rank=0, num_workers=2), chunk_bytes=8)
+    ring = Ring(fake_node(0, 2), chunk_bytes=8)
     ring._itemsize = 4
     assert ring.chunks((3, 3)) == [(3, 3)]
     assert ring.chunks((0, 5)) == [(0, 2), (2, 4), (4, 5)]
@@ -113,7 +119,7 @@ def test_the_scheduler_counts_joined_workers_at_barriers_and_names_the_last():
 def test_after_join_calls_a_worker_never_saw_count_as_failed():
     """Refused while it was in join(): their notices may come after the scheduler's word
     (another path); the next call has the same number everywhere, the notices are dropped."""
-    ring = Ring(SimpleNamespace(rank=1, num_workers=3, counters={}), chunk_bytes=8)
+    ring = Ring(fake_node(1, 3), chunk_bytes=8)
     ring.calls, ring._failed = 5, {2}
     assert ring._all_joined(message(protocol.JOIN_DONE, 'scheduler', last=0, calls=8)) == 0
     assert (ring.calls, ring._failed, ring.joins) == (8, {2, 6, 7, 8}, 1)

@@ -1,0 +1,231 @@
+"""Elastic workers on the ring, with Horovod's API: ``hvd.elastic.run`` and ``TorchState``.
+
+    state = hvd.elastic.TorchState(model=net, optimizer=optimizer, epoch=0, batch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        while state.batch < steps:
+            ...                        # one step, on this worker's part of the batch
+            state.batch += 1
+            state.commit()             # a copy in memory: where a reset goes back to
+
+    train(state)
+
+Under ``d2l-launch --min-workers A`` a lost worker does not stop the job: the
+scheduler forms a new membership of the workers left (ranks 0..N'-1, a new round), the
+collective in flight fails on every survivor with ``WorkersChanged`` (Horovod's
+HorovodInternalError), and ``run`` catches it: each survivor goes back to its last
+commit (``restore``), the ring is made anew (``world.reform``), the reset callbacks run
+(Horovod's idiom: scale the learning rate by ``hvd.size()``), every worker takes rank
+0's state (``sync``: by broadcast, nothing pickled) and ``train`` is called again.
+Which data a worker reads is the script's: a batch cut by ``hvd.rank()`` and
+``hvd.size()`` from a position kept in the state (``state.batch``) is cut anew after
+a reset, so that from the commit on no sample is lost or read twice (``part``, or
+``ElasticSampler`` for a DataLoader).
+"""
+import copy
+import functools
+
+import torch
+
+from .. import config
+from ..runtime import node
+from ..runtime.node import WorkersChanged
+from ..runtime.split import even_slices
+from . import world
+
+HorovodInternalError = WorkersChanged     # Horovod's name for a collective that failed
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The workers changed, seen at a commit (Horovod's): train again from the commit."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__('the workers changed')
+        self.skip_sync = skip_sync
+
+
+class ElasticSampler(torch.utils.data.Sampler):
+    """This worker's part of what is left of an epoch, cut anew after a reset (Horovod's):
+    the samples not yet read, in ``hvd.size()`` interleaved parts, ``hvd.rank()``'s.
+
+    Keep it in the state (``TorchState(..., sampler=sampler)``: its position goes back to
+    the commit and comes from rank 0) and call ``record_batch(i, batch_size)`` after each
+    batch: every worker has read ``batch_size`` more. Parts are of equal length, the last
+    padded from the epoch's start, so that every worker has as many batches."""
+
+    def __init__(self, dataset, shuffle=True, seed=0):
+        self.n, self.shuffle, self.seed = len(dataset), shuffle, seed
+        self.epoch = self.processed = 0
+        self.reset()
+
+    def set_epoch(self, epoch):
+        self.epoch, self.processed = epoch, 0
+        self.reset()
+
+    def record_batch(self, batch_idx, batch_size):
+        self.processed += batch_size * self.size
+
+    def reset(self):
+        """Cut what is left of the epoch for the current workers."""
+        self.rank, self.size = world.rank(), world.size()
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(
+            self.seed + self.epoch)).tolist() if self.shuffle else list(range(self.n))
+        left = order[self.processed:]
+        pad = -len(left) % self.size
+        self.indices = (left + (order * (pad // max(self.n, 1) + 1))[:pad])[self.rank::self.size]
+
+    def state_dict(self):
+        return {'epoch': self.epoch, 'processed': self.processed}
+
+    def load_state_dict(self, state):
+        self.epoch, self.processed = int(state['epoch']), int(state['processed'])
+        self.reset()
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+
+class State:
+    """What a reset goes back to: ``commit()`` saves it, ``restore()`` returns to it,
+    ``sync()`` gives every worker rank 0's; numbers kept as attributes (``state.epoch``)."""
+
+    def __init__(self, **attrs):
+        for name, value in attrs.items():
+            if not isinstance(value, (int, float, ElasticSampler)):
+                raise TypeError(f'TorchState({name}=...): only numbers and ElasticSamplers are '
+                                f'kept (they go by broadcast), got {type(value).__name__}')
+        self.__dict__.update(attrs)
+        self._samplers = sorted(n for n, v in attrs.items() if isinstance(v, ElasticSampler))
+        self._names = sorted(set(attrs) - set(self._samplers))
+        self._callbacks = []
+        self._membership = world.membership()
+        self._saved = None
+
+    def register_reset_callbacks(self, callbacks):
+        """Functions to call after each reset, before the state is synced (Horovod's)."""
+        self._callbacks.extend(callbacks)
+
+    def on_reset(self):
+        for callback in self._callbacks:
+            callback()
+
+    def commit(self):
+        """Save the state in memory, then see whether the workers changed meanwhile."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self):
+        """Raise HostsUpdatedInterrupt if the membership changed since the last sync."""
+        if world.membership() != self._membership:
+            raise HostsUpdatedInterrupt()
+
+    def save(self):
+        self._saved = {name: getattr(self, name) for name in self._names}
+        self._saved_samplers = {n: getattr(self, n).state_dict() for n in self._samplers}
+
+    def restore(self):
+        """Go back to the last commit (to the start, if none)."""
+        if self._saved is not None:
+            self.__dict__.update(self._saved)
+            for name, saved in self._saved_samplers.items():
+                getattr(self, name).load_state_dict(saved)
+
+    def sync(self):
+        """Every worker takes rank 0's attributes (in two broadcasts: whole numbers and
+        the others) and samplers' positions (cut anew for this membership), and commits."""
+        for kind, dtype in ((int, torch.int64), (float, torch.float64)):
+            names = [n for n in self._names if isinstance(getattr(self, n), kind)]
+            values = _broadcast([getattr(self, n) for n in names], dtype)
+            for name, value in zip(names, values):
+                setattr(self, name, type(getattr(self, name))(value))
+        for name in self._samplers:
+            sampler = getattr(self, name)
+            sampler.load_state_dict(dict(zip(('epoch', 'processed'), _broadcast(
+                [sampler.epoch, sampler.processed], torch.int64))))
+        self._membership = world.membership()
+        self.save()
+
+
+class TorchState(State):
+    """A model's and an optimizer's state (copies in memory), and numbers."""
+
+    def __init__(self, model=None, optimizer=None, **attrs):
+        self.model, self.optimizer = model, optimizer
+        self._model_saved = self._optimizer_saved = None
+        super().__init__(**attrs)
+
+    def save(self):
+        super().save()
+        self._model_saved = _copy(self.model.state_dict()) if self.model else None
+        self._optimizer_saved = _copy(self.optimizer.state_dict()) if self.optimizer else None
+
+    def restore(self):
+        super().restore()
+        if self.model is not None and self._model_saved is not None:
+            self.model.load_state_dict(self._model_saved)
+        if self.optimizer is not None and self._optimizer_saved is not None:
+            self.optimizer.load_state_dict(_copy(self._optimizer_saved))
+        if hasattr(self.optimizer, 'forget_gradients'):   # DistributedOptimizer's
+            self.optimizer.forget_gradients()
+
+    def sync(self):
+        from .distributed_optimizer import broadcast_optimizer_state, broadcast_parameters
+        if self.model is not None:
+            broadcast_parameters(self.model.state_dict(), root_rank=0)
+        if self.optimizer is not None:
+            broadcast_optimizer_state(self.optimizer, root_rank=0)
+        super().sync()
+
+
+def _broadcast(values, dtype):
+    """Rank 0's ``values`` (a list of numbers), by one broadcast."""
+    if not values or world.size() == 1:
+        return values
+    tensor = torch.tensor(values, dtype=dtype)
+    world.run(world.backend().broadcast_, tensor, 0).wait()
+    return tensor.tolist()
+
+
+def _copy(state_dict):
+    """A copy that later steps do not change (tensors cloned)."""
+    return copy.deepcopy(state_dict)
+
+
+def run(func):
+    """Horovod's ``hvd.elastic.run``: call ``func(state, ...)``; when the workers change,
+    go back to the last commit, re-form the ring, and call it again."""
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        world.init()
+        if config.get().min_workers and world.name() != 'ring':
+            raise RuntimeError('hvd.elastic.run under --min-workers needs the ring backend, '
+                               f'not {world.name()!r}')
+        reset, skip_sync = False, False
+        while True:
+            if reset:
+                world.reform()
+                state.on_reset()
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except WorkersChanged as e:
+                state.restore()
+                me = node.current().id.replace(':', ' ') if node.current() else 'worker'
+                print(f'd2ldist: {me}: {e}; back to the last commit', flush=True)
+                skip_sync = False
+            except HostsUpdatedInterrupt as e:
+                skip_sync = e.skip_sync
+            reset = True
+    return wrapper
+
+
+def part(batch_size, rank=None, size=None):
+    """(start, stop) of this worker's part of a global batch of ``batch_size`` samples:
+    ``even_slices`` by the current rank and size."""
+    rank = world.rank() if rank is None else rank
+    return even_slices(batch_size, world.size() if size is None else size)[rank]

@@ -1,0 +1,135 @@
+"""Elastic workers on the ring (hvd.elastic, d2l-launch --min-workers) in real jobs: a
+worker killed at step 40 of 100, the survivors re-form the ring and finish with the
+weights a replay of the same membership change in one process gives (elastic_job.py)."""
+import json
+import re
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, run_launch, wait_no_survivors
+from elastic_job import BATCH, LOCAL, STEPS, replay, replay_sampler
+
+JOB = ROOT / 'tests' / 'jobs' / 'elastic_job.py'
+KILL = ['--fail', 'worker:1@step=40']
+
+
+def entries(out, at='batch'):
+    """{worker: [(batch, rank, size)]}: where each worker entered train()."""
+    found = {}
+    for w, batch, rank, size in re.findall(
+            rf'^\[worker \d\] worker (\d): enters at {at} (\d+) as rank (\d) of (\d)$', out, re.M):
+        found.setdefault(int(w), []).append((int(batch), int(rank), int(size)))
+    return found
+
+
+def finals(out, what):
+    """{worker: the JSON after 'worker W <what>'}: its final weights, the samples it read."""
+    return {int(w): json.loads(v) for w, v in
+            re.findall(rf'^\[worker \d\] worker (\d) {what} (\[.*\])$', out, re.M)}
+
+
+KILLED = 'killed by SIGKILL (exit code 137)'
+
+
+@pytest.mark.parametrize('lost,fault,how,commits', [
+    (1, KILL, KILLED, (39, 40)),   # step 40 ended in the kill, or its all-reduce ended first
+    (1, KILL + ['--env', 'D2L_SHM=0'], KILLED, (39, 40)),  # (the ring's own TCP streams)
+    (0, ['--fail', 'worker:0@step=40'], KILLED, (39, 40)),  # rank 0: worker 1 takes its place
+    (1, ['--env', 'RAISE_ON=1'], 'exit code 1', (20,))],    # an error, before batch 20
+    ids=['killed', 'killed-tcp', 'killed-rank-0', 'error'])
+def test_a_lost_worker_is_left_out_and_the_survivors_finish_as_the_replay(lost, fault, how,
+                                                                          commits):
+    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, *fault, '--timeout', 150,
+                   sys.executable, JOB, timeout=200)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert f'd2l-launch: worker {lost} failed ({how}); 2 workers go on (--min-workers 2)' in out
+    assert re.search(rf'^\[scheduler\] d2ldist: worker {lost} failed: .*; the ring re-forms '
+                     r'with 2 workers \(round 1\)$', out, re.M), out[-4000:]
+    a, b = survivors = [w for w in (0, 1, 2) if w != lost]
+    for w in survivors:
+        assert re.search(rf'^\[worker {w}\] d2ldist: worker {w}: worker {lost} was lost '
+                         r'\(.*\); 2 workers go on \(round 1\); back to the last commit$',
+                         out, re.M)
+    # the survivors went back to the same commit, as ranks 0 and 1 of 2 (in their old order)
+    seen = entries(out)
+    k = seen[a][1][0]
+    assert seen == {lost: [(0, lost, 3)], a: [(0, a, 3), (k, 0, 2)], b: [(0, b, 3), (k, 1, 2)]}
+    assert k in commits
+    # equal weights, those of the same membership change replayed in one process
+    weights = finals(out, 'done:')
+    assert sorted(weights) == survivors and weights[a] == weights[b]
+    expected = replay([3] * k + [2] * (STEPS - k))
+    assert torch.allclose(torch.tensor(weights[a]), torch.tensor(expected), rtol=1e-12,
+                          atol=1e-12), (weights[a], expected)
+    assert not torch.allclose(torch.tensor(expected), torch.tensor(replay([3] * STEPS)))
+    # from the commit on, every sample of the epoch was read once, by one of the two
+    read = finals(out, 'read')
+    assert sorted(read[a] + read[b]) == list(range(k * BATCH, STEPS * BATCH))
+    assert wait_no_survivors(r.tag) == []
+
+
+@pytest.mark.parametrize('elastic', [[], ['--min-workers', 3]], ids=['not-elastic', 'min-3'])
+def test_without_enough_workers_left_the_kill_stops_the_job(elastic):
+    r = run_launch('-n', 3, '-s', 0, *elastic, *KILL, '--timeout', 120, sys.executable, JOB,
+                   timeout=180)
+    out = r.stdout + r.stderr
+    assert r.returncode == 137, out[-4000:]
+    assert out.count('d2l-launch: worker 1 failed (killed by SIGKILL (exit code 137)); '
+                     'the job was stopped.') == 1, out[-4000:]
+    assert 'go on' not in out and 're-forms' not in out and ' done: ' not in out
+    assert wait_no_survivors(r.tag) == []
+
+
+def test_with_the_elastic_sampler_the_survivors_read_what_is_left_of_the_epoch_once():
+    """A DataLoader on an ElasticSampler: after the reset the samples not yet read are
+    cut in two, and the weights are those of the replay (global batches of 12, then 8)."""
+    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, *KILL, '--timeout', 150,
+                   sys.executable, JOB, 'sampler', timeout=200)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    seen = entries(out, at='sample')
+    done = seen[0][1][0]
+    assert seen == {0: [(0, 0, 3), (done, 0, 2)], 1: [(0, 1, 3)], 2: [(0, 2, 3), (done, 1, 2)]}
+    assert done in (39 * 3 * LOCAL, 40 * 3 * LOCAL)
+    read = finals(out, 'read')
+    assert sorted(read[0] + read[2]) == list(range(done, STEPS * BATCH))
+    weights = finals(out, 'done:')
+    assert weights[0] == weights[2]
+    expected = replay_sampler(done // (3 * LOCAL))
+    assert torch.allclose(torch.tensor(weights[0]), torch.tensor(expected), rtol=1e-12,
+                          atol=1e-12), (weights[0], expected)
+    assert wait_no_survivors(r.tag) == []
+
+
+def test_a_lost_worker_started_again_joins_and_trains_from_the_current_weights(tmp_path):
+    """--max-workers 3: the launcher starts worker 1 again; it joins (at once in its own
+    place, or after the two went on alone for a while), takes rank 0's state by
+    broadcast, and all three end with the weights of the replay of those memberships.
+    (Worker 0 is a little slow, so that the job does not end before it has joined.)"""
+    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, '--max-workers', 3, *KILL,
+                   '--slow', 'worker:0=+30ms', '--log-dir', tmp_path, '--timeout', 150,
+                   sys.executable, JOB, timeout=200)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert 'd2l-launch: starting worker 1 again, to join the job (--max-workers 3)' in out
+    assert re.search(r'^\[scheduler\] d2ldist: worker 1 (was started again|joins); the ring '
+                     r're-forms with 3 workers \(round \d\)$', out, re.M), out[-4000:]
+    seen = entries(out)
+    last = seen[0][-1][0]
+    assert seen[0][-1] == (last, 0, 3) and seen[2][-1] == (last, 2, 3)
+    assert seen[1] == [(0, 1, 3), (last, 1, 3)]          # the first worker 1, the new one
+    sizes = []
+    for (batch, _, size), (until, _, _) in zip(seen[0], seen[0][1:] + [(STEPS, 0, 0)]):
+        sizes += [size] * (until - batch)
+    weights = finals(out, 'done:')
+    assert sorted(weights) == [0, 1, 2] and weights[0] == weights[1] == weights[2]
+    assert torch.allclose(torch.tensor(weights[0]), torch.tensor(replay(sizes)), rtol=1e-12,
+                          atol=1e-12), (sizes, weights[0])
+    read = finals(out, 'read')
+    assert sorted(read[0] + read[1] + read[2]) == list(range(last * BATCH, STEPS * BATCH))
+    first, again = (tmp_path / 'worker-1.log').read_text(), (tmp_path / 'worker-1.again.log')
+    assert 'fails on purpose' in first and f'enters at batch {last} as rank 1' in again.read_text()
+    assert wait_no_survivors(r.tag) == []

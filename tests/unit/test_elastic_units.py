@@ -1,0 +1,319 @@
+"""Elastic workers in one process: the options, the scheduler's new membership, a node
+taking it, the ring keeping its own membership's messages, and TorchState with run()
+(tests/jobs/test_elastic.py runs jobs)."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from d2ldist.collectives import elastic, world
+from d2ldist.collectives.ring import Ring
+from d2ldist.launch import cli
+from d2ldist.runtime import protocol
+from d2ldist.runtime.node import Node, PeerFailed, WorkersChanged
+from fakes import message, scheduler
+
+
+# -- the options ------------------------------------------------------------------------
+def parse(*options, servers=0):
+    return cli.parse(['-n', '3', '-s', str(servers), *map(str, options), 'python', '-c', 'pass'])
+
+
+@pytest.mark.parametrize('options,servers,error', [
+    (['--min-workers', 4], 0, '--min-workers must be between 1 and -n (3), got 4'),
+    (['--min-workers', 0], 0, '--min-workers must be between 1 and -n (3), got 0'),
+    (['--min-workers', 2, '--max-workers', 2], 0, '--max-workers must be at least -n (3), got 2'),
+    (['--max-workers', 5], 0, '--max-workers needs --min-workers A'),
+    (['--min-workers', 2], 1, '--min-workers needs -s 0 and the ring backend: elastic '
+                              'workers are on the ring only'),
+    (['--min-workers', 2, '--env', 'D2L_BACKEND=torch'], 0, '--min-workers needs -s 0 and '
+     'the ring backend: elastic workers are on the ring only'),
+    (['--min-np', 'two'], 0, "argument --min-workers/--min-np: invalid int value: 'two'"),
+])
+def test_bad_elastic_options_are_one_line_errors(options, servers, error):
+    with pytest.raises(cli.UsageError) as e:
+        parse(*options, servers=servers)
+    assert str(e.value) == error
+
+
+def test_min_workers_and_its_horovod_alias_reach_every_process():
+    for option in ('--min-workers', '--min-np'):
+        args = parse(option, 2, '--max-np', 4)
+        assert (args.min_workers, args.max_workers, args.env['D2L_MIN_WORKERS']) == (2, 4, '2')
+    assert 'D2L_MIN_WORKERS' not in parse().env
+
+
+# -- the scheduler's new membership -------------------------------------------------------
+def elastic_scheduler(workers=3, min_workers=2, order=None):
+    s = scheduler(workers)
+    s.min_workers = min_workers
+    if order:                                  # registration order is not rank order
+        s.nodes = {f'worker:{r}': s.nodes[f'worker:{r}'] for r in order}
+    return s
+
+
+def members_sent(s):
+    return [(peer, h['round'], h['workers'], h['lost']) for peer, kind, h in s.van.sent
+            if kind == protocol.MEMBERS]
+
+
+def test_a_lost_worker_leaves_the_others_a_new_membership_in_rank_order():
+    s = elastic_scheduler(order=[2, 0, 1])
+    assert s.reform('worker:1', 'no heartbeat for 5 s')
+    assert members_sent(s) == [('worker:0', 1, ['worker:0', 'worker:2'], 'worker:1'),
+                               ('worker:2', 1, ['worker:0', 'worker:2'], 'worker:1')]
+    assert s.members('worker') == ['worker:2', 'worker:0'] and s.round == 1
+    assert not [k for _, k, _ in s.van.sent if k == protocol.FAILED]
+
+
+def test_below_min_workers_or_without_it_a_loss_fails_the_job():
+    s = elastic_scheduler()
+    assert s.reform('worker:0', 'gone')
+    assert not s.reform('worker:2', 'gone')         # 1 left < 2: the caller fails the job
+    assert s.round == 1 and len(members_sent(s)) == 2
+    assert not elastic_scheduler(min_workers=None).reform('worker:0', 'gone')
+    assert not elastic_scheduler(min_workers=3).reform('worker:0', 'gone')
+
+
+def test_a_failed_message_from_a_worker_re_forms_and_barriers_count_the_survivors():
+    s = elastic_scheduler()
+    s.handle(message(protocol.BARRIER, 'worker:0', group='worker', n=1, what='barrier()'))
+    s.handle(message(protocol.FAILED, 'worker:1', reason='ValueError: bad'))
+    assert members_sent(s)[0][2] == ['worker:0', 'worker:2']
+    # the half-entered barrier was forgotten, one of the old round is not counted, and
+    # the survivors count the new round's barriers from 1
+    s.handle(message(protocol.BARRIER, 'worker:2', group='worker', n=1, what='barrier()'))
+    for w in ('worker:0', 'worker:2'):
+        s.handle(message(protocol.BARRIER, w, group='worker', n=1, what='b()', round=1))
+    done = [(peer, h['n'], h['round']) for peer, kind, h in s.van.sent
+            if kind == protocol.BARRIER_DONE]
+    assert done == [('worker:0', 1, 1), ('worker:2', 1, 1)]
+    for w in ('worker:0', 'worker:2'):   # the job ends when the survivors have finished
+        ended = s.handle(message(protocol.GOODBYE, w))
+    assert ended is True
+
+
+# -- a node takes the new membership --------------------------------------------------------
+def bare_node(rank=2, workers=3):
+    node = Node.__new__(Node)
+    node.van = SimpleNamespace(node_id=f'worker:{rank}')
+    node.num_workers, node.members, node.round = workers, None, 0
+    node._barriers = {'worker': 3, 'all': 1, 'server': 2}
+    return node
+
+
+def test_a_node_takes_a_new_membership_and_fails_what_waits():
+    node = bare_node()
+    assert node.workers() == ['worker:0', 'worker:1', 'worker:2']
+    with pytest.raises(WorkersChanged) as e:
+        node._new_members(message(protocol.MEMBERS, 'scheduler', round=1, lost='worker:1',
+                                  workers=['worker:0', 'worker:2'], reason='no heartbeat'))
+    assert (e.value.lost, e.value.round) == ('worker:1', 1)
+    assert node.workers() == ['worker:0', 'worker:2']
+    assert node._barriers == {'server': 2}      # the new round's barriers count from 1
+    assert str(e.value) == 'worker 1 was lost (no heartbeat); 2 workers go on (round 1)'
+    node._new_members(message(protocol.MEMBERS, 'scheduler', round=1, workers=['worker:2']))
+    assert (node.round, node.workers()) == (1, ['worker:0', 'worker:2'])   # (an old one)
+    with pytest.raises(PeerFailed, match=r'^worker 2 was left out of the workers \(no hb\)$'):
+        node._new_members(message(protocol.MEMBERS, 'scheduler', round=2, reason='no hb',
+                                  lost='worker:2', workers=['worker:0']))
+
+
+def test_a_restarted_worker_joins_with_the_book_and_the_others_connect_to_it():
+    s = elastic_scheduler()
+    s.van.connect = lambda peer, address: None
+    assert s.reform('worker:1', 'gone')
+    s.register(message(protocol.REGISTER, 'worker:1', role='worker', rank=1,
+                       address='tcp://new', host_id='h'))
+    book = [h for peer, kind, h in s.van.sent if kind == protocol.ADDRESS_BOOK]
+    assert [(b['you'], b['members'], b['round']) for b in book] == [
+        ('worker:1', ['worker:0', 'worker:1', 'worker:2'], 2)]
+    joined = [(peer, h['joined'], h['reason']) for peer, kind, h in s.van.sent
+              if kind == protocol.MEMBERS and h['round'] == 2]
+    assert joined == [('worker:0', ['worker:1', 'tcp://new', 'h'], 'worker 1 joins'),
+                      ('worker:2', ['worker:1', 'tcp://new', 'h'], 'worker 1 joins')]
+    node, connected = bare_node(0), []
+    node.book, node.van.address = {}, 'tcp://w0'
+    node.van.connect = lambda peer, address, same_host: connected.append((peer, address))
+    news = next(h for peer, kind, h in s.van.sent
+                if kind == protocol.MEMBERS and peer == 'worker:0' and h['round'] == 2)
+    with pytest.raises(WorkersChanged, match=r'^worker 1 joins; 3 workers go on \(round 2\)$'):
+        node._new_members(message(protocol.MEMBERS, 'scheduler', **news))
+    assert connected == [('worker:1', 'tcp://new')] and node.book['worker:1'] == 'tcp://new'
+
+
+def test_a_worker_cannot_join_once_another_has_finished():
+    s = elastic_scheduler()
+    s.van.connect = lambda peer, address: None
+    assert s.reform('worker:1', 'gone')
+    s.handle(message(protocol.GOODBYE, 'worker:0'))
+    s.register(message(protocol.REGISTER, 'worker:1', role='worker', rank=1,
+                       address='tcp://new', host_id='h'))
+    assert s.van.sent[-1] == ('worker:1', protocol.ERROR, {
+        'error': 'cannot join: the job is ending (worker 0 has finished)'})
+    assert s.round == 1
+
+
+# -- the ring keeps to its membership ----------------------------------------------------------
+class QueueNode(SimpleNamespace):
+    """A node whose recv() hands out the given messages (or raises them), in order."""
+
+    def recv(self, kinds, wait=None):
+        item = self.queue.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def put_back(self, msg):
+        self.back.insert(0, msg)
+
+
+def test_the_ring_drops_an_older_rounds_chunks_and_keeps_a_newer_ones_for_the_next_ring():
+    workers = ['worker:0', 'worker:2']
+    old = message('ring', 'worker:2', membership=0, n=7)
+    ours = message('ring', 'worker:2', membership=1, n=1)
+    newer = message('ring', 'worker:2', membership=2, n=1)
+    node = QueueNode(id='worker:0', workers=lambda: workers, round=1, counters={}, back=[],
+                     queue=[old, newer, ours, WorkersChanged('round 2', round=2)])
+    ring = Ring(node)
+    assert (ring.rank, ring.size, ring.left, ring.right) == (0, 2, 'worker:2', 'worker:2')
+    assert ring._next(['ring'], None) is ours
+    with pytest.raises(WorkersChanged):
+        ring._next(['ring'], None)
+    assert node.back == [newer]
+    node.round, node.back = 2, []                # a collective on the old ring fails at once
+    ring._later = [newer]                        # (the news came by another path)
+    with pytest.raises(WorkersChanged, match='called a collective on the old ring'):
+        ring.allreduce_(torch.ones(2), None)
+    assert ring.calls == 0 and node.back == [newer]
+
+
+# -- TorchState and run() ---------------------------------------------------------------------
+def net_and_optimizer():
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 1)
+    return net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+
+
+def take_a_step(net, optimizer):
+    optimizer.zero_grad()
+    net(torch.ones(2, 3)).sum().backward()
+    optimizer.step()
+
+
+def test_restore_goes_back_to_the_last_commit():
+    net, optimizer = net_and_optimizer()
+    state = elastic.TorchState(model=net, optimizer=optimizer, epoch=0, batch=0)
+    take_a_step(net, optimizer)
+    state.batch = 1
+    state.commit()
+    weights = [p.detach().clone() for p in net.parameters()]
+    momentum = [optimizer.state[p]['momentum_buffer'].clone() for p in net.parameters()]
+    take_a_step(net, optimizer)
+    state.batch, state.epoch = 2, 1
+    state.restore()
+    assert (state.epoch, state.batch) == (0, 1)
+    assert all(torch.equal(p, w) for p, w in zip(net.parameters(), weights))
+    assert all(torch.equal(optimizer.state[p]['momentum_buffer'], m)
+               for p, m in zip(net.parameters(), momentum))
+    take_a_step(net, optimizer)                  # the copy is not changed by later steps
+    state.restore()
+    assert all(torch.equal(p, w) for p, w in zip(net.parameters(), weights))
+
+
+def test_only_numbers_are_kept_as_attributes():
+    with pytest.raises(TypeError, match=r'TorchState\(names=...\): only numbers and Elastic'):
+        elastic.TorchState(names=['a'])
+
+
+def test_a_commit_after_the_workers_changed_interrupts(monkeypatch):
+    state = elastic.TorchState(batch=0)
+    monkeypatch.setattr(world, 'membership', lambda: 1)
+    with pytest.raises(elastic.HostsUpdatedInterrupt):
+        state.commit()
+
+
+def test_run_restores_the_commit_resets_and_calls_again(monkeypatch):
+    reforms, resets, entered = [], [], []
+    monkeypatch.setattr(world, 'reform', lambda: reforms.append(1))
+    state = elastic.TorchState(batch=0)
+    state.register_reset_callbacks([lambda: resets.append(state.batch)])
+
+    @elastic.run
+    def train(state):
+        entered.append(state.batch)
+        while state.batch < 5:
+            state.batch += 1
+            if state.batch == 3 and len(entered) == 1:   # a collective fails, once
+                raise WorkersChanged('worker 1 was lost', 'worker:1', 1)
+            state.commit()
+        return 'done'
+
+    assert train(state) == 'done'
+    assert entered == [0, 2] and resets == [2] and len(reforms) == 1
+    assert state.batch == 5
+
+
+def test_part_cuts_a_global_batch_by_the_current_rank_and_size():
+    assert [elastic.part(10, r, 3) for r in range(3)] == [(0, 4), (4, 7), (7, 10)]
+    assert [elastic.part(10, r, 2) for r in range(2)] == [(0, 5), (5, 10)]
+
+
+def sampler_parts(sampler, size, monkeypatch):
+    """Every rank's part of what is left, as the sampler cuts it for ``size`` workers."""
+    parts = []
+    for rank in range(size):
+        monkeypatch.setattr(world, 'rank', lambda: rank)
+        monkeypatch.setattr(world, 'size', lambda: size)
+        sampler.reset()
+        parts.append(list(sampler))
+    return parts
+
+
+def test_the_elastic_sampler_cuts_what_is_left_for_the_workers_left(monkeypatch):
+    sampler = elastic.ElasticSampler(range(10), shuffle=False)
+    assert sampler_parts(sampler, 3, monkeypatch) == [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]]
+    sampler.record_batch(0, 2)                   # each of the 3 read 2: 0..5 are read
+    assert sampler.state_dict() == {'epoch': 0, 'processed': 6}
+    assert sampler_parts(sampler, 2, monkeypatch) == [[6, 8], [7, 9]]
+    sampler.set_epoch(1)
+    assert sampler_parts(sampler, 2, monkeypatch) == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
+    shuffled = elastic.ElasticSampler(range(10), seed=3)
+    assert sorted(sum(sampler_parts(shuffled, 2, monkeypatch), [])) == list(range(10))
+
+
+def test_a_sampler_in_the_state_goes_back_to_the_commit():
+    sampler = elastic.ElasticSampler(range(8), shuffle=False)
+    state = elastic.TorchState(sampler=sampler, batch=0)
+    sampler.record_batch(0, 3)
+    state.commit()
+    sampler.record_batch(1, 3)
+    state.restore()
+    assert state.sampler is sampler and sampler.processed == 3 and list(sampler) == [3, 4, 5, 6, 7]
+    state.sync()                                 # alone: its own position, cut for 1
+    assert list(sampler) == [3, 4, 5, 6, 7]
+
+
+def test_a_broken_stream_to_the_right_waits_for_the_schedulers_word(monkeypatch):
+    """Elastic: the right neighbour may be lost; the scheduler says so (or fails the job)."""
+    from d2ldist import config
+    from d2ldist.runtime.stream import StreamBroken
+
+    def broken():
+        raise StreamBroken('the stream to worker 1 broke: [Errno 32] Broken pipe')
+    news = WorkersChanged('worker 1 was lost', 'worker:1', 1)
+    workers = ['worker:0', 'worker:1']
+    node = QueueNode(id='worker:0', workers=lambda: workers, round=0, counters={}, back=[],
+                     queue=[news])
+    ring = Ring(node)
+    ring._out = SimpleNamespace(flush=broken)
+    with pytest.raises(StreamBroken):             # not elastic: as before
+        ring._end()
+    monkeypatch.setattr(config, 'get', lambda: config.Config.from_env({'D2L_MIN_WORKERS': '1'}))
+    with pytest.raises(WorkersChanged) as e:
+        ring._end()
+    assert e.value is news
+    waited = []                                   # with no stream, the end waits for
+    ring._out, ring._sent = None, [SimpleNamespace(wait=lambda: waited.append(1))]   # ZeroMQ
+    ring._end()
+    assert waited == [1] and ring._sent == []
