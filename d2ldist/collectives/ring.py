@@ -76,7 +76,7 @@ class Ring:
         self.rank, self.size = self.members.index(node.id), len(self.members)
         self.left = self.members[(self.rank - 1) % self.size]
         self.right = self.members[(self.rank + 1) % self.size]
-        self._later = []      # messages of a newer membership, come before the news of it
+        self._newer = []      # messages of a newer membership, come before the news of it
         self.chunk_bytes = chunk_bytes or config.get().ring_chunk or CHUNK_BYTES
         self.calls = 0        # collectives so far: every chunk says which call it is from
         self._sent = []       # trackers of chunks ZeroMQ may still be reading
@@ -256,21 +256,21 @@ class Ring:
             try:
                 msg = self.node.recv(kinds, wait=wait)
             except node_module.WorkersChanged:
-                self._put_back_later()
+                self._put_back_newer()
                 raise
             membership = msg.get('membership', 0)
             if membership == self.round or not isinstance(membership, int):
                 return msg
             if membership > self.round:
-                self._later.append(msg)
+                self._newer.append(msg)
             else:
                 _drain(msg)
 
-    def _put_back_later(self):
+    def _put_back_newer(self):
         """The messages of a newer membership, for the Ring made for it."""
-        for later in reversed(self._later):
-            self.node.put_back(later)
-        self._later = []
+        for newer in reversed(self._newer):
+            self.node.put_back(newer)
+        self._newer = []
 
     def _disagree(self, error):
         """Tell every other worker (each may be waiting for a chunk that never comes), then
@@ -339,7 +339,7 @@ class Ring:
     def _begin(self, flat, segs, call, replay=None):
         """Start a collective on ``flat`` cut into ``segs``; returns segs."""
         if self.node.round != self.round:     # the membership changed: make a new Ring
-            self._put_back_later()
+            self._put_back_newer()
             raise node_module.WorkersChanged(f'the workers changed (round {self.node.round}): '
                                              f'{self.node.id} called a collective on the old '
                                              'ring', round=self.node.round)

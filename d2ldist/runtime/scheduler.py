@@ -181,7 +181,7 @@ class Scheduler:
                                                            'calls': self.join_calls})
         else:
             return
-        self.joined = []
+        self.joined, self.join_calls = [], 0
 
     def heard(self, msg):
         """A heartbeat: what the node is waiting for (if anything), and its counters."""

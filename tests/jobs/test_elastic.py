@@ -37,7 +37,9 @@ KILLED = 'killed by SIGKILL (exit code 137)'
     (1, KILL, KILLED, (39, 40)),   # step 40 ended in the kill, or its all-reduce ended first
     (1, KILL + ['--env', 'D2L_SHM=0'], KILLED, (39, 40)),  # (the ring's own TCP streams)
     (0, ['--fail', 'worker:0@step=40'], KILLED, (39, 40)),  # rank 0: worker 1 takes its place
-    (1, ['--env', 'RAISE_ON=1'], 'exit code 1', (20,))],    # an error, before batch 20
+    # an error before batch 20: worker 1 ended step 19's all-reduce, the others may still
+    # have been in it when the news came (so back to 19, the commit before it), as a kill
+    (1, ['--env', 'RAISE_ON=1'], 'exit code 1', (19, 20))],
     ids=['killed', 'killed-tcp', 'killed-rank-0', 'error'])
 def test_a_lost_worker_is_left_out_and_the_survivors_finish_as_the_replay(lost, fault, how,
                                                                           commits):

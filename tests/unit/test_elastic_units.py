@@ -182,7 +182,7 @@ def test_the_ring_drops_an_older_rounds_chunks_and_keeps_a_newer_ones_for_the_ne
         ring._next(['ring'], None)
     assert node.back == [newer]
     node.round, node.back = 2, []                # a collective on the old ring fails at once
-    ring._later = [newer]                        # (the news came by another path)
+    ring._newer = [newer]                        # (the news came by another path)
     with pytest.raises(WorkersChanged, match='called a collective on the old ring'):
         ring.allreduce_(torch.ones(2), None)
     assert ring.calls == 0 and node.back == [newer]
