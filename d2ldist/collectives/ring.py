@@ -403,8 +403,12 @@ class Ring:
         if not self._linked:
             self._open_links(hang.Wait('in join(), opening the ring',
                                        [('scheduler', {'counter': 'ring', 'n': 1})]))
-        self._tell_all(JOINED, {'round': self.joins + 1})
+        # The scheduler first, and the others only once it has counted this one: a worker
+        # that joins because it heard of this one then comes after it there too ('last').
         self.node.send('scheduler', protocol.JOIN, {'calls': self.calls})
+        self.node.recv([protocol.JOIN_NOTED], wait=hang.Wait(
+            'in join(), for the scheduler', [('scheduler', {'counter': 'ring', 'n': 1})]))
+        self._tell_all(JOINED, {'round': self.joins + 1})
         later = []          # chunks from a worker that has left join() (the news is slower)
         while True:         # (waiting here is no hang: the heartbeats say where it is)
             self.node.doing = ("in join(), taking part in the others' collectives",

@@ -18,5 +18,6 @@ WHO_ANSWER = 'who_answer'      # the answer: {id, missing: [[node, what it is do
 BARRIER_DISAGREE = 'barrier_disagree'  # scheduler -> nodes: {error}: two different barriers
 CLOCK = 'clock'                # node -> scheduler: {id}; the answer: {id, time} (spans.py)
 JOIN = 'join'                  # worker -> scheduler: {calls}: it called hvd.join() (out of data)
+JOIN_NOTED = 'join_noted'      # scheduler -> worker: its join is counted (now tell the others)
 JOIN_DONE = 'join_done'        # scheduler -> workers: {last, calls} (all have joined) or {error}
 MEMBERS = 'members'            # scheduler -> nodes: {round, workers, lost, reason} (elastic)

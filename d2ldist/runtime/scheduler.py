@@ -156,6 +156,7 @@ class Scheduler:
         how many collectives the last one had counted (``calls``)."""
         if worker not in self.joined:
             self.joined.append(worker)
+        self.van.send(worker, protocol.JOIN_NOTED)
         if isinstance(calls, int) and not isinstance(calls, bool) and 0 <= calls < 2 ** 62:
             self.join_calls = max(self.join_calls, calls)
         for (group, n), arrived in list(self.barriers.items()):   # the ones it held up

@@ -111,6 +111,10 @@ def test_the_scheduler_counts_joined_workers_at_barriers_and_names_the_last():
     s.handle(message(protocol.BARRIER, 'worker:2', group='worker', n=5, what='barrier()'))
     assert [h['n'] for _, kind, h in s.van.sent if kind == protocol.BARRIER_DONE] == [5] * 3
     s.handle(message(protocol.JOIN, 'worker:2', calls=7))
+    # each is told its join is counted (before it tells the others), before all are done
+    assert [(p, kind) for p, kind, _ in s.van.sent if kind.startswith('join')][:3] == [
+        ('worker:0', protocol.JOIN_NOTED), ('worker:2', protocol.JOIN_NOTED),
+        ('worker:0', protocol.JOIN_DONE)]
     done = [(p, h) for p, kind, h in s.van.sent if kind == protocol.JOIN_DONE]
     assert done == [(f'worker:{r}', {'last': 2, 'calls': 7}) for r in range(3)]
     assert s.joined == []
