@@ -101,19 +101,31 @@ def start():
     return hvd, net, optimizer, on_reset
 
 
-def main_sampler():
-    hvd, net, optimizer, on_reset = start()
+def run(hvd, net, state, on_reset, entered, epoch):
+    """Train under hvd.elastic.run: ``epoch(state)`` reads this worker's part of what is
+    left and returns the samples it read; each (re)entry says where it began
+    (``entered()``), and the end the samples read and the final weights."""
     me = os.environ.get('D2L_RANK', '0')
-    x, y = data()
-    sampler = hvd.elastic.ElasticSampler(range(len(x)), shuffle=False)
-    loader = torch.utils.data.DataLoader(range(len(x)), batch_size=LOCAL, sampler=sampler)
-    state = hvd.elastic.TorchState(model=net, optimizer=optimizer, sampler=sampler, batch=0)
     state.register_reset_callbacks([on_reset])
 
     @hvd.elastic.run
     def train(state):
-        print(f'worker {me}: enters at sample {sampler.processed} as rank {hvd.rank()} of '
-              f'{hvd.size()}', flush=True)
+        print(f'worker {me}: enters at {entered()} as rank {hvd.rank()} of {hvd.size()}',
+              flush=True)
+        print(f'worker {me} read {json.dumps(epoch(state))}', flush=True)
+
+    train(state)
+    print(f'worker {me} done: {json.dumps(weights(net))}', flush=True)
+
+
+def main_sampler():
+    hvd, net, optimizer, on_reset = start()
+    x, y = data()
+    sampler = hvd.elastic.ElasticSampler(range(len(x)), shuffle=False)
+    loader = torch.utils.data.DataLoader(range(len(x)), batch_size=LOCAL, sampler=sampler)
+    state = hvd.elastic.TorchState(model=net, optimizer=optimizer, sampler=sampler, batch=0)
+
+    def epoch(state):
         read = []
         for rows in loader:
             read += rows.tolist()
@@ -123,10 +135,9 @@ def main_sampler():
             sampler.record_batch(state.batch, LOCAL)
             state.batch += 1
             state.commit()
-        print(f'worker {me} read {json.dumps(read)}', flush=True)
+        return read
 
-    train(state)
-    print(f'worker {me} done: {json.dumps(weights(net))}', flush=True)
+    run(hvd, net, state, on_reset, lambda: f'sample {sampler.processed}', epoch)
 
 
 def main():
@@ -134,12 +145,8 @@ def main():
     me = os.environ.get('D2L_RANK', '0')
     x, y = data()
     state = hvd.elastic.TorchState(model=net, optimizer=optimizer, batch=0)
-    state.register_reset_callbacks([on_reset])
 
-    @hvd.elastic.run
-    def train(state):
-        print(f'worker {me}: enters at batch {state.batch} as rank {hvd.rank()} of '
-              f'{hvd.size()}', flush=True)
+    def epoch(state):
         read = []
         while state.batch < STEPS:
             if me == os.environ.get('RAISE_ON') and state.batch == 20:
@@ -152,10 +159,9 @@ def main():
             optimizer.step()
             state.batch += 1
             state.commit()
-        print(f'worker {me} read {json.dumps(read)}', flush=True)
+        return read
 
-    train(state)
-    print(f'worker {me} done: {json.dumps(weights(net))}', flush=True)
+    run(hvd, net, state, on_reset, lambda: f'batch {state.batch}', epoch)
 
 
 if __name__ == '__main__':
