@@ -11,7 +11,10 @@ and runs the job with the launcher's ``Job``; it adds only the display:
   (``dashboard.py``), is shown once when the cell starts and then kept up to date,
   in the kernel's main thread;
 * every line the processes print goes to the cell's output once, as ``d2l-launch``
-  prints it (report lines become the dashboard's bars and curves instead);
+  prints it (report lines become the dashboard's bars and curves instead), except
+  the scheduler's 'ready at tcp://...:PORT' line: where the job meets is the
+  launcher's business, and a chapter's reader would see a new port each run
+  (``--log-dir`` still keeps it);
 * when the job ends (finished, failed or stopped) the dashboard gives way to its
   one-line header, and the job's final form follows the log: a text summary and a
   figure (``final.py``), plain outputs that every viewer of the notebook shows;
@@ -35,7 +38,7 @@ from IPython.display import display
 from IPython.utils.process import arg_split
 
 from ..launch import cli
-from ..launch.job import JobFailed, describe_exit, failure_report
+from ..launch.job import READY, JobFailed, describe_exit, failure_report
 from ..launch.progress import JobModel
 from . import final
 
@@ -141,6 +144,8 @@ class LaunchMagics(Magics):
         handle = display(view, display_id=True)
 
         def on_line(proc, line):
+            if proc.spec.role == 'scheduler' and READY.search(line):
+                return None                    # the port: kept in the log, not shown
             shown = model.on_line(proc, line)
             if shown is None:                  # a report: the model took it
                 view.refresh()

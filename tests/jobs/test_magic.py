@@ -51,6 +51,7 @@ def test_notebook_runs_a_job_and_keeps_its_output(tmp_path):
         assert f'[worker {rank}] worker {rank} starts\n' in out
         assert f'[worker {rank}] worker {rank} done\n' in out
     assert '@d2l/1' not in out                                # reports went to the dashboard
+    assert 'scheduler ready' not in out                       # the port is not the reader's
     # what stays: the header line where the dashboard was, the log, the summary, the figure
     kinds = [o.output_type for o in launch.outputs]
     assert kinds[0] == 'display_data' and kinds[-2:] == ['display_data', 'display_data']
