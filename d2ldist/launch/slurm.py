@@ -12,12 +12,12 @@ allocation's nodes:
    into srun's own environment, which Slurm hands to every task, never onto a command
    line;
 3. one step: ``srun --multi-prog`` with a generated file of one line per task,
-   ``RANK python -m d2ldist.launch.slurm --task WORD``, where WORD (base64 of JSON)
+   ``RANK python -m d2ldist.launch.step --task WORD`` (``step.py``), where WORD (base64 of JSON)
    holds that process's command and its own variables; ``--distribution=arbitrary
    -w node1,node1,node2,...`` puts each task where the placement says;
 4. output: srun's ``--label`` says which task printed a line; it is shown as
    ``[worker 1@node2] ...``. The task side prints its command's exit code
-   (``d2ldist.slurm: exit N``, hidden), so a process that fails is named as locally;
+   (``d2ldist.task: exit N``, hidden), so a process that fails is named as locally;
 5. the end: a failure ends the step (``--kill-on-bad-exit``), and the launcher cancels
    it (``scancel JOB.STEP``) whenever the job ends otherwise (Ctrl-C, --timeout).
    srun runs under the guard: should the launcher die, the guard ends srun, and srun
@@ -26,27 +26,21 @@ allocation's nodes:
 The scheduler listens on a port chosen before the step starts (``--port``, else one free
 here), since every task starts at once and cannot wait for its first line.
 """
-import base64
-import selectors
-import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 from .. import config
 from ..runtime.started import expand_nodelist, tasks_per_node
-from .job import Job, Proc
-from .processes import ProcSpec, child_env, free_port, guarded, job_specs, share_cores
+from .processes import free_port, job_specs, share_cores
+from .step import CANCELLED, StepJob, task_argv
 
 LABEL = re.compile(r'\s*(\d+): (.*)')                  # srun --label's 'N: text'
-EXIT = re.compile(r'd2ldist\.slurm: exit (\d+)')
-STEP = re.compile(r'd2ldist\.slurm: step (\d+\.\d+)')
+STEP = re.compile(r'd2ldist\.task: step (\d+\.\d+)')
 # srun's word on tasks that ended badly: how a task that could not say it ended
 TASKS_ENDED = re.compile(r'srun: error: \S+: tasks? ([\d,-]+): (?:Exited with exit code (\d+)|'
                          r'(Killed|Terminated))')
@@ -58,7 +52,6 @@ STEP_NOISE = re.compile(r'(srun: (error: \S+: tasks? [\d,-]+: |launch/slurm: _st
 # --ntasks-per-node=2 sets SLURM_NTASKS_PER_NODE=2), and warn that 7 tasks do not fit
 ALLOCATION_LAYOUT = ('SLURM_NTASKS_PER_NODE', 'SLURM_NTASKS_PER_SOCKET',
                      'SLURM_NTASKS_PER_CORE')
-CANCELLED = 143       # SIGTERM, which Slurm sends to every task of a cancelled step
 
 
 class SlurmError(Exception):
@@ -99,22 +92,9 @@ def addresses(nodes):
 
 
 # -- 2. and 3. the step ----------------------------------------------------------------
-def shared_env(specs):
-    """The variables every process has, with the same value (srun hands them to all)."""
-    first, *rest = (s.env for s in specs)
-    return {k: v for k, v in first.items() if all(e.get(k) == v for e in rest)}
-
-
-def task_word(spec, shared):
-    """One task's command and own variables, as one word of the multi-prog file."""
-    own = {k: v for k, v in spec.env.items() if shared.get(k) != v}
-    data = json.dumps({'argv': spec.argv, 'env': own}).encode()
-    return base64.urlsafe_b64encode(data).decode()
-
-
 def multi_prog(specs, shared, python=sys.executable):
     """The text of srun's --multi-prog file: task N runs process N of ``specs``."""
-    return ''.join(f'{rank} {python} -m d2ldist.launch.slurm --task {task_word(s, shared)}\n'
+    return ''.join(f'{rank} {" ".join(task_argv(s, shared, python))}\n'
                    for rank, s in enumerate(specs))
 
 
@@ -126,84 +106,46 @@ def srun_argv(specs, conf, name):
             f'--job-name={name}', '--multi-prog', str(conf)]
 
 
-class StepSpec(ProcSpec):
-    """srun itself, as the job's output and failure report name it."""
-
-    @property
-    def label(self):
-        return 'srun'
-
-
-class SlurmJob(Job):
+class SlurmJob(StepJob):
     """A Job whose processes are the tasks of one srun step; see the module docstring."""
+    tool = 'srun'
+    drop_env = ALLOCATION_LAYOUT
 
     def __init__(self, specs, job_id, **kw):
         super().__init__(specs, **kw)
         self.job_id, self.step_id = job_id, None
-        self.step = None                          # srun (under the guard), as a Proc
-        self.name, self.stopping = None, False    # the step's name; stop_all() under way
+        self.name = None                          # the step's name
         self.folder = None                        # the multi-prog file's, while srun reads it
 
-    def _start_all(self):
-        """Write the multi-prog file and start the step: every process at once."""
-        shared = shared_env([p.spec for p in self.procs])
+    def step_argv(self, shared):
+        """Write the multi-prog file; srun's command line that reads it."""
         self._forget_folder()
         self.folder = tempfile.mkdtemp(prefix='d2l-slurm-')
         conf = os.path.join(self.folder, 'multi-prog.conf')
         with open(conf, 'w') as f:
             f.write(multi_prog([p.spec for p in self.procs], shared))
-        name = f'd2l-{config.get().job_id or os.getpid()}'
-        self.name = name
-        self.step = Proc(StepSpec('srun', 0, argv=srun_argv([p.spec for p in self.procs],
-                                                            conf, name), env=shared))
-        env = {k: v for k, v in child_env(self.step.spec).items() if k not in ALLOCATION_LAYOUT}
-        self.step.popen = subprocess.Popen(
-            guarded(self.step.spec.argv), env=env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        os.set_blocking(self.step.popen.stdout.fileno(), False)
-        self._sel.register(self.step.popen.stdout, selectors.EVENT_READ, self.step)
-        self.step_id = None
-        for p in self.procs:
-            p.popen, p.file = self.step.popen, self._log_file(p)
-            self._set_state(p, 'running')
+        self.name, self.step_id = f'd2l-{config.get().job_id or os.getpid()}', None
+        return srun_argv([p.spec for p in self.procs], conf, self.name)
 
-    def _emit(self, p, line):
-        """A line of srun's: to the task that printed it, or srun's own."""
-        if p is not self.step:
-            return super()._emit(p, line)
+    def task_line(self, line):
         m = LABEL.fullmatch(line)
-        if m and int(m[1]) < len(self.procs) and not STEP_NOISE.match(m[2]):
-            proc, text = self.procs[int(m[1])], m[2]
-            if e := EXIT.fullmatch(text):
-                return self._exited(proc, int(e[1]))
-            if s := STEP.fullmatch(text):
-                self.step_id = s[1]
-                self._forget_folder()             # srun has read the multi-prog file by now
-                return None
-            return super()._emit(proc, text)
-        if STEP_NOISE.match(m[2] if m else line):
-            self.log.append(('srun', line))
-            if (ended := TASKS_ENDED.match(line)) and not self.stopping:
-                self._tasks_ended(*ended.groups())
-            return None
-        self.step.tail.append(line)
-        self.log.append(('srun', line))
-        self.out.write(f'[srun] {line}\n')
-        self.out.flush()
-        return None
+        return (int(m[1]), m[2]) if m else None
 
-    def _exited(self, p, code):
-        """Task ``p``'s command ended with ``code``."""
-        p.code, p.exited_at = code, time.monotonic()
-        if p.state in ('stopped', 'finished'):
-            self.on_state(p)
-        elif code == 0:
-            self._set_state(p, 'finished')
-        elif code == CANCELLED:
-            self._set_state(p, 'stopped')         # the step was cancelled under it
-        else:
-            self._set_state(p, 'failed')
-            self.failure = self.failure or p
+    def noise(self, line):
+        """srun's and slurmstepd's words on tasks that ended (taken when one could not say)."""
+        if not STEP_NOISE.match(line):
+            return False
+        if (ended := TASKS_ENDED.match(line)) and not self.stopping:
+            self._tasks_ended(*ended.groups())
+        return True
+
+    def task_said(self, proc, text):
+        """Task 0 says which step this is (for scancel); srun has read the file by then."""
+        if s := STEP.fullmatch(text):
+            self.step_id = s[1]
+            self._forget_folder()
+            return True
+        return False
 
     def _tasks_ended(self, ranks, code, signal_name):
         """srun said tasks ``ranks`` ('0-1,3') ended: those that did not say so themselves
@@ -214,23 +156,6 @@ class SlurmJob(Job):
             for rank in range(int(first), int(last or first) + 1):
                 if rank < len(self.procs) and self.procs[rank].alive:
                     self._exited(self.procs[rank], code)
-
-    def _reap(self):
-        """Notice that srun exited: the tasks that did not say how they ended, ended so."""
-        step = self.step
-        if step is None or not step.alive or step.popen.poll() is None:
-            return
-        self._drain(step)
-        step.code = step.popen.returncode if step.popen.returncode >= 0 \
-            else 128 - step.popen.returncode
-        for p in self.procs:
-            if p.alive:
-                p.code, p.exited_at = CANCELLED if step.code else 0, time.monotonic()
-                self._set_state(p, 'finished' if step.code == 0 and p.state != 'stopped'
-                                else 'stopped')
-        if step.code and self.failure is None and not self.stopping and not all(
-                p.state == 'finished' for p in self.procs if p.spec.role == 'worker'):
-            self.failure = step
 
     def cancel(self):
         """scancel the step, quietly: by the id its task 0 said, else found by its name."""
@@ -247,33 +172,6 @@ class SlurmJob(Job):
                                capture_output=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             pass          # the controller does not answer: srun's guard still ends srun
-
-    def stop_all(self, state='stopped'):
-        """Cancel the step and wait for srun to end; then stop srun's guard (SIGTERM,
-        SIGKILL after a grace), and at last SIGKILL it."""
-        for p in self.procs:
-            if p.alive:
-                self._set_state(p, state)
-        step = self.step
-        if step is None or not step.alive:
-            return
-        self.stopping = True
-        try:
-            self.cancel()
-            grace = config.get().kill_grace
-            for stop, wait in ((lambda: None, grace + 5), (lambda: self.terminate(step),
-                                                           2 * grace + 5)):
-                stop()
-                deadline = time.monotonic() + wait
-                while step.alive and time.monotonic() < deadline:
-                    self._pump(0.05)
-                    self._reap()
-            if step.alive:
-                os.killpg(step.popen.pid, signal.SIGKILL)
-                step.popen.wait()
-                self._reap()
-        finally:
-            self.stopping = False
 
     def _forget_folder(self):
         if self.folder is not None:
@@ -307,43 +205,3 @@ def prepare(args, secret, out=None, notices=True, **job_options):
     out.flush()
     return SlurmJob(specs, job_id, timeout=args.timeout, max_restarts=args.max_restarts,
                     out=out, **job_options)
-
-
-# -- the task side ---------------------------------------------------------------------
-def task_main(word):
-    """Run one task's command with its own variables; print how it ended."""
-    try:
-        data = json.loads(base64.urlsafe_b64decode(word))
-        argv, env = data['argv'], dict(os.environ, **data['env'])
-    except (ValueError, KeyError, TypeError):
-        sys.exit('d2ldist.slurm: --task takes a word written by d2l-launch --launcher slurm')
-    if os.environ.get('SLURM_PROCID') == '0':
-        print(f'd2ldist.slurm: step {os.environ.get("SLURM_JOB_ID")}.'
-              f'{os.environ.get("SLURM_STEP_ID")}', flush=True)
-    try:
-        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
-    except OSError as e:
-        print(f'd2l-launch: cannot start {argv[0]!r}: {e.strerror}', file=sys.stderr,
-              flush=True)
-        code = 127
-    else:
-        def forward(signum, frame):
-            child.send_signal(signum)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, forward)
-        code = child.wait()
-        code = 128 - code if code < 0 else code
-    print(f'd2ldist.slurm: exit {code}', flush=True)
-    sys.exit(code)
-
-
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[0] != '--task':
-        sys.exit('d2ldist.slurm: runs one task of d2l-launch --launcher slurm '
-                 '(--task WORD); start jobs with d2l-launch --launcher slurm')
-    task_main(argv[1])
-
-
-if __name__ == '__main__':
-    main()

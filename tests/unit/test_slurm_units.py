@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import launch_argv
-from d2ldist.launch import slurm
+from d2ldist.launch import slurm, step
 from d2ldist.launch.job import Proc
 from d2ldist.launch.processes import job_specs
 
@@ -55,31 +55,31 @@ def test_a_task_runs_its_line_with_its_own_variables():
     specs = job_specs(2, 1, [sys.executable, '-c', 'import os; print(os.environ["D2L_ROLE"],'
                              ' os.environ["D2L_RANK"], os.environ["WORLD_SIZE"], "a b")'],
                       'secret' * 10 + 'abcd', hosts=['n1'], addresses={'n1': '127.0.0.1'})
-    shared = slurm.shared_env(specs)
+    shared = step.shared_env(specs)
     assert shared['D2L_JOB_SECRET'] == 'secret' * 10 + 'abcd' and 'D2L_ROLE' not in shared
     lines = slurm.multi_prog(specs, shared).splitlines()
     assert [line.split()[0] for line in lines] == ['0', '1', '2', '3']
-    assert all(line.split()[1:5] == [sys.executable, '-m', 'd2ldist.launch.slurm', '--task']
+    assert all(line.split()[1:5] == [sys.executable, '-m', 'd2ldist.launch.step', '--task']
                and len(line.split()) == 6 and 'secret' not in line for line in lines)
     word = lines[3].split()[5]
     env = dict(os.environ, **shared, SLURM_PROCID='3', SLURM_JOB_ID='7', SLURM_STEP_ID='0')
-    r = subprocess.run([sys.executable, '-m', 'd2ldist.launch.slurm', '--task', word],
+    r = subprocess.run([sys.executable, '-m', 'd2ldist.launch.step', '--task', word],
                        capture_output=True, text=True, env=env, timeout=60)
-    assert (r.returncode, r.stdout) == (0, 'worker 1 2 a b\nd2ldist.slurm: exit 0\n'), r.stderr
+    assert (r.returncode, r.stdout) == (0, 'worker 1 2 a b\nd2ldist.task: exit 0\n'), r.stderr
 
 
 def test_a_failing_task_reports_its_code_and_step_zero_its_step():
     spec, = [s for s in job_specs(1, 0, [sys.executable, '-c', 'raise SystemExit(3)'], 'x',
                                   hosts=['n1']) if s.role == 'worker']
     env = dict(os.environ, SLURM_PROCID='0', SLURM_JOB_ID='7', SLURM_STEP_ID='2')
-    r = subprocess.run([sys.executable, '-m', 'd2ldist.launch.slurm', '--task',
-                        slurm.task_word(spec, {})], capture_output=True, text=True, env=env,
+    r = subprocess.run([sys.executable, '-m', 'd2ldist.launch.step', '--task',
+                        step.task_word(spec, {})], capture_output=True, text=True, env=env,
                        timeout=60)
-    assert (r.returncode, r.stdout) == (3, 'd2ldist.slurm: step 7.2\nd2ldist.slurm: exit 3\n')
-    r = subprocess.run([sys.executable, '-m', 'd2ldist.launch.slurm', '--task', 'bad'],
+    assert (r.returncode, r.stdout) == (3, 'd2ldist.task: step 7.2\nd2ldist.task: exit 3\n')
+    r = subprocess.run([sys.executable, '-m', 'd2ldist.launch.step', '--task', 'bad'],
                        capture_output=True, text=True, timeout=60)
-    assert (r.returncode, r.stderr) == (1, 'd2ldist.slurm: --task takes a word written by '
-                                           'd2l-launch --launcher slurm\n')
+    assert (r.returncode, r.stderr) == (1, 'd2ldist.task: --task takes a word written by '
+                                           'd2l-launch (--launcher slurm or mpi)\n')
 
 
 def test_outside_an_allocation_one_line_says_where_to_run():
@@ -94,7 +94,7 @@ def test_outside_an_allocation_one_line_says_where_to_run():
                                    '-c', '1'), capture_output=True, text=True, timeout=30,
                        env=env)
     assert (r.returncode, r.stderr) == (2, 'd2l-launch: error: -H/--hostfile needs '
-                                           '--launcher ssh\n')
+                                           '--launcher ssh (or mpi)\n')
 
 
 def test_srun_output_goes_to_its_tasks_and_names_the_failure():
@@ -104,11 +104,11 @@ def test_srun_output_goes_to_its_tasks_and_names_the_failure():
     out = io.StringIO()
     specs = job_specs(2, 1, ['train'], 'x', hosts=['n1', 'n2'], remote=True)
     job = slurm.SlurmJob(specs, '7', out=out)
-    job.step = Proc(slurm.StepSpec('srun', 0))
+    job.step = Proc(step.StepSpec('srun', 0))
     for p in [job.step, *job.procs]:
         p.popen = object()                        # running (no process needed here)
-    for line in ['0: d2ldist.slurm: step 7.3', '2: hello from worker 0',
-                 '3: d2ldist.slurm: exit 137', '1: d2ldist.slurm: exit 143',
+    for line in ['0: d2ldist.task: step 7.3', '2: hello from worker 0',
+                 '3: d2ldist.task: exit 137', '1: d2ldist.task: exit 143',
                  'srun: error: n1: tasks 0,2: Exited with exit code 9',
                  'srun: launch/slurm: _step_signal: Terminating StepId=7.3',
                  '0: slurmstepd-n1: error: *** STEP 7.3 ON n1 CANCELLED AT 2026 ***',
