@@ -42,27 +42,28 @@ def build_parser(prog='d2l-launch'):
     p.add_argument('-s', '--num-servers', type=int, default=None,
                    help='number of parameter servers (default: as many as workers; '
                    '0 for jobs without servers)')
-    p.add_argument('--launcher', choices=['local', 'ssh', 'slurm'], default='local',
+    p.add_argument('--launcher', choices=['local', 'ssh', 'slurm', 'mpi'], default='local',
                    help='how processes are started (default: local; slurm: as one srun '
-                   'step, inside an allocation of salloc or sbatch)')
+                   "step, inside an allocation of salloc or sbatch; mpi: by Open MPI's "
+                   'mpirun, on the hosts of -H or on this machine)')
     p.add_argument('-H', '--hostfile', default=None,
-                   help='the hosts to run on (for --launcher ssh): a file of '
+                   help='the hosts to run on (for --launcher ssh or mpi): a file of '
                    '[user@]host[:port] [slots=N] lines, or host1,host2:2222')
     p.add_argument('--sync-dst-dir', default=None, metavar='DIR',
-                   help='ssh: first rsync the current directory to DIR on every host '
+                   help='ssh, mpi: first rsync the current directory to DIR on every host '
                    '(without .git and .venv) and run there')
     p.add_argument('--sync-all', action='store_true',
-                   help='ssh: with --sync-dst-dir, copy .git and .venv too')
+                   help='ssh, mpi: with --sync-dst-dir, copy .git and .venv too')
     p.add_argument('--python', default=None, metavar='PATH',
-                   help="ssh: the Python on the hosts (default: the launcher's, same path)")
+                   help="ssh, mpi: the Python on the hosts (default: the launcher's, same path)")
     p.add_argument('--interface', default=config.get().interface,
-                   metavar='NAME', help='ssh: the network interface whose address the '
+                   metavar='NAME', help='ssh, mpi: the network interface whose address the '
                    'processes advertise (default: $D2L_INTERFACE, else the route '
                    'to the scheduler)')
     p.add_argument('--ssh-config', default=None, metavar='FILE',
-                   help='ssh: use this ssh config file (ssh -F FILE)')
+                   help='ssh, mpi: use this ssh config file (ssh -F FILE)')
     p.add_argument('--connect-timeout', type=float, default=10, metavar='SECONDS',
-                   help='ssh: give up on a host that does not answer within this time')
+                   help='ssh, mpi: give up on a host that does not answer within this time')
     p.add_argument('--env', action='append', default=[], metavar='NAME=VALUE',
                    help='set an environment variable in every process (repeatable)')
     p.add_argument('--env-server', action='append', default=[], metavar='NAME=VALUE',
@@ -140,18 +141,30 @@ def parse(argv, prog='d2l-launch'):
         args.num_servers = args.num_workers
     if args.num_servers < 0:
         raise UsageError(f'-s must be 0 or more, got {args.num_servers}')
-    if args.launcher != 'ssh':
+    if args.launcher not in ('ssh', 'mpi'):
         for name, value in (('-H/--hostfile', args.hostfile),
                             ('--sync-dst-dir', args.sync_dst_dir), ('--python', args.python)):
             if value is not None:
-                raise UsageError(f'{name} needs --launcher ssh')
-    elif args.hostfile is None:
+                raise UsageError(f'{name} needs --launcher ssh (or mpi)')
+    elif args.hostfile is None and args.launcher == 'ssh':
         raise UsageError('--launcher ssh needs -H hostfile (or -H host1,host2)')
+    elif args.hostfile is None and args.sync_dst_dir is not None:
+        raise UsageError('--sync-dst-dir needs hosts to sync to: -H hostfile')
+    if args.launcher in ('slurm', 'mpi') and args.min_workers is not None:
+        raise UsageError(f'--min-workers needs --launcher local or ssh: '
+                         f'{"srun" if args.launcher == "slurm" else "mpirun"} ends every '
+                         'process when one fails')
     if args.launcher == 'slurm':
         from . import slurm
         try:
             slurm.allocation()
         except slurm.SlurmError as e:
+            raise UsageError(str(e)) from None
+    if args.launcher == 'mpi':
+        from . import mpi
+        try:
+            mpi.hosts_of(args)
+        except (mpi.MpiError, mpi.HostError) as e:
             raise UsageError(str(e)) from None
     if args.log_dir is not None:   # (made when the job starts; a file there is refused)
         args.log_dir = os.path.abspath(args.log_dir)
@@ -180,7 +193,7 @@ def parse(argv, prog='d2l-launch'):
     args.process_env = _role_env(args)
     for process, env in _faults(args).items():
         args.process_env.setdefault(process, {}).update(env)
-    if args.launcher == 'ssh':   # the program need only exist on the hosts
+    if args.launcher == 'ssh' or args.hostfile:   # the program need only exist on the hosts
         args.command = command_of(args.command, args.python or sys.executable, local=False)
     else:
         args.command = command_of(args.command)
@@ -279,7 +292,7 @@ def _checkpoint_env(args):
         return {}
     if not args.checkpoint_dir.strip():
         raise UsageError('--checkpoint-dir needs a folder, got an empty name')
-    if args.launcher == 'ssh':
+    if args.launcher == 'ssh' or args.hostfile:       # a folder on the hosts
         folder = os.path.join(args.sync_dst_dir or os.getcwd(), args.checkpoint_dir)
     else:
         folder = os.path.abspath(args.checkpoint_dir)
@@ -374,6 +387,12 @@ def make_job(args, out=None, notices=True, **job_options):
         try:
             return slurm.prepare(args, secret, out=out, notices=notices, **job_options)
         except slurm.SlurmError as e:
+            raise UsageError(str(e)) from None
+    if args.launcher == 'mpi':
+        from . import mpi
+        try:
+            return mpi.prepare(args, secret, out=out, notices=notices, **job_options)
+        except (mpi.MpiError, mpi.HostError) as e:
             raise UsageError(str(e)) from None
     specs = local_specs(args.num_workers, args.num_servers, args.command, secret,
                         extra_env=args.env, process_env=args.process_env)

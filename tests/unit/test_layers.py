@@ -274,9 +274,9 @@ HELP_ANSWERS = {
                                 'start the job with d2l-launch'),
     'd2ldist.runtime.scheduler': (1, 'stderr', 'd2ldist.scheduler: D2L_NUM_WORKER is not set '
                                                '(start jobs with d2l-launch)'),
-    'd2ldist.launch.slurm': (1, 'stderr', 'd2ldist.slurm: runs one task of d2l-launch '
-                                          '--launcher slurm (--task WORD); start jobs with '
-                                          'd2l-launch --launcher slurm'),
+    'd2ldist.launch.step': (1, 'stderr', 'd2ldist.task: runs one task of d2l-launch '
+                                         '--launcher slurm or mpi (--task WORD [--label]); '
+                                         'start jobs with d2l-launch'),
     'd2ldist.launch.guard': (127, 'stderr', "d2l-launch: cannot start '--help': "
                                             'No such file or directory'),
 }
@@ -294,7 +294,7 @@ def test_modules_the_launcher_runs_answer(module):
         assert out == first + '\n'                   # one line, no traceback
     else:
         assert '-n NUM_WORKERS, --num-workers NUM_WORKERS' in out
-        assert '--launcher {local,ssh,slurm}' in out and 'positional arguments:' in out
+        assert '--launcher {local,ssh,slurm,mpi}' in out and 'positional arguments:' in out
 
 
 @pytest.mark.parametrize('face', ['d2ldist', 'd2ldist.horovod'])

@@ -52,7 +52,7 @@ def test_cli_rejects_ssh_options_without_ssh():
     r = subprocess.run(launch_argv('-n', '1', '--sync-dst-dir', '/tmp/x', 'python', '-c', '1'),
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and r.stderr.strip() == \
-        'd2l-launch: error: --sync-dst-dir needs --launcher ssh'
+        'd2l-launch: error: --sync-dst-dir needs --launcher ssh (or mpi)'
     r = subprocess.run(launch_argv('-n', '1', '--launcher', 'ssh', 'python', '-c', '1'),
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and 'needs -H' in r.stderr

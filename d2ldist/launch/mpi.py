@@ -1,0 +1,193 @@
+"""The MPI launcher: a job's processes started by Open MPI's ``mpirun``, as MXNet's was.
+
+``d2l-launch --launcher mpi -H hosts -n 2 -s 2 python train.py`` does what the ssh
+launcher does, but lets ``mpirun`` start the processes, for sites where MPI is how
+jobs start (its daemons, its ssh set-up, its accounting):
+
+1. hosts: ``-H`` as for ssh (a hostfile or ``host1,host2``; ``slots=N`` places workers),
+   checked by the ssh launcher's preflight, which also learns each host's address and
+   cores, and synced first with ``--sync-dst-dir``; without ``-H``, this machine only.
+   mpirun reaches hosts by name: a user or port goes into the ssh config
+   (``--ssh-config FILE`` is passed on to mpirun);
+2. ``processes.py`` places the scheduler, the S servers and the N workers and gives each
+   its environment; what every process shares (the secret among it) is exported by
+   mpirun (``-x NAME`` in every app context: names on the command line, values in
+   mpirun's environment);
+3. one mpirun, one app context per process (MPMD: ``-np 1 --host h0 CMD0 : -np 1
+   --host h1 CMD1 : ...``), each command the task side of ``step.py`` with that
+   process's word, so that task N is process N of the placement;
+4. output: the task side marks each whole line ``N: `` (mpirun's ``--tag-output``
+   marks each piece it reads, which can be half a line); it is shown as
+   ``[worker 1@hostB] ...``. The task side prints its command's exit code, so a process
+   that fails is named as locally; mpirun's own banners are kept in the log, and its
+   report of the first process that failed names one that could not say;
+5. the end: mpirun ends every process when one fails; the launcher ends mpirun (under
+   the guard, SIGTERM then SIGKILL) whenever the job ends otherwise. mpirun's daemons
+   end their processes when mpirun goes, and each command dies with its task.
+
+The scheduler listens on a port chosen before mpirun starts (``--port``, else one free
+on its host, from the preflight), since every process starts at once.
+"""
+import os
+import re
+import shutil
+import sys
+
+from .. import config
+from .processes import cores, free_port, job_specs, share_cores
+from .ssh import (SYNC_EXCLUDES, HostError, Ssh, forwarded_env, host_variables,
+                  placement_table, preflight, read_hosts, remote_pythonpath, sync)
+from .step import StepJob, task_argv
+
+LABEL = re.compile(r'(\d+): (.*)')                  # the task side's mark, as srun's
+# mpirun's report of the first process that failed, inside one of its banners
+FIRST_FAILED = re.compile(r'\s*Process name:\s*\[\[\d+,\d+\],(\d+)\]')
+EXIT_CODE = re.compile(r'\s*Exit code:\s*(\d+)')
+RULE = re.compile(r'-{20,}')                                     # a banner's top or bottom
+# a race in mpirun's ssh starter, harmless: the daemon it started had already exec'd
+SETPGID = re.compile(r'\[[^\]]+\] plm:rsh: Warning: setpgid\(\d+,\d+\) failed in parent')
+
+
+class MpiError(Exception):
+    """mpirun is missing, or a host cannot be reached the way mpirun reaches hosts."""
+
+
+def hosts_of(args):
+    """The hosts of ``-H`` (mpirun reaches them by name alone), or this machine."""
+    if shutil.which('mpirun') is None:
+        raise MpiError("--launcher mpi needs Open MPI's mpirun on PATH (Debian: openmpi-bin)")
+    if args.hostfile is None:
+        return None
+    hosts = read_hosts(args.hostfile)
+    for h in hosts:
+        if h.user or h.port:
+            written = f'{h.user}@{h.label}' if h.user else h.label
+            raise MpiError(f'--launcher mpi: host {written!r}: mpirun reaches hosts by name '
+                           'only; put the user and port in an ssh config (--ssh-config FILE)')
+    return hosts
+
+
+def mpirun_argv(specs, shared, hosts=None, ssh_config=None, interface=None, workdir=None,
+                python=sys.executable, as_root=None):
+    """mpirun's command line: one app context per process, on its spec's host."""
+    as_root = os.geteuid() == 0 if as_root is None else as_root
+    argv = ['mpirun', '--oversubscribe', '--bind-to', 'none']
+    if as_root:
+        argv.append('--allow-run-as-root')
+    if hosts is not None:                   # over ssh: each daemon started from here
+        argv += ['--mca', 'plm_rsh_no_tree_spawn', '1']
+        if ssh_config:
+            argv += ['--mca', 'plm_rsh_agent', f'ssh -F {ssh_config}']
+        if interface:
+            argv += ['--mca', 'oob_tcp_if_include', interface]
+        argv += ['--wdir', workdir or os.getcwd()]
+    exported = [x for name in sorted(shared) for x in ('-x', name)]   # (each context's own)
+    contexts = [['-np', '1', '--host', s.host, *exported,
+                 *task_argv(s, shared, python, label=True)] for s in specs]
+    for i, context in enumerate(contexts):
+        argv += ([':'] if i else []) + context
+    return argv
+
+
+class MpiJob(StepJob):
+    """A Job whose processes are started by one mpirun; see the module docstring."""
+    tool = 'mpirun'
+
+    def __init__(self, specs, hosts=None, ssh_config=None, interface=None, workdir=None,
+                 python=sys.executable, **kw):
+        super().__init__(specs, **kw)
+        self.hosts, self.ssh_config, self.interface = hosts, ssh_config, interface
+        self.workdir, self.python = workdir, python
+        self.banner = None                  # the lines of mpirun's banner being read
+
+    def step_argv(self, shared):
+        return mpirun_argv([p.spec for p in self.procs], shared, self.hosts, self.ssh_config,
+                           self.interface, self.workdir, self.python)
+
+    def task_line(self, line):
+        m = LABEL.fullmatch(line)
+        return (int(m[1]), m[2]) if m else None
+
+    def noise(self, line):
+        """mpirun's banners (between two rules), and a harmless warning of its ssh
+        starter: kept in the log, not shown; a banner that names the first process to
+        fail names it, where that process could not say."""
+        if self.task_line(line):
+            return False
+        if SETPGID.match(line):
+            return True
+        if RULE.fullmatch(line.strip()):
+            if self.banner is None:
+                self.banner = []
+            else:
+                self._banner_read(self.banner)
+                self.banner = None
+            return True
+        if self.banner is not None:
+            self.banner.append(line)
+            return True
+        return False
+
+    def cancel(self):
+        """End mpirun now (through its guard): it ends every process it started."""
+        self.terminate(self.step)
+
+    def _banner_read(self, lines):
+        rank = next((int(m[1]) for x in lines if (m := FIRST_FAILED.match(x))), None)
+        code = next((int(m[1]) for x in lines if (m := EXIT_CODE.match(x))), None)
+        if rank is not None and rank < len(self.procs) and self.procs[rank].alive \
+                and not self.stopping:
+            self._exited(self.procs[rank], code if code is not None else 1)
+
+
+# -- putting it together -------------------------------------------------------------
+def prepare(args, secret, out=None, notices=True, **job_options):
+    """The job of the parsed ``args`` with ``--launcher mpi``."""
+    out = out or sys.stdout
+    hosts = hosts_of(args)
+    python = args.python or sys.executable
+    extra_env = {**args.env}
+    if hosts is None:                                   # this machine: as the local launcher
+        labels, slots, workdir = ['localhost'], None, None
+        addresses, ports = {'localhost': '127.0.0.1'}, {'localhost': free_port()}
+        host_env, host_cores = {}, {'localhost': cores()}
+    else:
+        ssh = Ssh(args.ssh_config, args.connect_timeout)
+        cwd = os.getcwd()
+        workdir = args.sync_dst_dir or cwd
+        pythonpath = remote_pythonpath(os.environ.get('PYTHONPATH'), cwd, workdir)
+        answers = preflight(hosts, ssh, python, workdir, pythonpath, args.interface,
+                            syncing=bool(args.sync_dst_dir))
+        if args.sync_dst_dir:
+            sync(hosts, ssh, args.sync_dst_dir, cwd,
+                 () if args.sync_all else SYNC_EXCLUDES)
+        labels = [h.label for h in hosts]
+        slots = [h.slots or 1 for h in hosts] if any(h.slots for h in hosts) else None
+        addresses = {label: answers[label][0] for label in labels}
+        ports = {label: answers[label][1] for label in labels}
+        host_env = {label: host_variables(*answers[label][:3], args.interface)
+                    for label in labels}
+        host_cores = {label: answers[label][3] for label in labels}
+        extra_env.update(forwarded_env())
+        if pythonpath:
+            extra_env['PYTHONPATH'] = pythonpath
+    port = args.port or ports[labels[0]]       # the scheduler's; torch's elsewhere
+    specs = job_specs(args.num_workers, args.num_servers, args.command, secret,
+                      hosts=labels, slots=slots, addresses=addresses,
+                      free_ports={h: p for h, p in ports.items() if p != port},
+                      host_env=host_env, python=python, remote=True,
+                      extra_env={**extra_env, **config.env(scheduler_port=port)},
+                      process_env=args.process_env)
+    notice = share_cores(specs, host_cores)
+    if notice and notices:
+        out.write(notice + '\n')
+    out.write(f'd2l-launch: one mpirun, the scheduler at {addresses[labels[0]]}:{port}; '
+              f'placement:\n{placement_table(specs)}\n')
+    out.flush()
+    return MpiJob(specs, hosts=hosts, ssh_config=args.ssh_config,
+                  interface=args.interface, workdir=workdir, python=python,
+                  timeout=args.timeout, max_restarts=args.max_restarts, out=out,
+                  **job_options)
+
+
+__all__ = ['HostError', 'MpiError', 'MpiJob', 'mpirun_argv', 'prepare']
