@@ -18,6 +18,13 @@ and may receive from several at once. Each message pays ``alpha`` once.
 
       T = 2(N-1) (M/(N B) + alpha)
 
+* Hierarchical all-reduce of h machines with g GPUs each: reduce onto one GPU inside
+  every machine and, after the ring of the h machines, broadcast from it; each of the
+  two, pipelined in chunks, sends every link inside the M bytes once and crosses g-1
+  links (B_in, alpha_in):
+
+      T = 2 (M/B_in + (g-1) alpha_in) + 2(h-1) (M/(h B_across) + alpha)
+
 ``benchmarks/scaling.py`` and the scaling chapter set measured times against these;
 ``tests/jobs/test_scaling.py`` and ``tests/system/test_shaping.py`` check they agree.
 """
@@ -36,6 +43,13 @@ def ps_time(M, m, n, B, alpha=0.0):
 def ring_time(M, N, B, alpha=0.0):
     """Seconds of one ring all-reduce of M bytes over N processes."""
     return 2 * (N - 1) * (M / N / B + alpha)
+
+
+def hierarchical_time(M, machines, per_machine, B_inside, B_across, alpha=0.0,
+                      alpha_inside=0.0):
+    """Seconds of a reduce inside each machine, a ring across them, a broadcast inside."""
+    inside = 2 * (M / B_inside + (per_machine - 1) * alpha_inside) if per_machine > 1 else 0.0
+    return inside + ring_time(M, machines, B_across, alpha)
 
 
 def server_loads(shapes, n, bound=None, itemsize=4):

@@ -269,7 +269,106 @@ def ring(N=4):
     return svg
 
 
-FIGURES = {'seven_steps': seven_steps, 'servers': servers, 'ring': ring}
+# -- data, model and pipeline parallelism ------------------------------------------------------
+def parallelism():
+    svg = SVG(1000, 400, 'Data, model and pipeline parallelism of a network of four layers '
+              'on two devices')
+    layers, lw, lh = 4, 96, 26                            # a layer's box
+    panels = [('data parallelism', 'each device: the whole model,', 'its own part of the batch'),
+              ('model parallelism', 'each device: part of every layer,', 'the whole batch'),
+              ('pipeline parallelism', 'each device: some of the layers,', 'micro-batches in turn')]
+    for k, (title, line1, line2) in enumerate(panels):
+        x0 = 20 + k * 330
+        svg.text(x0 + 145, 26, title, size=15, weight='bold')
+        for d in range(2):                                # the two devices
+            dx = x0 + 5 + d * 160
+            svg.rect(dx, 44, 120, 206, fill='#fafafa', stroke=GRAY)
+            svg.text(dx + 60, 64, f'device {d}', size=13, weight='bold')
+            for i in range(layers):                       # layer 4 on top, layer 1 at the bottom
+                y = 196 - i * 34
+                if k == 0:                                # a whole copy of every layer
+                    svg.rect(dx + 12, y, lw, lh, fill='#e8f0e8')
+                    svg.text(dx + 60, y + 18, f'layer {i + 1}', size=12)
+                elif k == 1:                              # half of every layer
+                    half = 'left' if d == 0 else 'right'
+                    svg.rect(dx + 12, y, lw, lh, fill='white', stroke=GRAY, sw=0.8)
+                    svg.rect(dx + 12 + d * lw / 2, y, lw / 2, lh, fill='#e8f0e8')
+                    svg.text(dx + 60, y + 18, f'{half} half of {i + 1}', size=11)
+                elif (i < 2) == (d == 0):                 # layers 1-2 on device 0, 3-4 on 1
+                    svg.rect(dx + 12, y, lw, lh, fill='#e8f0e8')
+                    svg.text(dx + 60, y + 18, f'layer {i + 1}', size=12)
+            if k < 2:                                     # the data each device reads
+                words = f'batch, half {d}' if k == 0 else 'the whole batch'
+                svg.rect(dx + 12, 272, lw, 22, fill=PALE, stroke=GRAY, rx=2)
+                svg.text(dx + 60, 287, words, size=11)
+                svg.line(dx + 60, 272, dx + 60, 224, DARK)
+        if k == 0:                                        # the gradients are summed
+            svg.line(x0 + 128, 120, x0 + 172, 120, GRAD, start=True)
+            svg.text(x0 + 150, 112, 'sum', size=11, fill=GRAD)
+        elif k == 1:                                      # activations at every layer
+            for i in range(layers):
+                y = 196 - i * 34 + 13
+                svg.line(x0 + 115, y, x0 + 175, y, DARK, sw=1.2, start=True)
+        else:                                             # layer 2's output goes to layer 3
+            svg.path(f'M{x0 + 110},{160} C{x0 + 150},{160} {x0 + 140},{126} {x0 + 175},{126}', DARK)
+            svg.path(f'M{x0 + 175},{138} C{x0 + 140},{138} {x0 + 150},{172} {x0 + 112},{172}', GRAD,
+                     sw=1.2)
+            for j in range(3):                            # micro-batches 1, 2, 3 for device 0
+                svg.rect(x0 + 17 + j * 33, 272, 30, 22, fill=PALE, stroke=GRAY, rx=2)
+                svg.text(x0 + 32 + j * 33, 287, f'{j + 1}', size=11)
+            svg.line(x0 + 65, 272, x0 + 65, 224, DARK)
+            svg.text(x0 + 225, 287, 'micro-batches', size=11, fill='#555555')
+        svg.text(x0 + 145, 322, line1, size=12)
+        svg.text(x0 + 145, 340, line2, size=12)
+    for x in (340, 670):
+        svg.line(x, 40, x, 345, GRAY, sw=1, end=False, dash='4,4')
+    legend(svg, 20, 378, [(GRAD, 'gradients'), (DARK, 'data, activations')])
+    svg.text(980, 382, 'this book: data parallelism, over many machines', size=12, anchor='end',
+             weight='bold')
+    return svg
+
+
+# -- hierarchical all-reduce: inside each machine, then across ----------------------------------
+def hierarchical(h=3, g=4):
+    svg = SVG(1000, 390, f'Hierarchical all-reduce of h = {h} machines with g = {g} GPUs each')
+    mw, gw, gh = 300, 56, 40                              # a machine's width, a GPU's box
+    leaders = []
+    for i in range(h):
+        mx = 20 + i * (mw + 30)
+        svg.rect(mx, 120, mw, 170, fill='#fafafa', stroke=GRAY)
+        svg.text(mx + mw - 10, 282, f'machine {i}', size=12, anchor='end', fill='#555555')
+        xs = [mx + 18 + j * (gw + 16) for j in range(g)]
+        for j, x in enumerate(xs):
+            svg.rect(x, 180, gw, gh, fill='#e8f0e8' if j else '#cfe3cf', sw=1.6 if j == 0 else 1.2)
+            svg.text(x + gw / 2, 205, f'GPU {j}', size=12, weight='bold' if j == 0 else None)
+        for j in range(1, g):                             # 1: reduce onto GPU 0, a chain
+            svg.line(xs[j], 188, xs[j - 1] + gw + 2, 188, GRAD)
+            svg.line(xs[j - 1] + gw, 212, xs[j] - 2, 212, WEIGHT)   # 3: broadcast from GPU 0
+        svg.step((xs[1] + xs[0] + gw) / 2, 166, 1)
+        svg.step((xs[1] + xs[0] + gw) / 2, 236, 3)
+        svg.text(mx + mw / 2, 262, 'inside: NVLink, B_in', size=11, fill='#555555')
+        leaders.append(xs[0] + gw / 2)
+    for i in range(h):                                    # 2: the ring of the GPUs 0
+        a, b = leaders[i], leaders[(i + 1) % h]
+        if i < h - 1:
+            svg.path(f'M{a + 8},178 C{a + 60},96 {b - 60},96 {b - 8},178', GRAD, sw=2)
+        else:                                             # round the ring, over the top
+            svg.path(f'M{a},178 C{a + 40},40 {b - 40},40 {b},178', GRAD, sw=2, dash='6,3')
+    svg.step((leaders[0] + leaders[1]) / 2, 136, 2)
+    svg.text(500, 56, 'across: the network, B_across (a ring of the GPUs 0, one per machine)',
+             size=12, fill='#555555')
+    lines = [(1, 'reduce: each machine sums its g gradients onto GPU 0, over its fast links'),
+             (2, 'all-reduce: a ring of the h GPUs 0 sums the machines\' sums over the slow network'),
+             (3, 'broadcast: GPU 0 copies the sum of every GPU to the other GPUs of its machine')]
+    for k, (number, line) in enumerate(lines):
+        svg.step(30, 318 + 22 * k - 4, number)
+        svg.text(46, 318 + 22 * k, line, size=12, anchor='start')
+    legend(svg, 720, 340, [(GRAD, 'sums'), (WEIGHT, 'the sum of all')])
+    return svg
+
+
+FIGURES = {'seven_steps': seven_steps, 'servers': servers, 'ring': ring,
+           'parallelism': parallelism, 'hierarchical': hierarchical}
 
 
 def draw(out=HERE):

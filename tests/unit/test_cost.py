@@ -36,3 +36,14 @@ def test_many_workers_one_server_against_n_servers_and_the_ring():
     one, many, ring = cost.ps_time(M, 32, 1, B), cost.ps_time(M, 32, 32, B), cost.ring_time(M, 32, B)
     assert one == pytest.approx(33 * M / B) and many == pytest.approx(2 * M / B)
     assert ring < many < one
+
+
+def test_hierarchical_is_two_passes_inside_and_a_ring_of_the_machines():
+    nvlink = 450e9
+    assert cost.hierarchical_time(M, 4, 1, nvlink, B, 1e-4) == cost.ring_time(M, 4, B, 1e-4)
+    assert cost.hierarchical_time(M, 1, 8, nvlink, B, 1e-4, 1e-6) == \
+        pytest.approx(2 * (M / nvlink + 7e-6))
+    by_hand = 2 * (M / nvlink + 7e-6) + 2 * 3 * (M / 4 / B + 30e-6)
+    assert cost.hierarchical_time(M, 4, 8, nvlink, B, 30e-6, 1e-6) == pytest.approx(by_hand)
+    flat = cost.ring_time(M, 32, B, 30e-6)    # every step of 32 waits for the network
+    assert cost.hierarchical_time(M, 4, 8, nvlink, B, 30e-6, 1e-6) < flat
