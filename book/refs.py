@@ -7,8 +7,12 @@ d2l writes ``:label:`sec_x``` under a heading and ``:numref:`sec_x``` in the tex
 its own tool (and ``book/build.py``) turns into links, but which JupyterLab and a
 repository page show as they are written. This script writes what all three show right:
 
-* a line ``:label:`sec_x``` becomes ``<a id="sec_x"></a>``, an anchor that draws nothing
-  (JupyterLab keeps it as ``data-jupyter-id`` and follows ``#sec_x`` links to it);
+* a line ``:label:`sec_x``` becomes ``<a id="sec_x"></a>``, an empty anchor that draws
+  nothing anywhere. The book's pages, nbviewer and VS Code scroll a link's ``#sec_x`` to
+  it; JupyterLab 4.2.5 and later strip ``id`` attributes from markdown unless its
+  sanitizer's 'Allow named properties' setting is on, and a repository page does not
+  pass the fragment on, so there a link opens its chapter at the top: the right place
+  for a chapter, and the words say which section or figure;
 * ``:numref:`sec_x``` becomes ``[Section 5](scaling.ipynb#sec_x)``, or
   ``[Section 5.2](#sec_x)`` within its own chapter; a figure's label, ``[Figure 3.1](#fig_x)``;
   a label of Dive into Deep Learning's own chapters (build.EXTERNAL), a link to its page;
