@@ -8,9 +8,14 @@ a table of contents and a way back and forth, nothing loaded from elsewhere). Be
 that, each chapter gets the book's markup that d2l's own tool would give it:
 
 * its number, in its headings ('3. Ring All-Reduce', '3.2. ...') and figures;
-* d2l's cross-references: ``:label:`sec_x``` after a heading anchors it, and
-  ``:numref:`sec_x``` becomes a link, 'Section 3' (EXTERNAL: labels of Dive into
-  Deep Learning's own chapters);
+* the cross-references, as ``book/refs.py`` writes them into the chapters so that they
+  read right in JupyterLab and on a repository page too: an anchor line
+  ``<a id="sec_x"></a>`` after a heading (d2l's ``:label:`sec_x```, which it converts)
+  and links ``[Section 3](ring_allreduce_scratch.ipynb#sec_x)`` or ``[Figure 3.1](#fig_x)``
+  (from d2l's ``:numref:`sec_x```). A link to a chapter becomes a link to its page; one
+  to a chapter or anchor that does not exist, or whose 'Section 3'/'Figure 3.1' is not
+  the number the book gives, stops the build. A raw ``:numref:`` still becomes a link
+  (EXTERNAL: labels of Dive into Deep Learning's own chapters);
 * every figure numbered in one sequence, 'Figure 3.1', 'Figure 3.2', ...: a diagram, a
   markdown image on a line of its own (``![caption](figures/x.svg)``, its words the
   caption, then ``:label:`fig_x``` for ``:numref:``; the file is embedded in the page),
@@ -47,14 +52,23 @@ CHAPTERS = ['multi_machine_training', 'parameter_server_scratch', 'ring_allreduc
             'answers']      # the book's order (README's list); the exercises' answers last
 EXTERNAL = {'sec_resnet': ('the ResNet section of Dive into Deep Learning',
                            'https://d2l.ai/chapter_convolutional-modern/resnet.html')}
-LABEL = re.compile(r'^:label:`([^`]+)`\s*$', re.M)
+LABEL = re.compile(r'^(?::label:`([^`]+)`|<a id="([^"]+)"></a>)\s*$', re.M)   # d2l's, or refs.py's
 NUMREF = re.compile(r':numref:`([^`]+)`')
+LINK = re.compile(r'\[([^\]]*)\]\((?:(\w+)\.ipynb)?(?:#([\w-]+))?\)')  # [text](x.ipynb#label), [text](#label)
+NUMBERED = re.compile(r'^(Section|Figure) \d+(\.\d+)*$')           # a link text the book numbers
 HEADING = re.compile(r'^(#{1,2}) (.*)$')
 NBVAL = re.compile(r'^# *NBVAL_\w+ *\n', re.M)
 PLAIN_FIGURE = re.compile(r'^<(Figure|matplotlib)\b')   # a figure's repr, not words
 IMAGE = re.compile(r'^!\[([^\]]*)\]\(([^)\s]+)\)\s*$')   # a figure: an image, a line of its own
 INLINE = re.compile(r'(`[^`]+`|\$[^$]+\$)')              # code and math in a caption
-VISIBLE = re.compile(r'^\*(Figure \d+\.\d+): (.+)\*\s*$')     # a caption line a reader sees
+VISIBLE = re.compile(r'^\*(Figure \d+\.\d+): (.+)\*\s*(?:<a id="([^"]+)"></a>)?\s*$')  # a caption line
+                                                          # a reader sees, with its figure's anchor
+
+
+def label_of(line):
+    """The label that a line ``:label:`x``` or ``<a id="x"></a>`` sets, else None."""
+    m = LABEL.match(line)
+    return m and (m.group(1) or m.group(2))
 
 
 # -- the markup ----------------------------------------------------------------------------
@@ -96,24 +110,48 @@ def collect_labels(nb, href):
             m = HEADING.match(line) if prose else None
             if m:
                 heading = m.group(2).split('. ', 1)[0]        # its number: '3' or '3.2'
-            for label in LABEL.findall(line) if prose else ():
+            label = label_of(line) if prose else None
+            if label:
                 found[label] = (f'{href}#{label}', f'Section {heading}')
     return found
 
 
-def resolve(nb, refs):
-    """Labels become anchors on their heading, numrefs links; an unknown label is an error."""
+def resolve(nb, refs, href=''):
+    """Labels become anchors on their heading, numrefs links, and links to a chapter
+    (``x.ipynb#label``, or ``#label`` in the chapter whose page is href) links to its page;
+    an unknown label, chapter or number is an error."""
     for cell in (c for c in nb.cells if c.cell_type == 'markdown'):
         lines = []
         for line, prose in markdown_lines(cell.source):
-            m = LABEL.match(line) if prose else None
-            if m and lines and HEADING.match(lines[-1]):
-                lines[-1] += f' <a id="{m.group(1)}"></a>'
+            label = label_of(line) if prose else None
+            if label and lines and HEADING.match(lines[-1]):
+                lines[-1] += f' <a id="{label}"></a>'
                 continue
-            if m:
-                line = f'<a id="{m.group(1)}"></a>'
-            lines.append(NUMREF.sub(lambda r: _link(r.group(1), refs), line) if prose else line)
+            if label:
+                line = f'<a id="{label}"></a>'
+            if prose:
+                line = NUMREF.sub(lambda r: _link(r.group(1), refs), line)
+                line = LINK.sub(lambda r: _page_link(r, refs, href), line)
+            lines.append(line)
         cell.source = '\n'.join(lines)
+
+
+def _page_link(m, refs, href):
+    """[text](x.ipynb#label) -> [text](x.html#label), checked; other links as they are."""
+    text, name, label = m.groups()
+    if name is None and label is None:
+        return m.group(0)
+    if name is not None and name not in CHAPTERS:
+        raise SystemExit(f'book: the link {m.group(0)!r} names no chapter')
+    page = f'{name}.html' if name is not None else href
+    if label is None:
+        return f'[{text}]({page})'
+    if label not in refs or refs[label][0] != f'{page}#{label}':
+        raise SystemExit(f'book: the link {m.group(0)!r} names no label of {page or "its chapter"}')
+    if NUMBERED.match(text) and text != refs[label][1]:
+        raise SystemExit(f'book: the link {m.group(0)!r} says {text}, the book {refs[label][1]}: '
+                         'run python book/refs.py')
+    return f'[{text}]({refs[label][0]})'
 
 
 def _link(label, refs):
@@ -211,8 +249,8 @@ def number_figures(nb, chapter, href='', chapters_dir=ROOT / 'notebooks'):
                 if not image:
                     lines.append(line)
                     continue
-                below = LABEL.match(source[i + 1][0]) if i + 1 < len(source) else None
-                figure, anchor = number(below and below.group(1))
+                below = label_of(source[i + 1][0]) if i + 1 < len(source) else None
+                figure, anchor = number(below)
                 lines += ['', figure_html(image.group(1), Path(chapters_dir) / image.group(2),
                                           figure, anchor), '']
             cell.source = '\n'.join(lines)
@@ -319,7 +357,7 @@ def build(chapters_dir, out):
     pages[0].write_text(page(ex, index_notebook(titles), 'index', TITLE,
                              {'title': TITLE, 'prev': None, 'next': links[0]}))
     for i, (name, nb) in enumerate(zip(CHAPTERS, nbs)):
-        resolve(nb, refs)
+        resolve(nb, refs, f'{name}.html')
         book = {'title': TITLE, 'prev': links[i - 1] if i else None,
                 'next': links[i + 1] if i + 1 < len(links) else None}
         pages.append(out / f'{name}.html')

@@ -1,6 +1,6 @@
 """What one synchronous step of communication costs: the book's one cost model.
 
-The notation is chapter 1's (:numref:`sec_notation`): ``M`` bytes of gradients, ``m``
+The notation is that of chapter 1's Notation section: ``M`` bytes of gradients, ``m``
 workers, ``n`` servers, ``N`` processes in a ring, ``B`` the bandwidth of each process's
 outgoing link in bytes per second, ``alpha`` the latency of one message in seconds.
 Links are full duplex and only their outgoing side is a limit (as on a switched

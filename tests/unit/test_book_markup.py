@@ -11,6 +11,18 @@ pytest.importorskip('latex2mathml')
 book = load_book()
 
 
+def load_refs():
+    """book/refs.py as a module: it writes the cross-references into the chapters."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('book_refs', ROOT / 'book' / 'refs.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+refs = load_refs()
+
+
 def chapter(*sources):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell(s) for s in sources]
@@ -43,6 +55,93 @@ def test_labels_anchor_headings_and_numrefs_link_to_them():
 def test_an_unknown_label_stops_the_build():
     with pytest.raises(SystemExit, match='sec_nowhere'):
         book.resolve(chapter('See :numref:`sec_nowhere`.'), {})
+
+
+def test_links_to_chapters_become_links_to_their_pages(monkeypatch):
+    """The form book/refs.py writes: an anchor line under the heading, and links to
+    x.ipynb#label (or #label in its own chapter), which the book points at x.html#label."""
+    monkeypatch.setattr(book, 'CHAPTERS', ['one', 'two'])
+    one = chapter('# Rings\n<a id="sec_ring"></a>\n\nText.', '## Chunks\n<a id="sec_chunks"></a>\n\n'
+                  'As [Section 1](#sec_ring) said.')
+    two = chapter('# Scaling\n\nAs [Section 1.1](one.ipynb#sec_chunks) showed, '
+                  '[the code](one.ipynb) and [a page](https://example.org/x#y).')
+    book.number_headings(one, 1)
+    book.number_headings(two, 2)
+    refs = {**book.collect_labels(one, 'one.html'), **book.collect_labels(two, 'two.html')}
+    assert refs == {'sec_ring': ('one.html#sec_ring', 'Section 1'),
+                    'sec_chunks': ('one.html#sec_chunks', 'Section 1.1')}
+    book.resolve(one, refs, 'one.html')
+    book.resolve(two, refs, 'two.html')
+    assert one.cells[0].source == '# 1. Rings <a id="sec_ring"></a>\n\nText.'
+    assert one.cells[1].source.endswith('As [Section 1](one.html#sec_ring) said.')
+    assert two.cells[0].source.endswith('As [Section 1.1](one.html#sec_chunks) showed, '
+                                        '[the code](one.html) and [a page](https://example.org/x#y).')
+
+
+@pytest.mark.parametrize('text, error', [
+    ('[Section 1](nowhere.ipynb#sec_ring)', 'names no chapter'),
+    ('[Section 1](two.ipynb#sec_ring)', 'names no label of two.html'),
+    ('[Section 1](#sec_ring)', 'names no label of two.html'),
+    ('[Section 1](one.ipynb#sec_nowhere)', 'names no label'),
+    ('[Section 3](one.ipynb#sec_ring)', 'says Section 3, the book Section 1: run python book/refs.py')])
+def test_a_link_to_no_chapter_anchor_or_number_stops_the_build(text, error, monkeypatch):
+    monkeypatch.setattr(book, 'CHAPTERS', ['one', 'two'])
+    with pytest.raises(SystemExit, match=re.escape(error)):
+        book.resolve(chapter(f'See {text}.'), {'sec_ring': ('one.html#sec_ring', 'Section 1')},
+                     'two.html')
+
+
+def test_refs_writes_links_that_read_right_everywhere_and_again(tmp_path, monkeypatch):
+    """book/refs.py: labels become anchors, numrefs and plain 'Figure 1.1' links with the
+    book's numbers (within a chapter '#label'), a drawn figure's label an anchor on its
+    caption line; run again, it changes nothing, and it renumbers links that moved."""
+    png = 'iVBORw0KGgo='
+    one = chapter('# Rings\n:label:`sec_ring`\n\nSee :numref:`fig_times`, :numref:`sec_two` and '
+                  ':numref:`sec_resnet`; `Figure 1.1` in code stays.')
+    one.cells.append(nbformat.v4.new_code_cell('plot()', outputs=[nbformat.v4.new_output(
+        'display_data', {'image/png': png, 'text/plain': '<Figure size 640x480 with 1 Axes>'})],
+        metadata={'d2l': {'caption': 'Times.', 'label': 'fig_times'}}))
+    one.cells.append(nbformat.v4.new_markdown_cell('*Figure 1.1: Times.*\n\nFigure 1.1 shows it.'))
+    two = chapter('# Two\n:label:`sec_two`\n\n## Part\n:label:`sec_part`\n\n'
+                  'As :numref:`sec_ring` and :numref:`sec_part` said, and Figure 1.1.')
+    nbformat.write(one, tmp_path / 'one.ipynb')
+    nbformat.write(two, tmp_path / 'two.ipynb')
+    monkeypatch.setattr(refs.build, 'CHAPTERS', ['one', 'two'])
+    assert refs.main(['--chapters', str(tmp_path), '--check']) == 1
+    assert nbformat.read(tmp_path / 'one.ipynb', as_version=4) == one      # --check writes nothing
+    assert refs.main(['--chapters', str(tmp_path)]) == 0
+    one, two = (nbformat.read(tmp_path / f'{n}.ipynb', as_version=4) for n in ('one', 'two'))
+    assert one.cells[0].source == (
+        '# Rings\n<a id="sec_ring"></a>\n\nSee [Figure 1.1](#fig_times), [Section 2](two.ipynb#sec_two) '
+        'and [the ResNet section of Dive into Deep Learning](https://d2l.ai/chapter_convolutional-'
+        'modern/resnet.html); `Figure 1.1` in code stays.')
+    assert one.cells[2].source == ('*Figure 1.1: Times.* <a id="fig_times"></a>\n\n'
+                                   '[Figure 1.1](#fig_times) shows it.')
+    assert two.cells[0].source == (
+        '# Two\n<a id="sec_two"></a>\n\n## Part\n<a id="sec_part"></a>\n\nAs [Section 1](one.ipynb#sec_ring)'
+        ' and [Section 2.1](#sec_part) said, and [Figure 1.1](one.ipynb#fig_times).')
+    assert refs.main(['--chapters', str(tmp_path), '--check']) == 0         # idempotent
+    book.number_headings(one, 1)                                            # the book reads it
+    assert book.visible_captions(one, 1)[0][:2] == ('Figure 1.1', 'Times.')
+    two.cells[0].source = two.cells[0].source.replace('## Part', '## First\n\n## Part')
+    nbformat.write(two, tmp_path / 'two.ipynb')                             # a section comes first
+    assert refs.main(['--chapters', str(tmp_path)]) == 0
+    two = nbformat.read(tmp_path / 'two.ipynb', as_version=4)
+    assert two.cells[0].source.endswith('As [Section 1](one.ipynb#sec_ring) and [Section 2.2]'
+                                        '(#sec_part) said, and [Figure 1.1](one.ipynb#fig_times).')
+
+
+def test_the_chapters_cross_references_are_written_out():
+    """No chapter shows a raw :numref: or :label: (JupyterLab and a repository page print
+    them as written), and every link of book/refs.py carries the book's number: after
+    editing a chapter's markdown, run python book/refs.py."""
+    for name in book.CHAPTERS:
+        nb = nbformat.read(ROOT / 'notebooks' / f'{name}.ipynb', as_version=4)
+        for i, cell in enumerate(c for c in nb.cells if c.cell_type == 'markdown'):
+            for line, prose in book.markdown_lines(cell.source):
+                assert not (prose and re.search(r':(numref|label):`', line)), \
+                    f'{name}: {line[:80]!r}: run python book/refs.py'
+    assert refs.main(['--check']) == 0, 'run python book/refs.py'
 
 
 def test_figures_are_numbered_with_their_words():
@@ -107,10 +206,9 @@ def chapter_figures():
                 lines = [line for line, prose in book.markdown_lines(cell.source) if prose]
                 for j, line in enumerate(lines):
                     image = book.IMAGE.match(line)
-                    label = book.LABEL.match(lines[j + 1]) if image and j + 1 < len(lines) else None
+                    label = book.label_of(lines[j + 1]) if image and j + 1 < len(lines) else None
                     if image:
-                        found.append((name, ('diagram', image.group(1), image.group(2),
-                                             label and label.group(1))))
+                        found.append((name, ('diagram', image.group(1), image.group(2), label)))
             elif cell.cell_type == 'code':
                 for k, out in enumerate(o for o in cell.get('outputs', [])
                                         if 'image/png' in o.get('data', {})):
@@ -144,6 +242,7 @@ def test_caption_lines_are_taken_out_and_must_name_their_figure():
         'display_data', {'image/png': png, 'text/plain': '<Figure size 640x480 with 1 Axes>'})],
         metadata={'d2l': {'caption': 'Times.', 'label': 'fig_t'}}))
     nb.cells.append(nbformat.v4.new_markdown_cell('*Figure 2.2: Times.*\n\nAs Figure 2.2 shows.'))
+    nb.cells[2].source = nb.cells[2].source.replace('.*', '.* <a id="fig_t"></a>', 1)  # refs.py's anchor
     assert book.visible_captions(nb, 2) == [('Figure 2.1', 'A ring.', 'A ring.', 'diagram'),
                                             ('Figure 2.2', 'Times.', 'Times.', 'metadata')]
     assert nb.cells[0].source == '![A ring.](x.svg)\n:label:`fig_x`\n\nMore.'
@@ -155,10 +254,10 @@ def test_caption_lines_are_taken_out_and_must_name_their_figure():
 
 
 def test_a_notebook_reader_sees_every_figure_numbered_and_captioned():
-    """JupyterLab and a repository page show neither a cell's metadata nor an image's words,
-    and print a :numref: as it is written: a line '*Figure 3.2: caption*' under every figure
-    gives its number and caption there (the metadata's or the diagram's own words), and the
-    prose names figures by those numbers."""
+    """JupyterLab and a repository page show neither a cell's metadata nor an image's words:
+    a line '*Figure 3.2: caption*' under every figure gives its number and caption there
+    (the metadata's or the diagram's own words), and the prose names figures by those
+    numbers (links that book/refs.py writes, where the figure has a label)."""
     prose, figures = [], {}
     for number, name in enumerate(book.CHAPTERS, 1):
         nb = nbformat.read(ROOT / 'notebooks' / f'{name}.ipynb', as_version=4)
@@ -168,7 +267,6 @@ def test_a_notebook_reader_sees_every_figure_numbered_and_captioned():
                 f'{name}: the line under {figure} is not its caption: {words!r} against {caption!r}'
             figures[figure] = kind
         text = ' '.join(c.source for c in nb.cells if c.cell_type == 'markdown')
-        assert not re.search(r':numref:`fig_', text), f'{name}: a raw :numref: of a figure'
         prose.append(text)
     named = set(re.findall(r'\bFigure \d+\.\d+\b', ' '.join(prose)))
     assert named <= set(figures), f'the prose names figures that do not exist: {named - set(figures)}'
