@@ -330,7 +330,7 @@ def parallelism():
 
 # -- hierarchical all-reduce: inside each machine, then across ----------------------------------
 def hierarchical(h=3, g=4):
-    svg = SVG(1000, 390, f'Hierarchical all-reduce of h = {h} machines with g = {g} GPUs each')
+    svg = SVG(1000, 390, f'Hierarchical all-reduce of h = {h} machines with G = {g} GPUs each')
     mw, gw, gh = 300, 56, 40                              # a machine's width, a GPU's box
     leaders = []
     for i in range(h):
@@ -357,7 +357,7 @@ def hierarchical(h=3, g=4):
     svg.step((leaders[0] + leaders[1]) / 2, 136, 2)
     svg.text(500, 56, 'across: the network, B_across (a ring of the GPUs 0, one per machine)',
              size=12, fill='#555555')
-    lines = [(1, 'reduce: each machine sums its g gradients onto GPU 0, over its fast links'),
+    lines = [(1, 'reduce: each machine sums its G gradients onto GPU 0, over its fast links'),
              (2, 'all-reduce: a ring of the h GPUs 0 sums the machines\' sums over the slow network'),
              (3, 'broadcast: GPU 0 copies the sum of every GPU to the other GPUs of its machine')]
     for k, (number, line) in enumerate(lines):
