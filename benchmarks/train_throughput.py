@@ -3,6 +3,7 @@
     python benchmarks/train_throughput.py            # ResNet-18, batch 32 per worker
     python benchmarks/train_throughput.py --quick    # fewer steps (the same network)
     python benchmarks/train_throughput.py --device cuda --batch-size 128 -n 1 -s 1
+    ... --save benchmarks/results/gpu_h200.json     # also add the job's row to that file
 
 One job of 2 workers and 2 servers (d2l-launch -n 2 -s 2). In that job every worker
 trains d2l's ResNet-18 (32x32 random inputs, 10 classes, SGD with momentum) in
@@ -59,6 +60,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from common import launch, worker_command   # benchmarks/common.py
 
@@ -83,6 +85,8 @@ def parse(argv=None):
                    help="replicas of the network per worker for the Trainer, on its device")
     p.add_argument('-n', '--workers', type=int, default=2)
     p.add_argument('-s', '--servers', type=int, default=2)
+    p.add_argument('--save', default=None, metavar='FILE',
+                   help="add this job's figures to FILE (JSON; benchmarks/on_gpu.sh's results)")
     p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.device == 'cuda' and not args.worker:
@@ -198,7 +202,35 @@ def main(argv=None):
         detail = ' '.join(f'{v:7.1f}' for v in steps.values()) if steps else '(DDP: no steps)'
         print(f'{kind:>12}{ips[kind]:>12.1f}{ips[kind] / ips["ddp"]:>8.2f}x   {detail}')
     print('targets: ring >= 1.0x DDP, dist_sync >= 0.9x DDP')
+    if args.save:
+        save(args.save, args, result)
+        print(f'# saved in {args.save}')
     return 0
+
+
+def save(path, args, result):
+    """Add this job's row to the results file ``path`` (made if new), which the scaling
+    chapter reads: images/s of each kind and the ms of the Trainer's seven steps."""
+    import datetime
+    import torch
+    path = Path(path)
+    data = json.loads(path.read_text()) if path.exists() else {
+        'measured': f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC '
+                    f'by benchmarks/train_throughput.py (benchmarks/on_gpu.sh)',
+        'device': result['device'], 'torch': torch.__version__.split('+')[0],
+        'cuda': torch.version.cuda,
+        'nccl': '.'.join(map(str, torch.cuda.nccl.version())) if args.device == 'cuda' else None,
+        'setup': f'ResNet-18 (width {args.width}), 32x32 random inputs, batch '
+                 f'{args.batch_size} per worker, {args.rounds} rounds x {args.steps} steps',
+        'jobs': []}
+    options = f'-n {args.workers} -s {args.servers}' + \
+        (f' --replicas {args.replicas}' if args.replicas != 1 else '')
+    data['jobs'] = [j for j in data['jobs'] if j['options'] != options] + [{
+        'options': options, 'ddp_backend': result['ddp_backend'],
+        'images_per_s': {k: round(v, 1) for k, v in result['images_per_s'].items()},
+        'step_ms': {k: list(steps.values()) for k, steps in result['step_ms'].items()}}]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + '\n')
 
 
 if __name__ == '__main__':
