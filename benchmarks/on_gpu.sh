@@ -8,7 +8,7 @@
 # With one GPU the workers share it: DDP then runs on gloo (NCCL refuses two processes
 # on one GPU), and a single worker shows the NCCL path. With several GPUs, one worker per
 # GPU runs DDP on NCCL. Each part has a time limit, so a hang cannot eat the rest.
-# The throughput figures go to benchmarks/results/gpu_<GPU>.json (RESULTS=... to choose),
+# The throughput figures go to notebooks/data/gpu_<GPU>.json (beside the chapters, which show it) (RESULTS=... to choose),
 # one row a job; the scaling chapter reads the committed one (gpu_h200.json).
 set -u
 PYTHON=${PYTHON:-python3}
@@ -22,7 +22,7 @@ nvidia-smi -L 2>/dev/null
       "nccl", ".".join(map(str, torch.cuda.nccl.version())))'
 GPU_NAME=$("$PYTHON" -c 'import re, torch
 print(re.sub(r"[^a-z0-9]+", "_", torch.cuda.get_device_name(0).lower().replace("nvidia", "")).strip("_"))')
-RESULTS=${RESULTS:-benchmarks/results/gpu_$GPU_NAME.json}
+RESULTS=${RESULTS:-notebooks/data/gpu_$GPU_NAME.json}
 rm -f "$RESULTS"                          # this run's figures only
 status=0
 part() { echo; echo "== $*"; timeout "$@" || { echo "(failed: $?)"; status=1; }; }

@@ -3,7 +3,7 @@
     python benchmarks/train_throughput.py            # ResNet-18, batch 32 per worker
     python benchmarks/train_throughput.py --quick    # fewer steps (the same network)
     python benchmarks/train_throughput.py --device cuda --batch-size 128 -n 1 -s 1
-    ... --save benchmarks/results/gpu_h200.json     # also add the job's row to that file
+    ... --save notebooks/data/gpu_h200.json         # also add the job's row to that file
 
 One job of 2 workers and 2 servers (d2l-launch -n 2 -s 2). In that job every worker
 trains d2l's ResNet-18 (32x32 random inputs, 10 classes, SGD with momentum) in

@@ -31,10 +31,11 @@ def chapters_folder():
 
 
 def chapter_files(source=None):
-    """The files to copy, relative to the chapters' folder: the chapters and their figures."""
+    """The files to copy, relative to the chapters' folder: the chapters, their figures
+    and the data measured elsewhere that they show (a GPU machine's figures)."""
     source = Path(source or chapters_folder())
-    return sorted(p.relative_to(source) for p in
-                  [*source.glob('*.ipynb'), *source.glob('figures/*.svg')])
+    return sorted(p.relative_to(source) for p in [*source.glob('*.ipynb'),
+                  *source.glob('figures/*.svg'), *source.glob('data/*.json')])
 
 
 def download_chapters(folder, overwrite=False):
@@ -74,8 +75,10 @@ def main(argv=None):
         print(f'd2l-book: {e}', file=sys.stderr)
         return 1
     chapters = sum(p.suffix == '.ipynb' for p in written)
-    print(f'd2l-book: {chapters} chapters and {len(written) - chapters} figures in '
-          f'{args.folder}; open them with:  jupyter lab {args.folder}')
+    data = sum(p.suffix == '.json' for p in written)
+    print(f'd2l-book: {chapters} chapters, {len(written) - chapters - data} figures and '
+          f'{data} data file{"s" * (data != 1)} in {args.folder}; open them with:  '
+          f'jupyter lab {args.folder}')
     return 0
 
 

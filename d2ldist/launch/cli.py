@@ -46,6 +46,11 @@ def build_parser(prog='d2l-launch'):
                    help='how processes are started (default: local; slurm: as one srun '
                    "step, inside an allocation of salloc or sbatch; mpi: by Open MPI's "
                    'mpirun, on the hosts of -H or on this machine)')
+    p.add_argument('--partition', default=None, metavar='P',
+                   help='slurm, outside an allocation: ask for one in partition P (salloc), '
+                   'run the job in it, and give it back when the job ends')
+    p.add_argument('--nodes', type=int, default=None, metavar='K',
+                   help='slurm, with --partition: the number of nodes to ask for')
     p.add_argument('-H', '--hostfile', default=None,
                    help='the hosts to run on (for --launcher ssh or mpi): a file of '
                    '[user@]host[:port] [slots=N] lines, or host1,host2:2222')
@@ -154,10 +159,16 @@ def parse(argv, prog='d2l-launch'):
         raise UsageError(f'--min-workers needs --launcher local or ssh: '
                          f'{"srun" if args.launcher == "slurm" else "mpirun"} ends every '
                          'process when one fails')
+    if args.launcher != 'slurm' and (args.partition or args.nodes):
+        raise UsageError(f'{"--partition" if args.partition else "--nodes"} needs '
+                         '--launcher slurm')
+    if args.nodes is not None and (args.nodes < 1 or not args.partition):
+        raise UsageError('--nodes needs --partition P, and at least 1 node' if args.nodes >= 1
+                         else f'--nodes must be at least 1, got {args.nodes}')
     if args.launcher == 'slurm':
         from . import slurm
         try:
-            slurm.allocation()
+            slurm.check(args.partition)
         except slurm.SlurmError as e:
             raise UsageError(str(e)) from None
     if args.launcher == 'mpi':

@@ -23,12 +23,19 @@ allocation's nodes:
    srun runs under the guard: should the launcher die, the guard ends srun, and srun
    its step.
 
+From a login node, outside any allocation, ``--partition P`` (with ``--nodes K``) asks
+for one first: ``salloc`` runs under the guard with a command that prints the
+allocation's variables and then waits; the step runs in it, and when the job ends (or
+the launcher dies) the guard ends salloc, which gives the allocation back.
+
 The scheduler listens on a port chosen before the step starts (``--port``, else one free
 here), since every task starts at once and cannot wait for its first line.
 """
+import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -36,7 +43,7 @@ import tempfile
 
 from .. import config
 from ..runtime.started import expand_nodelist, tasks_per_node
-from .processes import free_port, job_specs, share_cores
+from .processes import free_port, guarded, job_specs, share_cores
 from .step import CANCELLED, StepJob, task_argv
 
 LABEL = re.compile(r'\s*(\d+): (.*)')                  # srun --label's 'N: text'
@@ -64,8 +71,8 @@ def allocation(environ=os.environ):
     job = environ.get('SLURM_JOB_ID')
     if not job:
         raise SlurmError('--launcher slurm runs inside a Slurm allocation (SLURM_JOB_ID is '
-                         'not set): salloc -N 2 d2l-launch --launcher slurm ..., or '
-                         'd2l-launch in an sbatch script')
+                         'not set): salloc -N 2 d2l-launch --launcher slurm ..., '
+                         'd2l-launch in an sbatch script, or --partition P to ask for one')
     if shutil.which('srun') is None:
         raise SlurmError(f'--launcher slurm: in allocation {job}, but srun is not on PATH')
     try:
@@ -78,6 +85,65 @@ def allocation(environ=os.environ):
         raise SlurmError(f'--launcher slurm: {len(nodes)} nodes in SLURM_JOB_NODELIST but '
                          f'tasks or CPUs for {len(tasks)} in SLURM_TASKS_PER_NODE')
     return job, nodes, tasks, cpus
+
+
+def check(partition=None, environ=os.environ):
+    """Raise SlurmError unless a job can start: inside an allocation, or with
+    ``--partition`` outside one (then salloc must be there to ask)."""
+    job = environ.get('SLURM_JOB_ID')
+    if partition and job:
+        raise SlurmError(f'--partition {partition}: already inside allocation {job}, which '
+                         'the job uses as it is; leave out --partition')
+    if not partition:
+        allocation(environ)
+    elif shutil.which('salloc') is None or shutil.which('srun') is None:
+        raise SlurmError(f'--partition {partition}: salloc and srun must be on PATH')
+
+
+# -- 1b. an allocation of our own (--partition, from a login node) ---------------------
+# salloc's command: print the allocation's variables, then wait for a signal (the job's end)
+# (it ends with salloc, whatever ended salloc: a parent-death signal)
+HOLD = ("import ctypes, json, os, signal; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
+        "print('d2ldist.slurm: allocation ' + json.dumps({k: v for k, v in os.environ.items() "
+        "if k.startswith('SLURM_')}), flush=True); signal.pause()")
+GRANTED = re.compile(r'd2ldist\.slurm: allocation (\{.*\})')
+
+
+class Holder:
+    """salloc holding an allocation while the job runs. Its command prints the
+    allocation's SLURM_* variables, then waits; when the job ends, or the launcher
+    dies, the guard ends salloc, and Slurm takes the allocation back."""
+
+    def __init__(self, partition, tasks, nodes=None):
+        self.argv = ['salloc', f'--partition={partition}', f'--ntasks={tasks}',
+                     *([f'--nodes={nodes}'] if nodes else []), '--quiet',
+                     sys.executable, '-c', HOLD]
+        self.popen = None
+
+    def start(self):
+        """Ask, and wait until Slurm grants it; the allocation's variables."""
+        self.popen = subprocess.Popen(guarded(self.argv), stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, start_new_session=True)
+        said = []
+        for line in self.popen.stdout:
+            if m := GRANTED.match(line.strip()):
+                return json.loads(m[1])
+            said.append(line.strip())
+        self.release()
+        raise SlurmError(f'salloc gave no allocation: {said[-1] if said else "no word"}'[:300])
+
+    def release(self):
+        """End salloc (through its guard): the allocation goes back."""
+        if self.popen is None:
+            return
+        try:
+            self.popen.stdin.close()
+            self.popen.wait(timeout=config.get().kill_grace + 30)
+        except (OSError, subprocess.TimeoutExpired):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+        self.popen = None
 
 
 def addresses(nodes):
@@ -111,9 +177,10 @@ class SlurmJob(StepJob):
     tool = 'srun'
     drop_env = ALLOCATION_LAYOUT
 
-    def __init__(self, specs, job_id, **kw):
+    def __init__(self, specs, job_id, holder=None, tool_env=None, **kw):
         super().__init__(specs, **kw)
         self.job_id, self.step_id = job_id, None
+        self.holder, self.tool_env = holder, tool_env or {}   # --partition: our allocation
         self.name = None                          # the step's name
         self.folder = None                        # the multi-prog file's, while srun reads it
 
@@ -183,13 +250,33 @@ class SlurmJob(StepJob):
             return super().run()
         finally:
             self._forget_folder()
+            if self.holder is not None:
+                self.holder.release()
 
 
 # -- putting it together -------------------------------------------------------------
 def prepare(args, secret, out=None, notices=True, **job_options):
-    """The job of the parsed ``args`` with ``--launcher slurm``, in this allocation."""
+    """The job of the parsed ``args`` with ``--launcher slurm``: in this allocation, or
+    (``--partition``) in one it asks for."""
     out = out or sys.stdout
-    job_id, nodes, tasks, cpus = allocation()
+    holder, environ = None, os.environ
+    if args.partition:
+        tasks = max(args.num_workers, args.nodes or 1)
+        out.write(f'd2l-launch: asking Slurm for {tasks} tasks in partition {args.partition}'
+                  f'{f" on {args.nodes} nodes" if args.nodes else ""} (salloc) ...\n')
+        out.flush()
+        holder = Holder(args.partition, tasks, args.nodes)
+        environ = holder.start()
+    try:
+        return _prepare(args, secret, out, notices, holder, environ, **job_options)
+    except BaseException:
+        if holder is not None:
+            holder.release()
+        raise
+
+
+def _prepare(args, secret, out, notices, holder, environ, **job_options):
+    job_id, nodes, tasks, cpus = allocation(environ)
     where = addresses(nodes)
     port = args.port or free_port()
     specs = job_specs(args.num_workers, args.num_servers, args.command, secret,
@@ -203,5 +290,6 @@ def prepare(args, secret, out=None, notices=True, **job_options):
               f'node{"s" * (len(nodes) > 1)}: {", ".join(nodes)}); the scheduler at '
               f'{where[specs[0].host]}:{port}\n')
     out.flush()
-    return SlurmJob(specs, job_id, timeout=args.timeout, max_restarts=args.max_restarts,
-                    out=out, **job_options)
+    return SlurmJob(specs, job_id, holder=holder,
+                    tool_env=environ if holder is not None else None, timeout=args.timeout,
+                    max_restarts=args.max_restarts, out=out, **job_options)

@@ -76,6 +76,7 @@ class StepJob(Job):
     can, ``cancel()`` (end the step through the cluster's manager)."""
     tool = 'step'
     drop_env = ()                             # our variables the tool must not see
+    tool_env = {}                             # and variables it must see (an allocation's)
 
     def __init__(self, specs, **kw):
         super().__init__(specs, **kw)
@@ -87,7 +88,8 @@ class StepJob(Job):
         shared = shared_env([p.spec for p in self.procs])
         argv = self.step_argv(shared)
         self.step = Proc(StepSpec(self.tool, 0, argv=argv, env=shared))
-        env = {k: v for k, v in child_env(self.step.spec).items() if k not in self.drop_env}
+        env = {k: v for k, v in {**child_env(self.step.spec), **self.tool_env}.items()
+               if k not in self.drop_env}
         self.step.popen = subprocess.Popen(
             guarded(argv), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True)

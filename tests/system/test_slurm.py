@@ -197,6 +197,52 @@ def test_launcher_slurm_in_an_sbatch_script(slurm, tmp_path):
     assert wait_no_survivors(r.tag) == []
 
 
+def test_launcher_slurm_asks_for_its_own_allocation(slurm):
+    """Outside any allocation (a login node), --partition test --nodes 2: salloc asks for
+    the allocation, the job runs as one step in it, and it is given back at the end."""
+    r = run_slurm(slurm, sys.executable, '-m', 'd2ldist.launch', '--launcher', 'slurm',
+                  '--partition', 'test', '--nodes', '2', '-n', '2', '-s', '2',
+                  sys.executable, EXACT_SUMS, 'kv')
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert out.splitlines()[0] == ('d2l-launch: asking Slurm for 2 tasks in partition test on '
+                                   '2 nodes (salloc) ...'), out[-3000:]
+    assert re.search(r'^d2l-launch: one srun step in allocation \d+ \(2 nodes: node1, node2\)',
+                     out, re.M), out[-3000:]
+    sums = sorted(re.findall(r'^\[worker (\d)@node\d\] worker \1 of 2: kv sum on cpu (\w+)$',
+                             out, re.M))
+    assert sums == [('0', 'exact'), ('1', 'exact')], out[-3000:]
+    assert '[srun]' not in out and 'Traceback' not in out, out[-3000:]
+    assert slurm.wait_queue_empty(30) == []
+    assert wait_no_survivors(r.tag) == []
+
+
+def test_its_own_allocation_is_given_back_when_the_launcher_is_killed(slurm, tmp_path):
+    """SIGKILL to d2l-launch while its job runs in the allocation it asked for: the
+    guards end srun and salloc, and Slurm takes the allocation back."""
+    script = tmp_path / 'sleeper.py'
+    script.write_text(SLEEPER)
+    tag = new_tag()
+    launcher = subprocess.Popen(
+        slurm.argv(sys.executable, '-m', 'd2ldist.launch', '--launcher', 'slurm',
+                   '--partition', 'test', '--nodes', '2', '-n', '2', '-s', '1',
+                   sys.executable, script),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        env=slurm.env(job_env(tag)), start_new_session=True)
+    lines, ready = read_until_ready(launcher, 2)
+    try:
+        assert ready.wait(120), ''.join(lines)
+        assert len(slurm.queue()) == 1
+        os.killpg(launcher.pid, signal.SIGKILL)     # the launcher (and nsenter before it)
+        launcher.wait(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert slurm.wait_queue_empty(60) == []
+    assert wait_no_survivors(tag, timeout=30) == []
+
+
 MAGIC = '''\
 import sys
 from IPython.core.interactiveshell import InteractiveShell

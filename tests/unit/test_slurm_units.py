@@ -89,7 +89,8 @@ def test_outside_an_allocation_one_line_says_where_to_run():
     assert (r.returncode, r.stdout) == (2, '')
     assert r.stderr == ('d2l-launch: error: --launcher slurm runs inside a Slurm allocation '
                         '(SLURM_JOB_ID is not set): salloc -N 2 d2l-launch --launcher slurm '
-                        '..., or d2l-launch in an sbatch script\n')
+                        '..., d2l-launch in an sbatch script, or --partition P to ask for '
+                        'one\n')
     r = subprocess.run(launch_argv('-n', '1', '--launcher', 'slurm', '-H', 'a,b', 'python',
                                    '-c', '1'), capture_output=True, text=True, timeout=30,
                        env=env)
@@ -122,3 +123,22 @@ def test_srun_output_goes_to_its_tasks_and_names_the_failure():
         ('scheduler@n1', 'failed', 9), ('server 0@n2', 'stopped', 143),
         ('worker 0@n1', 'failed', 9), ('worker 1@n2', 'failed', 137)]
     assert job.failure.label == 'worker 1@n2'
+
+
+@pytest.mark.parametrize('args,env,says', [
+    (['--launcher', 'slurm', '--partition', 'p'], {'SLURM_JOB_ID': '42'},
+     '--partition p: already inside allocation 42, which the job uses as it is; leave out '
+     '--partition'),
+    (['--partition', 'p'], {}, '--partition needs --launcher slurm'),
+    (['--launcher', 'slurm', '--nodes', '2'], {'SLURM_JOB_ID': '42'},
+     '--nodes needs --partition P, and at least 1 node'),
+    (['--launcher', 'slurm', '--partition', 'p', '--nodes', '0'], {},
+     '--nodes must be at least 1, got 0'),
+])
+def test_asking_for_an_allocation_is_checked_in_one_line(args, env, says):
+    """--partition asks for an allocation only outside one (tests/system/test_slurm.py
+    asks a real Slurm)."""
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith('SLURM_')}, **env)
+    r = subprocess.run(launch_argv('-n', '2', *args, 'python', '-c', '1'), capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert (r.returncode, r.stdout, r.stderr) == (2, '', f'd2l-launch: error: {says}\n')
