@@ -67,7 +67,7 @@ def hosts_of(args):
     return hosts
 
 
-def mpirun_argv(specs, shared, hosts=None, ssh_config=None, interface=None, workdir=None,
+def mpirun_argv(specs, shared, hosts=None, ssh_config=None, workdir=None,
                 python=sys.executable, as_root=None):
     """mpirun's command line: one app context per process, on its spec's host."""
     as_root = os.geteuid() == 0 if as_root is None else as_root
@@ -78,8 +78,6 @@ def mpirun_argv(specs, shared, hosts=None, ssh_config=None, interface=None, work
         argv += ['--mca', 'plm_rsh_no_tree_spawn', '1']
         if ssh_config:
             argv += ['--mca', 'plm_rsh_agent', f'ssh -F {ssh_config}']
-        if interface:
-            argv += ['--mca', 'oob_tcp_if_include', interface]
         argv += ['--wdir', workdir or os.getcwd()]
     exported = [x for name in sorted(shared) for x in ('-x', name)]   # (each context's own)
     contexts = [['-np', '1', '--host', s.host, *exported,
@@ -93,26 +91,26 @@ class MpiJob(StepJob):
     """A Job whose processes are started by one mpirun; see the module docstring."""
     tool = 'mpirun'
 
-    def __init__(self, specs, hosts=None, ssh_config=None, interface=None, workdir=None,
+    def __init__(self, specs, hosts=None, ssh_config=None, workdir=None,
                  python=sys.executable, **kw):
         super().__init__(specs, **kw)
-        self.hosts, self.ssh_config, self.interface = hosts, ssh_config, interface
+        self.hosts, self.ssh_config = hosts, ssh_config
         self.workdir, self.python = workdir, python
         self.banner = None                  # the lines of mpirun's banner being read
 
     def step_argv(self, shared):
         return mpirun_argv([p.spec for p in self.procs], shared, self.hosts, self.ssh_config,
-                           self.interface, self.workdir, self.python)
+                           self.workdir, self.python)
 
     def task_line(self, line):
         m = LABEL.fullmatch(line)
         return (int(m[1]), m[2]) if m else None
 
-    def noise(self, line):
-        """mpirun's banners (between two rules), and a harmless warning of its ssh
+    def noise(self, line, own=True):
+        """mpirun's own banners (between two rules), and a harmless warning of its ssh
         starter: kept in the log, not shown; a banner that names the first process to
-        fail names it, where that process could not say."""
-        if self.task_line(line):
+        fail names it, where that process could not say. A task's lines are never noise."""
+        if not own:
             return False
         if SETPGID.match(line):
             return True
@@ -184,8 +182,7 @@ def prepare(args, secret, out=None, notices=True, **job_options):
     out.write(f'd2l-launch: one mpirun, the scheduler at {addresses[labels[0]]}:{port}; '
               f'placement:\n{placement_table(specs)}\n')
     out.flush()
-    return MpiJob(specs, hosts=hosts, ssh_config=args.ssh_config,
-                  interface=args.interface, workdir=workdir, python=python,
+    return MpiJob(specs, hosts=hosts, ssh_config=args.ssh_config, workdir=workdir, python=python,
                   timeout=args.timeout, max_restarts=args.max_restarts, out=out,
                   **job_options)
 

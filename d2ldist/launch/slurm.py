@@ -198,7 +198,7 @@ class SlurmJob(StepJob):
         m = LABEL.fullmatch(line)
         return (int(m[1]), m[2]) if m else None
 
-    def noise(self, line):
+    def noise(self, line, own=True):
         """srun's and slurmstepd's words on tasks that ended (taken when one could not say)."""
         if not STEP_NOISE.match(line):
             return False

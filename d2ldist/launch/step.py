@@ -72,7 +72,8 @@ class StepJob(Job):
 
     A subclass gives ``tool`` (its name), ``step_argv()`` (its command line),
     ``task_line(line)`` ((task number, text), or None for the tool's own line),
-    ``noise(line)`` (a line of the tool's own to keep out of the output) and, if it
+    ``noise(text, own)`` (a line to keep out of the output; ``own``: the tool's, not a
+    task's) and, if it
     can, ``cancel()`` (end the step through the cluster's manager)."""
     tool = 'step'
     drop_env = ()                             # our variables the tool must not see
@@ -104,7 +105,7 @@ class StepJob(Job):
         if p is not self.step:
             return super()._emit(p, line)
         marked = self.task_line(line)
-        if self.noise(marked[1] if marked else line):
+        if self.noise(marked[1] if marked else line, own=marked is None):
             self.log.append((self.tool, line))
             return None
         if marked and marked[0] < len(self.procs):

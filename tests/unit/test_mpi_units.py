@@ -77,7 +77,8 @@ def test_mpirun_output_goes_to_its_tasks_and_names_the_failure():
     could not say; anything else mpirun says shown as [mpirun]."""
     out = io.StringIO()
     job = job_on(['hostA', 'hostB'], out)
-    for line in ['2: hello from worker 0', '1: d2ldist.task: exit 143',
+    for line in ['2: hello from worker 0', '2: ' + '-' * 30, '2: a task line, not a banner',
+                 '1: d2ldist.task: exit 143',
                  '-' * 74, 'Primary job  terminated normally, but 1 process returned',
                  'a non-zero exit code. Per user-direction, the job has been aborted.', '-' * 74,
                  '-' * 74, 'mpirun detected that one or more processes exited with non-zero '
@@ -88,12 +89,14 @@ def test_mpirun_output_goes_to_its_tasks_and_names_the_failure():
                  'ssh: connect to host hostC port 22: Connection refused']:
         job._emit(job.step, line)
     assert out.getvalue() == ('[worker 0@hostA] hello from worker 0\n'
+                              f'[worker 0@hostA] {"-" * 30}\n'
+                              '[worker 0@hostA] a task line, not a banner\n'
                               '[mpirun] ssh: connect to host hostC port 22: Connection refused\n')
     assert [(p.label, p.state, p.code) for p in job.procs] == [
         ('scheduler@hostA', 'starting', None), ('server 0@hostB', 'stopped', 143),
         ('worker 0@hostA', 'starting', None), ('worker 1@hostB', 'failed', 9)]
     assert job.failure.label == 'worker 1@hostB'
-    assert sum(who == 'mpirun' for who, _ in job.log) == 15 - 2     # all but the tasks'
+    assert sum(who == 'mpirun' for who, _ in job.log) == 17 - 4     # all but the tasks'
 
 
 @pytest.mark.parametrize('args,says', [
