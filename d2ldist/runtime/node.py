@@ -101,16 +101,17 @@ class Node:
 
     def start(self, timeout=60.0):
         """Register with the scheduler and wait for the address book."""
+        report_in_one_line()             # from here on, a StartError is one line
         me = shm.identity()
         self.van.send('scheduler', protocol.REGISTER, {'role': self.role, 'rank': self.rank,
                                                        'address': self.van.address,
                                                        'host_id': me})
         msg = self.recv([protocol.ADDRESS_BOOK, protocol.ERROR], timeout=timeout)
-        if msg is None:
-            raise TimeoutError(f'{self.id}: no answer from the scheduler at '
-                               f'{self.scheduler} after {timeout:g} s')
-        if msg.kind == protocol.ERROR:
-            raise RuntimeError(f'{self.id}: {msg["error"]}')
+        if msg is None:                  # (both end the process in one line: ONE_LINE)
+            raise started.StartError(f'{self.id}: no answer from the scheduler at '
+                                     f'{self.scheduler} after {timeout:g} s')
+        if msg.kind == protocol.ERROR:   # e.g. a worker started again too late to join
+            raise started.StartError(f'{self.id}: {msg["error"]}')
         self.van.node_id = msg['you']
         self.rank = int(msg['you'].split(':')[1])
         if isinstance(msg.get('members'), list) and isinstance(msg.get('round'), int):
@@ -124,7 +125,6 @@ class Node:
         threading.Thread(target=self._heartbeat, daemon=True,
                          name='d2ldist-heartbeat').start()
         atexit.register(self.stop)
-        report_in_one_line()
         faults.arm()                 # d2l-launch --fail ROLE:RANK@30s
         if config.get().timeline:
             self.sync_clock()
