@@ -35,8 +35,7 @@ import sys
 
 from .. import config
 from .processes import cores, free_port, job_specs, share_cores
-from .ssh import (SYNC_EXCLUDES, HostError, Ssh, forwarded_env, host_variables,
-                  placement_table, preflight, read_hosts, remote_pythonpath, sync)
+from .ssh import HostError, checked_hosts, forwarded_env, placement_table, read_hosts
 from .step import StepJob, task_argv
 
 LABEL = re.compile(r'(\d+): (.*)')                  # the task side's mark, as srun's
@@ -150,25 +149,12 @@ def prepare(args, secret, out=None, notices=True, **job_options):
         addresses, ports = {'localhost': '127.0.0.1'}, {'localhost': free_port()}
         host_env, host_cores = {}, {'localhost': cores()}
     else:
-        ssh = Ssh(args.ssh_config, args.connect_timeout)
-        cwd = os.getcwd()
-        workdir = args.sync_dst_dir or cwd
-        pythonpath = remote_pythonpath(os.environ.get('PYTHONPATH'), cwd, workdir)
-        answers = preflight(hosts, ssh, python, workdir, pythonpath, args.interface,
-                            syncing=bool(args.sync_dst_dir))
-        if args.sync_dst_dir:
-            sync(hosts, ssh, args.sync_dst_dir, cwd,
-                 () if args.sync_all else SYNC_EXCLUDES)
-        labels = [h.label for h in hosts]
-        slots = [h.slots or 1 for h in hosts] if any(h.slots for h in hosts) else None
-        addresses = {label: answers[label][0] for label in labels}
-        ports = {label: answers[label][1] for label in labels}
-        host_env = {label: host_variables(*answers[label][:3], args.interface)
-                    for label in labels}
-        host_cores = {label: answers[label][3] for label in labels}
+        at = checked_hosts(hosts, args, python)
+        labels, slots, workdir, addresses, ports, host_env, host_cores = (
+            at.labels, at.slots, at.workdir, at.addresses, at.ports, at.host_env, at.cores)
         extra_env.update(forwarded_env())
-        if pythonpath:
-            extra_env['PYTHONPATH'] = pythonpath
+        if at.pythonpath:
+            extra_env['PYTHONPATH'] = at.pythonpath
     port = args.port or ports[labels[0]]       # the scheduler's; torch's elsewhere
     specs = job_specs(args.num_workers, args.num_servers, args.command, secret,
                       hosts=labels, slots=slots, addresses=addresses,

@@ -35,6 +35,7 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from .. import config
 from .job import Job
@@ -384,44 +385,53 @@ def placement_table(specs):
                      for r in rows)
 
 
+def checked_hosts(hosts, args, python):
+    """Preflight every host (and sync the directory with --sync-dst-dir); what the
+    launchers that reach hosts over ssh need of them (ssh, and mpi through mpirun)."""
+    ssh = Ssh(args.ssh_config, args.connect_timeout)
+    cwd = os.getcwd()
+    workdir = args.sync_dst_dir or cwd
+    pythonpath = remote_pythonpath(os.environ.get('PYTHONPATH'), cwd, workdir)
+    answers = preflight(hosts, ssh, python, workdir, pythonpath, args.interface,
+                        syncing=bool(args.sync_dst_dir))
+    if args.sync_dst_dir:
+        sync(hosts, ssh, args.sync_dst_dir, cwd, () if args.sync_all else SYNC_EXCLUDES)
+    labels = [h.label for h in hosts]
+    return SimpleNamespace(
+        hosts=hosts, ssh=ssh, workdir=workdir, pythonpath=pythonpath, labels=labels,
+        answers=answers,
+        slots=[h.slots or 1 for h in hosts] if any(h.slots for h in hosts) else None,
+        addresses={label: answers[label][0] for label in labels},
+        ports={label: answers[label][1] for label in labels},
+        host_env={label: host_variables(*answers[label][:3], args.interface)
+                  for label in labels},
+        cores={label: answers[label][3] for label in labels})
+
+
 def prepare(args, secret, out=None, notices=True, **job_options):
     """The job of the parsed ``args`` with ``--launcher ssh``, after preflight and sync.
 
     ``notices``: say what was set for the user (cli.make_job); ``job_options`` go to
     the Job (``on_line``, ``on_state``: see job.py)."""
     out = out or sys.stdout
-    hosts = read_hosts(args.hostfile)
-    ssh = Ssh(args.ssh_config, args.connect_timeout)
     python = args.python or sys.executable
-    cwd = os.getcwd()
-    workdir = args.sync_dst_dir or cwd
-    pythonpath = remote_pythonpath(os.environ.get('PYTHONPATH'), cwd,
-                                   workdir if args.sync_dst_dir else cwd)
-    answers = preflight(hosts, ssh, python, workdir, pythonpath, args.interface,
-                        syncing=bool(args.sync_dst_dir))
-    if args.sync_dst_dir:
-        sync(hosts, ssh, args.sync_dst_dir, cwd, () if args.sync_all else SYNC_EXCLUDES)
+    at = checked_hosts(read_hosts(args.hostfile), args, python)
     job_id = uuid.uuid4().hex
-    labels = [h.label for h in hosts]
-    slots = [h.slots or 1 for h in hosts] if any(h.slots for h in hosts) else None
-    host_env = {label: host_variables(*answers[label][:3], args.interface) for label in labels}
     specs = job_specs(args.num_workers, args.num_servers, args.command, secret,
-                      hosts=labels, slots=slots,
-                      addresses={label: answers[label][0] for label in labels},
-                      free_ports={label: answers[label][1] for label in labels},
-                      host_env=host_env, python=python, remote=True,
+                      hosts=at.labels, slots=at.slots, addresses=at.addresses,
+                      free_ports=at.ports, host_env=at.host_env, python=python, remote=True,
                       extra_env={**forwarded_env(), **args.env, **config.env(job_id=job_id)},
                       process_env=args.process_env)
     if args.port:
         specs[0].env.update(config.env(scheduler_port=args.port))
-    notice = share_cores(specs, {label: answers[label][3] for label in labels})
+    notice = share_cores(specs, at.cores)
     if notice and notices:
         out.write(notice + '\n')
-    rule = 'workers by slots' if slots else 'servers and workers round-robin'
+    rule = 'workers by slots' if at.slots else 'servers and workers round-robin'
     out.write(f'd2l-launch: placement (scheduler on the first host, {rule}):\n'
               f'{placement_table(specs)}\n')
     out.flush()
-    return SshJob(specs, hosts, ssh, python, workdir, pythonpath, job_id,
+    return SshJob(specs, at.hosts, at.ssh, python, at.workdir, at.pythonpath, job_id,
                   timeout=args.timeout, max_restarts=args.max_restarts, out=out,
                   min_workers=args.min_workers, max_workers=args.max_workers,
                   **job_options)
