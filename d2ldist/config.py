@@ -261,8 +261,9 @@ class Config:
         0, _whole, "which attempt of the job this is: 0 the first, then 1, 2, ... "
         '(d2l-launch `--max-restarts`; `--fail` and `--slow` act in attempt 0 only)', job=True)
     min_workers: int | None = _setting(
-        None, _positive_whole, "set: elastic workers on the ring: the scheduler re-forms it "
-        'without a lost worker while at least this many remain (`--min-workers`)')
+        None, _positive_whole, 'set: elastic workers: the scheduler re-forms the ring '
+        'without a lost worker, or tells the servers whom their rounds wait for, while at '
+        'least this many remain (`--min-workers`)')
     checkpoint_dir: str | None = _setting(
         None, _text, "a folder every worker can read, for the job's checkpoints; set: "
         "`d2ldist.train` saves them and resumes from the newest (`--checkpoint-dir`)")

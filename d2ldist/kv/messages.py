@@ -41,6 +41,7 @@ ACK = 'kv_ack'              # server -> worker: done (and maybe a few header fie
 VALUES = 'kv_values'        # server -> worker: parts + frames: the values asked for
 ERROR = 'kv_error'          # server -> worker: {error}: the request was refused
 LINK = 'kv_link'            # worker -> server: {offer}: send your VALUES on this stream
+HELLO = 'kv_hello'          # worker -> server: {address, host_id}: I join a running job
 REQUESTS = (INIT, PUSH, PULL, OPTIMIZER, LEARNING_RATE, INFO, GET_STATE, SET_STATE,
             PUSH_ROWS, PULL_ROWS)
 ANSWERS = (ACK, VALUES, ERROR)

@@ -8,6 +8,15 @@ every pull that waited for that round. Keys initialised with ``optimizer=False``
 Trainer's BatchNorm statistics) are never given to the optimizer. In **async** mode (dist_async) each push is
 applied the moment it arrives: nobody waits for anybody.
 
+Elastic workers (``d2l-launch --min-workers``): the scheduler tells the servers which
+workers are left (``WORKERS``) whenever one is lost, joins or finishes, and a sync round
+then waits for those only. Which pushes count: every push that has **arrived** is in the
+round's sum, and counts once (a worker's second push waits for the next round). So the
+round open when a worker dies counts its push if it came before the death, and closes
+without it if not; the rounds after count the workers left. A worker that joins says
+where it listens (``HELLO``), pulls the current values, and its pushes join the round
+open when they arrive.
+
 One thread does everything, so each key changes atomically; the van receives the next
 messages in its own I/O thread while we add tensors up.
 """
@@ -98,6 +107,8 @@ class KVServer:
         self.nth = {}          # n -> (first worker, its keys, workers seen): sync push n
         self.links = {}        # worker -> the stream its VALUES go on (M.LINK)
         self.closed = 0        # sync rounds closed on the first key held (--fail step=N)
+        self.workers = set(node.peers('worker'))   # whom a sync round waits for
+        self.numbered = set(self.workers)          # whose push numbers agree() compares
 
     def serve(self):
         """Answer requests until the scheduler says the job is over."""
@@ -110,6 +121,12 @@ class KVServer:
                 continue
             if msg.kind == M.LINK:                     # a worker offers a stream
                 self.link(msg)
+                continue
+            if msg.kind == protocol.WORKERS and msg.sender == 'scheduler':
+                self.workers_changed(msg.get('workers'))
+                continue
+            if msg.kind == M.HELLO:                    # a worker joins the running job
+                self.hello(msg)
                 continue
             if msg.kind not in M.REQUESTS:
                 continue
@@ -182,8 +199,13 @@ class KVServer:
     def pushed(self, key, r, worker):
         """Count the worker's push in the round; when all have pushed, update, True."""
         r.pushed.add(worker)
-        if len(r.pushed) < self.node.num_workers:
+        if not self.workers <= r.pushed:
             return False
+        self.close(key, r)
+        return True
+
+    def close(self, key, r):
+        """Every worker has pushed into the key's round: update the key once."""
         if r.touched is None:
             self.update(key, r.sum)
         else:                                        # only rows: update only them
@@ -193,7 +215,6 @@ class KVServer:
         if key == next(iter(self.store)):
             self.closed += 1
             faults.served(self.closed)               # d2l-launch --fail server:R@step=N
-        return True
 
     def update(self, key, grad, positions=None, accumulate=False):
         """Update the key from a sum of pushes (``apply_update``), on a copy of its value
@@ -239,7 +260,7 @@ class KVServer:
         must carry the same keys. If not, the rounds can never close: fail every worker
         waiting here, naming both sides, instead of hanging."""
         n, keys = msg.get('n'), [p.key for p in parts]
-        if not isinstance(n, int):
+        if not isinstance(n, int) or msg.sender not in self.numbered:   # (one that joined)
             return
         first, firsts_keys, seen = self.nth.setdefault(n, (msg.sender, keys, set()))
         seen.add(msg.sender)
@@ -253,8 +274,37 @@ class KVServer:
                 self.node.send(worker, M.ERROR, {'id': rid, 'error': error, 'disagree': True})
             self.waiting.clear()
             raise Answered()
-        if len(seen) == self.node.num_workers:
+        if seen >= self.numbered:
             del self.nth[n]
+
+    # -- elastic workers: lost, joined, finished ----------------------------------------------
+    def workers_changed(self, workers):
+        """The workers left are ``workers``: close the rounds that now have every push
+        they wait for, and forget the requests of the workers gone."""
+        if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers):
+            return
+        self.workers, self.numbered = set(workers), self.numbered & set(workers)
+        for gone in set(self.deferred) - self.workers:
+            self.deferred.pop(gone)
+        self.waiting = [w for w in self.waiting if w[0] in self.workers]
+        self.nth = {n: entry for n, entry in self.nth.items() if not entry[2] >= self.numbered}
+        closed = [key for key, r in self.rounds.items() if self.workers <= r.pushed]
+        for key in closed:
+            self.close(key, self.rounds[key])
+        self.round_closed(closed)
+        self.retry_deferred()
+
+    def hello(self, msg):
+        """A worker joins the running job (a lost one started again, say): answer it at
+        its new address, on a new stream if it offers one."""
+        worker, address, host = msg.sender, msg.get('address'), msg.get('host_id')
+        if not isinstance(address, str) or not worker.startswith('worker:'):
+            return
+        self.node.meet([worker, address, host if isinstance(host, str) else None])
+        self.links.pop(worker, None)
+        self.deferred.pop(worker, None)
+        self.waiting = [w for w in self.waiting if w[0] != worker]
+        self.ack(msg)
 
     def who(self, msg):
         """Answer a worker that has waited long: who has not pushed into the rounds
@@ -271,7 +321,7 @@ class KVServer:
                          if msg.sender in getattr(self.rounds.get(k), 'pushed', ())}
         missing = {}
         for key in sorted(keys, key=str):
-            for w in self.node.peers('worker'):
+            for w in sorted(self.workers, key=lambda w: int(w.split(':')[1])):
                 if w not in getattr(self.rounds.get(key), 'pushed', {w}):
                     missing.setdefault(w, []).append(key)
         self.node.send(msg.sender, protocol.WHO_ANSWER, {'id': msg.get('id'), 'missing': [

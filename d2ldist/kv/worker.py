@@ -7,6 +7,12 @@
 ``local`` keeps everything in this process (several devices of one machine);
 ``dist_sync`` / ``dist_async`` talk to the servers of the job; ``dist_sync_device``
 is dist_sync that sums a worker's own device copies on the device, not on the CPU.
+
+With elastic workers (``d2l-launch --min-workers``) a worker lost, joined or finished
+changes nothing here: the servers count the pushes of the workers left (server.py). A
+worker that joins a running job (``kv.is_recovery``, ps-lite's name) finds the keys
+on the servers: its ``init`` and ``set_optimizer`` send nothing and wait for nobody, and
+its first pull brings the current values.
 """
 import itertools
 import numbers
@@ -15,7 +21,8 @@ import warnings
 
 import torch
 
-from ..runtime import compression, hang, spans, staging, stream
+from ..runtime import compression, hang, shm, spans, staging, stream
+from ..runtime.node import WorkersChanged
 from . import messages as M
 from .optimizers import Updater, torch_names
 from .placement import place, row_positions
@@ -62,7 +69,7 @@ class KVStore:
         self._codec = None       # gradient compression (runtime/compression.py), if any
         self.gradient_compression = None
 
-    rank, num_workers = 0, 1
+    rank, num_workers, is_recovery = 0, 1, False
 
     # -- the API -------------------------------------------------------------------------
     def init(self, key, value, optimizer=True):
@@ -377,8 +384,12 @@ class DistKVStore(KVStore):
             raise RuntimeError(f"kvstore '{kind}' needs servers: start the job with "
                                f'd2l-launch -s 1 (or more)')
         self.rank, self.num_workers = node.rank, node.num_workers
+        self.is_recovery = node.is_recovery     # joined a running job (elastic)
         self._sync = kind != 'dist_async'
         self._pushes = {}        # server -> sync pushes sent to it (it checks they agree)
+        if self.is_recovery:     # the servers knew a worker of this rank elsewhere
+            self._ask([(s, M.HELLO, {'address': node.van.address, 'host_id': shm.identity()},
+                        []) for s in node.peers('server')], what='hello')
         self._offer_streams()
 
     def _offer_streams(self):
@@ -396,6 +407,8 @@ class DistKVStore(KVStore):
     def _set_optimizer(self, name, hyper):
         """Let the servers update the weights with this optimizer (chosen by name)."""
         Updater(name, **hyper)                  # bad names fail here, on every worker
+        if self.is_recovery:                    # the servers have it, and its states
+            return
         if self.rank == 0:
             self._ask([(s, M.OPTIMIZER, {'name': name, 'hyper': hyper}, [])
                        for s in self._node.peers('server')])
@@ -414,11 +427,17 @@ class DistKVStore(KVStore):
             self._ask([(s, M.LEARNING_RATE, {'lr': lr}, []) for s in self._node.peers('server')])
 
     def barrier(self, what='barrier()'):
-        """Wait until every worker has reached this point."""
-        self._node.barrier('worker', what)
+        """Wait until every worker has reached this point (elastic: every worker left)."""
+        while True:
+            try:
+                return self._node.barrier('worker', what)
+            except WorkersChanged:     # the scheduler forgot the barrier: enter it again
+                continue
 
     # -- requests, one message per server ----------------------------------------------------
     def _init(self, keys, values, optimizer):
+        if self.is_recovery:          # the keys are on the servers (MXNet: no barrier)
+            return
         if self.rank == 0:
             self._ask(self._messages(M.INIT, keys, values, optimizer=optimizer))
         self.barrier(f'kv.init({_keys(keys)})')
@@ -556,7 +575,10 @@ class DistKVStore(KVStore):
                              f'{", ".join(s.replace(":", " ") for s in servers)}',
                              [(s, {'request': rid}) for rid, s in waiting.items()],
                              span='wait for servers')
-            msg = self._node.recv([M.ACK, M.VALUES, M.ERROR, stream.READ], wait=wait)
+            try:
+                msg = self._node.recv([M.ACK, M.VALUES, M.ERROR, stream.READ], wait=wait)
+            except WorkersChanged:      # elastic: the servers count the workers left
+                continue
             if msg.kind == stream.READ:                 # an answer's values are in place
                 if reading.get(msg.sender):
                     waiting.pop(reading[msg.sender].pop(0), None)
@@ -613,7 +635,10 @@ class DistKVStore(KVStore):
     def set_optimizer_states(self, data):
         """Send states back to the servers, cut by today's placement (so a job with
         another number of servers takes them too). Every worker calls it; rank 0 sends
-        its ``data`` (the others may pass None), and all wait until the servers have them."""
+        its ``data`` (the others may pass None), and all wait until the servers have them.
+        A worker that joins a running job sends nothing: the servers' states are newer."""
+        if self.is_recovery:
+            return
         if self.rank == 0:
             msgs = {}
             for key, state in data['states'].items():

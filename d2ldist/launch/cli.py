@@ -96,8 +96,9 @@ def build_parser(prog='d2l-launch'):
                    'up to K times (default: 0); --fail and --slow act in the first '
                    'attempt only')
     p.add_argument('--min-workers', '--min-np', type=int, default=None, metavar='A',
-                   help='elastic workers on the ring (-s 0): a lost worker does not stop '
-                   'the job while at least A workers remain; the ring re-forms without it')
+                   help='elastic workers: a lost worker does not stop the job while at '
+                   'least A workers remain; the ring re-forms without it (-s 0), or the '
+                   "servers' sync rounds count the workers left (-s 1 or more)")
     p.add_argument('--max-workers', '--max-np', type=int, default=None, metavar='B',
                    help='with --min-workers: a lost worker is started again, once, and '
                    'joins the job, while fewer than B run (B at least -n)')
@@ -328,9 +329,10 @@ def _elastic_env(args):
         raise UsageError(f'--min-workers must be between 1 and -n ({n}), got {low}')
     if high is not None and high < n:
         raise UsageError(f'--max-workers must be at least -n ({n}), got {high}')
-    if args.num_servers or args.env.get(config.variable('backend')) == 'torch':
-        raise UsageError('--min-workers needs -s 0 and the ring backend: elastic workers '
-                         'are on the ring only')
+    if args.env.get(config.variable('backend')) == 'torch':
+        raise UsageError('--min-workers needs the ring backend or servers (-s): '
+                         'torch.distributed cannot change its workers (use torchrun '
+                         '--nnodes MIN:MAX)')
     return config.env(min_workers=low)
 
 

@@ -81,6 +81,7 @@ class Node:
         self._count_lock = threading.Lock()   # thread-safe: stop() must not join them)
         self.members = None       # the live workers in rank order, after a membership change
         self.round = 0            # which membership (elastic: the scheduler's MEMBERS)
+        self.is_recovery = False  # joined a job already running (ps-lite's name)
 
     @classmethod
     def from_env(cls, role=None):
@@ -116,6 +117,7 @@ class Node:
         self.rank = int(msg['you'].split(':')[1])
         if isinstance(msg.get('members'), list) and isinstance(msg.get('round'), int):
             self.members, self.round = [str(w) for w in msg['members']], msg['round']  # joins
+            self.is_recovery = True
         self.book, identities = dict(msg['nodes']), dict(msg.get('host_ids') or {})
         for peer, address in self.book.items():
             if peer != self.id:
@@ -265,14 +267,19 @@ class Node:
         self.members, self.round = [str(w) for w in workers], rnd
         self._barriers = {g: n for g, n in self._barriers.items() if g == 'server'}
         lost, joined, reason = msg.get('lost'), msg.get('joined'), msg.get('reason')
-        if isinstance(joined, list) and len(joined) == 3 and joined[0] in workers:
-            peer, address, host = (str(j) for j in joined)   # a worker joins: its address
-            self.book[peer] = address
-            self.van.connect(peer, address, same_host=host == shm.identity()
-                             and shm.same_host(self.van.address, address))
+        if isinstance(joined, list) and joined[:1] and joined[0] in workers:
+            self.meet(joined)
         said = reason if joined else f'{str(lost).replace(":", " ")} was lost ({reason})'
         raise WorkersChanged(f'{said}; {len(workers)} workers go on (round {rnd})',
                              lost if isinstance(lost, str) else None, rnd)
+
+    def meet(self, joined):
+        """A worker joins the job (elastic): [its id, its address, its host's identity]."""
+        if isinstance(joined, list) and len(joined) == 3:
+            peer, address, host = (str(j) for j in joined)
+            self.book[peer] = address
+            self.van.connect(peer, address, same_host=host == shm.identity()
+                             and shm.same_host(self.van.address, address))
 
     def put_back(self, msg):
         """Return a message just received: the next recv of its kind gets it first."""

@@ -20,4 +20,5 @@ CLOCK = 'clock'                # node -> scheduler: {id}; the answer: {id, time}
 JOIN = 'join'                  # worker -> scheduler: {calls}: it called hvd.join() (out of data)
 JOIN_NOTED = 'join_noted'      # scheduler -> worker: its join is counted (now tell the others)
 JOIN_DONE = 'join_done'        # scheduler -> workers: {last, calls} (all have joined) or {error}
-MEMBERS = 'members'            # scheduler -> nodes: {round, workers, lost, reason} (elastic)
+MEMBERS = 'members'            # scheduler -> workers: {round, workers, lost, reason} (elastic)
+WORKERS = 'workers'            # scheduler -> servers: {workers}: whom sync rounds wait for (elastic)

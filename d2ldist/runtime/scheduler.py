@@ -11,7 +11,7 @@ It does four things and nothing else (and tells the time, for the timeline):
    can ask who is missing (``hang.py``);
 4. the end: when every worker has said goodbye, the servers are told to shut down;
 5. elastic workers (``--min-workers``): a lost worker is left out of a new membership
-   (``reform``), while enough remain.
+   (``reform``), while enough remain; the servers learn whom their rounds wait for.
 
 Run as ``python -m d2ldist.runtime.scheduler`` by the launcher; the environment says the job's
 shape (see ARCHITECTURE.md). It prints ``d2ldist: scheduler ready at <address>`` once
@@ -92,6 +92,10 @@ class Scheduler:
             self.finished.add(msg.sender)
             self.end_join()
             self.van.send(msg.sender, protocol.FAREWELL)
+            if msg.sender.startswith('worker:') and self.min_workers is not None:
+                self.tell_servers()        # elastic: rounds and barriers no longer
+                for group, n in list(self.barriers):     # wait for it
+                    self.release(group, n)
             if self.book_sent and set(self.members('worker')) <= self.finished:
                 for server in self.members('server'):
                     self.van.send(server, protocol.SHUTDOWN)
@@ -144,8 +148,16 @@ class Scheduler:
             print(f'd2ldist: {error}', flush=True)
             for member in self.members(group):
                 self.van.send(member, protocol.BARRIER_DISAGREE, {'error': error})
-        elif set(arrived) | set(self.joined) >= set(self.members(group)):
-            for member in self.members(group):
+        else:
+            self.release(group, n)
+
+    def release(self, group, n):
+        """Let barrier n of ``group`` go if everybody it waits for has arrived."""
+        waits_for = self.members(group)
+        if self.min_workers is not None:       # elastic: not for a worker that finished
+            waits_for = [m for m in waits_for if m not in self.finished]
+        if set(self.barriers[(group, n)]) | set(self.joined) >= set(waits_for):
+            for member in waits_for:
                 self.van.send(member, protocol.BARRIER_DONE, {'group': group, 'n': n,
                                                               'round': self.round})
             del self.barriers[(group, n)]
@@ -239,7 +251,9 @@ class Scheduler:
     # that come late are dropped. Barriers half entered are forgotten: every survivor
     # left its own, and counts the barriers of the new round from 1. Fewer than
     # --min-workers left, or a server lost: the job fails. A worker started again joins
-    # the same way (admit): it gets the book, the others its address.
+    # the same way (admit): it gets the book, the others its address. The servers hear
+    # of every change of the workers left, a finished one too (tell_servers): a sync
+    # round waits for those only (kv/server.py).
     def reform(self, node, reason):
         """Form a membership without the lost worker ``node``; False where the job fails."""
         left = [w for w in self.live_workers() if w != node]
@@ -250,12 +264,27 @@ class Scheduler:
         self.finished.add(node)
         self.failed.add(node)
         workers = self.next_round()
-        print(f'd2ldist: {node.replace(":", " ")} failed: {reason}; the ring re-forms '
-              f'with {len(workers)} workers (round {self.round})', flush=True)
+        print(f'd2ldist: {node.replace(":", " ")} failed: {reason}; {self.going_on(workers)}',
+              flush=True)
         for other in workers:
             self.van.send(other, protocol.MEMBERS, {
                 'round': self.round, 'workers': workers, 'lost': node, 'reason': reason})
+        self.tell_servers()
         return True
+
+    def going_on(self, workers):
+        """How the job goes on with ``workers``, in words."""
+        if self.num_servers:
+            return f"the servers' rounds count {len(workers)} workers (round {self.round})"
+        return f'the ring re-forms with {len(workers)} workers (round {self.round})'
+
+    def tell_servers(self):
+        """Elastic: tell the servers which workers are left, so that a sync round
+        waits for those only (a worker lost, joined or done; one that joins tells
+        them where it listens itself: kv HELLO)."""
+        if self.min_workers is not None and self.book_sent:
+            for server in self.members('server'):
+                self.van.send(server, protocol.WORKERS, {'workers': self.live_workers()})
 
     def live_workers(self):
         """The workers of the membership that have not finished, in rank order."""
@@ -289,8 +318,7 @@ class Scheduler:
         self.last_seen[node] = time.monotonic()
         workers = self.next_round()
         reason = f'{node.replace(":", " ")} {"was started again" if replaced else "joins"}'
-        print(f'd2ldist: {reason}; the ring re-forms with {len(workers)} workers '
-              f'(round {self.round})', flush=True)
+        print(f'd2ldist: {reason}; {self.going_on(workers)}', flush=True)
         self.van.send(node, protocol.ADDRESS_BOOK, {
             'nodes': self.nodes, 'host_ids': self.host_ids, 'you': node,
             'members': workers, 'round': self.round})
@@ -299,6 +327,7 @@ class Scheduler:
                 self.van.send(other, protocol.MEMBERS, {
                     'round': self.round, 'workers': workers, 'reason': reason,
                     'lost': node if replaced else None, 'joined': [node, address, host_id]})
+        self.tell_servers()
 
     def fail(self, node, reason):
         """Tell every other node that ``node`` is gone, so that nobody waits for it."""

@@ -1,6 +1,8 @@
-"""Elastic workers on the ring (hvd.elastic, d2l-launch --min-workers) in real jobs: a
+"""Elastic workers (d2l-launch --min-workers) in real jobs. On the ring (hvd.elastic): a
 worker killed at step 40 of 100, the survivors re-form the ring and finish with the
-weights a replay of the same membership change in one process gives (elastic_job.py)."""
+weights a replay of the same membership change in one process gives (elastic_job.py).
+On the parameter server: the servers' rounds count the workers left, each push once,
+and a worker started again trains from the current values (kv_elastic_job.py)."""
 import json
 import re
 import sys
@@ -12,6 +14,7 @@ from conftest import ROOT, run_launch, wait_no_survivors
 from elastic_job import BATCH, LOCAL, STEPS, replay, replay_sampler
 
 JOB = ROOT / 'tests' / 'jobs' / 'elastic_job.py'
+KV_JOB = ROOT / 'tests' / 'jobs' / 'kv_elastic_job.py'
 KILL = ['--fail', 'worker:1@step=40']
 
 
@@ -135,3 +138,68 @@ def test_a_lost_worker_started_again_joins_and_trains_from_the_current_weights(t
     first, again = (tmp_path / 'worker-1.log').read_text(), (tmp_path / 'worker-1.again.log')
     assert 'fails on purpose' in first and f'enters at batch {last} as rank 1' in again.read_text()
     assert wait_no_survivors(r.tag) == []
+
+
+# -- the parameter server ---------------------------------------------------------------------
+def kv_job(*options, env=()):
+    """kv_elastic_job.py on 3 workers and 2 servers, worker 1 killed after step 40."""
+    r = run_launch('-n', 3, '-s', 2, '--min-workers', 2, *options, *KILL,
+                   '--env', 'D2L_KVSTORE_BIGARRAY_BOUND=1000', *env, '--timeout', 150,
+                   sys.executable, KV_JOB, timeout=200)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert ('d2l-launch: worker 1 failed (killed by SIGKILL (exit code 137)); 2 workers go '
+            'on (--min-workers 2)') in out
+    values = finals(out, 'values')
+    final = {int(w): int(v) for w, v in re.findall(r'^\[worker \d\] worker (\d) final (\d+)$',
+                                                   out, re.M)}
+    assert sorted(values) == sorted(final) == [0, 2], out[-4000:]
+    assert wait_no_survivors(r.tag) == []
+    return out, values, final
+
+
+def counted(value):
+    """The pushes a value counts, per rank: 39039039 -> [39, 39, 39] (kv_elastic_job.py)."""
+    return [value // 1000 ** r % 1000 for r in range(3)]
+
+
+def rounds(values):
+    """What each sync round added: the pushes it counted, per rank."""
+    return [counted(b - a) for a, b in zip([0] + values, values)]
+
+
+def test_a_lost_worker_leaves_the_sync_rounds_to_the_workers_left_each_push_counted_once():
+    out, values, final = kv_job()
+    assert re.search(r"^\[scheduler\] d2ldist: worker 1 failed: no heartbeat for 5 s; the "
+                     r"servers' rounds count 2 workers \(round 1\)$", out, re.M), out[-4000:]
+    assert values[0] == values[2] and len(values[0]) == 100
+    # rounds 1-39 counted all three, the round open at the kill and the later ones two
+    assert rounds(values[0]) == [[1, 1, 1]] * 39 + [[1, 0, 1]] * 61
+    assert final == {0: 100_039_100, 2: 100_039_100}
+
+
+def test_a_lost_worker_never_stops_dist_async_and_each_push_is_added_once():
+    out, values, final = kv_job(env=['--env', 'KV=dist_async'])
+    assert final == {0: 100_039_100, 2: 100_039_100}    # 100, 39 and 100 pushes
+    for w in (0, 2):                   # each value came after the worker's own push
+        assert [counted(v)[w] for v in values[w]] == list(range(1, 101))
+        assert max(counted(v)[1] for v in values[w]) == 39
+
+
+def test_a_lost_worker_started_again_pulls_the_current_values_and_joins_the_rounds():
+    """--max-workers 3: worker 1 starts again and joins, in its own place (before its
+    loss was noticed) or after the two went on for a while: either way it pulls the
+    values of the last round that closed, its 20 pushes each count once, in 20 rounds."""
+    out, values, final = kv_job('--max-workers', 3, env=['--env', 'JOIN=1'])
+    assert 'd2l-launch: starting worker 1 again, to join the job (--max-workers 3)' in out
+    assert re.search(r"^\[scheduler\] d2ldist: worker 1 (was started again|joins); the "
+                     r"servers' rounds count 3 workers \(round \d\)$", out, re.M), out[-4000:]
+    assert values[0] == values[2]
+    added = rounds(values[0])
+    assert added[:39] == [[1, 1, 1]] * 39
+    assert all(a in ([1, 0, 1], [1, 1, 1]) for a in added[39:])
+    assert sum(a[1] for a in added[39:]) == 20
+    joined_at = int(re.search(r'^\[worker 1\] worker 1 joins at (\d+)$', out, re.M)[1])
+    assert joined_at in values[0][38:] and counted(joined_at)[1] == 39
+    n = len(values[0])
+    assert final == {0: n * 1_000_001 + 59_000, 2: n * 1_000_001 + 59_000}

@@ -24,10 +24,9 @@ def parse(*options, servers=0):
     (['--min-workers', 0], 0, '--min-workers must be between 1 and -n (3), got 0'),
     (['--min-workers', 2, '--max-workers', 2], 0, '--max-workers must be at least -n (3), got 2'),
     (['--max-workers', 5], 0, '--max-workers needs --min-workers A'),
-    (['--min-workers', 2], 1, '--min-workers needs -s 0 and the ring backend: elastic '
-                              'workers are on the ring only'),
-    (['--min-workers', 2, '--env', 'D2L_BACKEND=torch'], 0, '--min-workers needs -s 0 and '
-     'the ring backend: elastic workers are on the ring only'),
+    (['--min-workers', 2, '--env', 'D2L_BACKEND=torch'], 0, '--min-workers needs the ring '
+     'backend or servers (-s): torch.distributed cannot change its workers (use torchrun '
+     '--nnodes MIN:MAX)'),
     (['--min-np', 'two'], 0, "argument --min-workers/--min-np: invalid int value: 'two'"),
 ])
 def test_bad_elastic_options_are_one_line_errors(options, servers, error):
@@ -41,6 +40,7 @@ def test_min_workers_and_its_horovod_alias_reach_every_process():
         args = parse(option, 2, '--max-np', 4)
         assert (args.min_workers, args.max_workers, args.env['D2L_MIN_WORKERS']) == (2, 4, '2')
     assert 'D2L_MIN_WORKERS' not in parse().env
+    assert parse('--min-workers', 2, servers=2).env['D2L_MIN_WORKERS'] == '2'   # the servers'
 
 
 # -- the scheduler's new membership -------------------------------------------------------
@@ -317,3 +317,81 @@ def test_a_broken_stream_to_the_right_waits_for_the_schedulers_word(monkeypatch)
     ring._out, ring._sent = None, [SimpleNamespace(wait=lambda: waited.append(1))]   # ZeroMQ
     ring._end()
     assert waited == [1] and ring._sent == []
+
+
+# -- the parameter server counts the workers left (dist_sync) ---------------------------------
+class ServerNode(SimpleNamespace):
+    """A server's node: recv() hands out the given messages, then the end of the job."""
+
+    def peers(self, role):
+        return [f'{role}:{r}' for r in range(3)]
+
+    def recv(self, kinds=None):
+        return self.queue.pop(0) if self.queue else message(protocol.SHUTDOWN, 'scheduler')
+
+    def send(self, peer, kind, header=None, frames=(), track=False):
+        self.sent.append((peer, kind, header, [bytes(f) for f in frames]))
+        return []
+
+    def meet(self, joined):
+        self.met.append(joined)
+
+
+def push(worker, n):
+    """Worker r pushes 1000**r to 'x' and asks for the round's value: a value's digits
+    in base 1000 say whose pushes the round counted (a 2 would be one counted twice)."""
+    from d2ldist.runtime.van import Message
+    r = int(worker.split(':')[1])
+    value = torch.tensor([1000.0 ** r], dtype=torch.float64)
+    return Message('kv_push', worker, {'id': n, 'n': n, 'sync': True, 'pull': True,
+                                       'parts': [['x', 'float64', [1], 0, 1]]},
+                   [bytearray(value.numpy().tobytes())])
+
+
+def test_a_sync_round_counts_every_push_that_arrived_once_and_waits_for_the_workers_left():
+    from d2ldist.kv import messages as M
+    from d2ldist.kv.server import KVServer, Slot
+    left = lambda *ranks: message(protocol.WORKERS, 'scheduler',            # noqa: E731
+                                  workers=[f'worker:{r}' for r in ranks])
+    node = ServerNode(id='server:0', sent=[], met=[], queue=[
+        push('worker:0', 1), push('worker:1', 1), push('worker:2', 1),     # round 1: all
+        push('worker:0', 2), push('worker:1', 2),
+        left(0, 2),                                # worker 1 lost after its push 2 came
+        push('worker:2', 2),                       # round 2 closes: its push counts
+        push('worker:0', 3), push('worker:2', 3),  # round 3: the two left
+        message(M.HELLO, 'worker:1', id=9, address='tcp://new', host_id='h'),
+        left(0, 1, 2),                             # started again, it joins ...
+        push('worker:1', 1),                       # ... numbering its pushes from 1
+        push('worker:0', 4), push('worker:2', 4),  # round 4: the three
+        push('worker:0', 5), left(0, 2),           # worker 1 done: round 5 closes ...
+        push('worker:2', 5)])                      # ... when worker 2 pushes
+    server = KVServer(node)
+    server.store['x'] = Slot('float64', [1], 0, 1, torch.zeros(1, dtype=torch.float64))
+    server.serve()
+    values = {}
+    for peer, kind, header, frames in node.sent:
+        if kind == M.VALUES:
+            values.setdefault(peer, []).append(int(torch.frombuffer(
+                bytearray(frames[0]), dtype=torch.float64).item()))
+    assert [kind for _, kind, _, _ in node.sent if kind not in (M.VALUES,)] == [M.ACK]
+    assert node.met == [['worker:1', 'tcp://new', 'h']]
+    assert values == {'worker:0': [1001001, 1001001, 1000001, 1001001, 1000001],
+                      'worker:1': [1001001, 1001001],        # (its 2nd answer: round 4)
+                      'worker:2': [1001001, 1001001, 1000001, 1001001, 1000001]}
+    assert server.rounds == {} and server.waiting == [] and server.nth == {}
+
+
+def test_the_servers_hear_of_every_worker_lost_or_done_and_barriers_stop_waiting_for_them():
+    s = elastic_scheduler()
+    s.num_servers, s.nodes['server:0'] = 1, 'tcp://s0'
+    assert s.reform('worker:1', 'gone')
+    s.handle(message(protocol.BARRIER, 'worker:0', group='worker', n=1, what='b()', round=1))
+    s.handle(message(protocol.GOODBYE, 'worker:2'))      # done: the barrier waits no more
+    told = [(peer, h['workers']) for peer, kind, h in s.van.sent if kind == protocol.WORKERS]
+    assert told == [('server:0', ['worker:0', 'worker:2']), ('server:0', ['worker:0'])]
+    done = [(peer, h['n']) for peer, kind, h in s.van.sent if kind == protocol.BARRIER_DONE]
+    assert done == [('worker:0', 1)]
+    plain = elastic_scheduler(min_workers=None)          # not elastic: the servers count N
+    plain.num_servers, plain.nodes['server:0'] = 1, 'tcp://s0'
+    plain.handle(message(protocol.GOODBYE, 'worker:0'))
+    assert [kind for _, kind, _ in plain.van.sent] == [protocol.FAREWELL]

@@ -262,7 +262,7 @@ def test_a_server_copies_a_value_before_an_update_only_while_it_is_being_sent():
     first only if a send of it has not finished (it would change bytes on their way)."""
     from types import SimpleNamespace
     from d2ldist.kv.server import KVServer, Slot
-    server = KVServer(SimpleNamespace(num_workers=1, id='server:0'))
+    server = KVServer(SimpleNamespace(num_workers=1, id='server:0', peers=lambda role: [role + ':0']))
     server.store['w'] = Slot('float32', [2], 0, 2, torch.zeros(2))
     on_the_way = [True]
     server.lend(['w'], lambda: not on_the_way[0])
