@@ -4,8 +4,9 @@ The job's state lives here and in ``runtime/node.py`` (the node), both made from
 process's variables (``config.py``), nowhere else:
 
 * ``init(backend)`` joins the job and chooses the backend: 'ring', d2ldist's own ring
-  over the van (the default under d2l-launch), or 'torch', torch.distributed (the
-  default where torchrun, mpirun or srun started the processes: ``runtime/started.py``);
+  over the van (the default under d2l-launch; under another tool rank 0 hosts the
+  scheduler: ``runtime/hosted.py``), or 'torch', torch.distributed (the default where
+  torchrun, mpirun or srun started the processes: ``runtime/started.py``);
 * ``rank()``, ``size()``, ``local_rank()``, ``local_size()``, ``barrier()``;
 * ``backend()``: the backend object the collectives call, made on first use
   (``backend.py`` says what one is);
@@ -32,12 +33,14 @@ def init(backend=None):
     """Join the job and choose the backend; returns the node (None when run alone)."""
     global _name
     node.report_in_one_line()          # (a StartError ends the process in one line)
-    name = _choose(backend)
+    name, start = _choose(backend)
     if _name is not None:
         if backend is not None and name != _name:
             raise RuntimeError(f'd2ldist.init: already running with backend {_name!r}')
         return node.current()
-    joined = node.register('worker')   # also with 'torch': the scheduler watches liveness
+    # also with 'torch' under d2l-launch: the scheduler watches liveness; the ring
+    # started by another tool: rank 0 hosts the scheduler (runtime/hosted.py)
+    joined = node.register('worker', start if name == 'ring' else None)
     if name == 'torch':
         use(backends.make(name, joined))
     _name = name   # the ring is made on first use (torch loads then)
@@ -46,19 +49,17 @@ def init(backend=None):
 
 def _choose(backend):
     """The backend's name: asked for, or D2L_BACKEND, or torch where a tool other than
-    d2l-launch (torchrun, mpirun, srun) started several processes, else the ring."""
+    d2l-launch (torchrun, mpirun, srun) started several processes, else the ring; and
+    who started this process (None: d2l-launch)."""
     cfg = config.get()
     start = None if cfg.in_job else started.detect()
     several = start is not None and start.several
     name = backend or cfg.backend or ('torch' if several else 'ring')
     if name not in BACKENDS:
         raise ValueError(f'unknown backend {name!r}: use one of {", ".join(BACKENDS)}')
-    if name == 'ring' and several:
-        raise started.StartError(f"{start.who}: backend 'ring' needs a job started by "
-                                 "d2l-launch; use backend 'torch' (the default here)")
     if several:
         start.rendezvous()             # where to meet is known, or one line says what is not
-    return name
+    return name, start
 
 
 def name():

@@ -18,7 +18,7 @@ import time
 from collections import deque
 
 from .. import config
-from . import faults, hang, protocol, spans
+from . import faults, hang, hosted, protocol, spans
 from . import shm, started, stream
 from .van import LINGER_SECONDS, Van
 from ..report import report
@@ -27,16 +27,21 @@ from ..report import report
 _current = None   # this process's node, once it has joined the job
 
 
-def register(role='worker'):
+def register(role='worker', start=None):
     """This process's node in the job, registered with the scheduler on the first call;
     None when run alone.
 
     A process started by d2l-launch (D2L_SCHEDULER_URI is set) joins once; every layer
-    above (kv's stores, the collectives) asks here, so a process is one node.
+    above (kv's stores, the collectives) asks here, so a process is one node. ``start``:
+    one of several copies that srun, mpirun or torchrun started for the ring; it joins
+    the scheduler rank 0 hosts (``hosted.py``).
     """
     global _current
     if _current is None and config.get().in_job:
         _current = Node.from_env(role=role).start()
+    elif _current is None and start is not None and start.several:
+        uri, secret = hosted.meeting_place(start)
+        _current = Node(role, start.rank, start.size, 0, uri, secret).start()
     return _current
 
 

@@ -4,6 +4,8 @@ cluster manager d2ldist does not know (Kubernetes, a batch system) would start i
 
 The test is that cluster manager: it starts the scheduler, 2 servers and 2 workers as
 five plain processes, and the workers reach the exact sums of tests/jobs/exact_sums.py.
+And it is a tool that starts N copies of a script on the ring (as mpirun does, with
+its variables): rank 0 hosts the scheduler (d2ldist/runtime/hosted.py).
 """
 import os
 import secrets
@@ -66,3 +68,41 @@ def test_a_worker_the_scheduler_refuses_says_why_in_one_line():
                                               'expected 2 workers, have'), refused
     assert [p.returncode for p in procs] == [0] * 4, '\n'.join(outputs)[-3000:]
     assert wait_no_survivors(tag) == []
+
+
+def copies(n, tag, **env):
+    """n copies of exact_sums.py on the ring, with the variables mpirun gives its processes."""
+    common = dict(D2L_BACKEND='ring', MASTER_PORT=str(free_port()), D2L_TEST_TAG=tag,
+                  OMPI_COMM_WORLD_SIZE=str(n), OMPI_COMM_WORLD_LOCAL_SIZE=str(n), **env)
+    return [start('worker', [EXACT_SUMS, 'ring'], dict(
+        common, OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_LOCAL_RANK=str(r))) for r in range(n)]
+
+
+def test_ring_copies_a_tool_started_meet_at_the_scheduler_rank_0_hosts():
+    tag = new_tag()
+    procs = copies(3, tag, D2L_JOB_SECRET=secrets.token_hex(32))
+    try:
+        outputs = [p.communicate(timeout=150)[0] for p in procs]
+    finally:
+        kill_tagged(tag)
+    assert [p.returncode for p in procs] == [0] * 3, '\n'.join(outputs)[-3000:]
+    assert outputs[0].splitlines()[0].startswith(
+        'd2ldist: ring backend: 3 workers started by mpirun; rank 0 hosts the scheduler at '
+        'tcp://127.0.0.1:'), outputs[0]
+    assert [out.splitlines()[-1] for out in outputs] == [
+        f'worker {r} of 3: ring sum on cpu exact' for r in range(3)]
+    assert wait_no_survivors(tag) == []        # the scheduler too
+
+
+def test_ring_copies_without_the_jobs_secret_fail_in_one_line():
+    tag = new_tag()
+    procs = copies(2, tag)
+    try:
+        outputs = [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+        kill_tagged(tag)
+    assert [p.returncode for p in procs] == [1, 1]
+    assert [out.splitlines() for out in outputs] == [[
+        "d2ldist: 2 workers started by mpirun: backend 'ring' needs the same D2L_JOB_SECRET "
+        'in every process (export D2L_JOB_SECRET=$(python -c "import secrets; '
+        'print(secrets.token_hex(16))"); mpirun: -x D2L_JOB_SECRET)']] * 2

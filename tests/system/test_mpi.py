@@ -13,6 +13,7 @@ process table).
 """
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -42,6 +43,24 @@ def test_plain_mpirun_runs_one_job_on_the_torch_backend():
     assert wait_no_survivors(r.tag) == []
 
 
+def test_plain_mpirun_runs_one_job_on_the_ring_whose_scheduler_rank_0_hosts():
+    """D2L_BACKEND=ring and the job's secret: rank 0 starts the scheduler at 127.0.0.1,
+    the rendezvous port + 1, and says so once; both reach the exact sums; nothing is left."""
+    port = free_port()
+    r = run_mpirun(sys.executable, EXACT_SUMS, 'ring', options=['-x', 'D2L_BACKEND', '-x',
+                                                                 'D2L_JOB_SECRET'],
+                   env={'D2L_BACKEND': 'ring', 'D2L_JOB_SECRET': secrets.token_hex(16),
+                        'MASTER_PORT': str(port)})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(re.findall(r'worker \d of \d: ring sum on cpu \w+', r.stdout)) == [
+        'worker 0 of 2: ring sum on cpu exact', 'worker 1 of 2: ring sum on cpu exact']
+    assert r.stderr.splitlines() == [
+        'd2ldist: ring backend: 2 workers started by mpirun; rank 0 hosts the scheduler at '
+        f'tcp://127.0.0.1:{port + 1}']
+    assert 'torch.distributed' not in r.stdout
+    assert wait_no_survivors(r.tag) == []
+
+
 ALONE_IS_WRONG = "import d2ldist\nd2ldist.init()\nprint('ran as a job of', d2ldist.size())\n"
 
 # What each process of two says, and how it was made to miss its piece: as on two hosts
@@ -54,10 +73,11 @@ MISSING = {
          'sh'], {},
         "d2ldist: 2 workers started by mpirun, but MASTER_ADDR is not set and they are on "
         "several hosts: set it to rank 0's host (mpirun -x MASTER_ADDR=HOST)"),
-    'the ring backend': (
+    'the ring backend without the secret': (
         [], {'D2L_BACKEND': 'ring'},
-        "d2ldist: 2 workers started by mpirun: backend 'ring' needs a job started by "
-        "d2l-launch; use backend 'torch' (the default here)"),
+        "d2ldist: 2 workers started by mpirun: backend 'ring' needs the same D2L_JOB_SECRET "
+        'in every process (export D2L_JOB_SECRET=$(python -c "import secrets; '
+        'print(secrets.token_hex(16))"); mpirun: -x D2L_JOB_SECRET)'),
     'a bad MASTER_PORT': (
         [], {'MASTER_PORT': '29500x'},
         "d2ldist: MASTER_PORT='29500x' is not a whole number"),

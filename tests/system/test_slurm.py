@@ -9,6 +9,7 @@ process tables).
 """
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -49,10 +50,12 @@ def job_env(tag):
                 PYTHONPATH=str(ROOT), D2L_TEST_TAG=tag)
 
 
-def run_slurm(cluster, *argv, timeout=240):
-    """Run a Slurm client command line (srun, salloc ...) to its end, tagged; .tag."""
+def run_slurm(cluster, *argv, timeout=240, env=None):
+    """Run a Slurm client command line (srun, salloc ...) to its end, tagged; .tag.
+    ``env``: variables to add (srun passes them on to the tasks)."""
     tag = new_tag()
-    r = run_group(cluster.argv(*argv), cluster.env(job_env(tag)), ROOT, timeout)
+    r = run_group(cluster.argv(*argv), cluster.env(dict(job_env(tag), **(env or {}))), ROOT,
+                  timeout)
     r.tag = tag
     return r
 
@@ -75,6 +78,20 @@ def test_plain_srun_runs_one_job_on_the_torch_backend(slurm):
     assert r.stdout.count('torch.distributed on gloo') == 2
     assert [x for x in r.stderr.splitlines() if 'd2ldist' in x] == [
         '0: d2ldist: torch backend (gloo): 2 workers started by srun, CPU']
+    assert wait_no_survivors(r.tag) == []
+
+
+def test_plain_srun_runs_one_job_on_the_ring_whose_scheduler_rank_0_hosts(slurm):
+    """D2L_BACKEND=ring and the job's secret (srun passes the environment on): rank 0,
+    on node1, starts the scheduler there; the task on node2 meets it; exact sums."""
+    r = run_slurm(slurm, 'srun', '-N', '2', '-n', '2', '--label', sys.executable, EXACT_SUMS,
+                  'ring', env={'D2L_BACKEND': 'ring', 'D2L_JOB_SECRET': secrets.token_hex(16)})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(re.findall(r'^\d: worker \d of \d: ring sum on cpu \w+$', r.stdout, re.M)) == [
+        '0: worker 0 of 2: ring sum on cpu exact', '1: worker 1 of 2: ring sum on cpu exact']
+    assert re.fullmatch(r'0: d2ldist: ring backend: 2 workers started by srun; rank 0 hosts '
+                        r'the scheduler at tcp://[\d.]+:29501',
+                        '\n'.join(x for x in r.stderr.splitlines() if 'd2ldist' in x)), r.stderr
     assert wait_no_survivors(r.tag) == []
 
 
@@ -267,4 +284,38 @@ def test_percent_launch_takes_launcher_slurm(slurm, tmp_path):
     assert r.stdout.splitlines()[-1] == (
         "outcome: finished [('scheduler@node1', 0), ('server 0@node2', 0), "
         "('server 1@node1', 0), ('worker 0@node1', 0), ('worker 1@node2', 0)]"), r.stdout[-3000:]
+    assert wait_no_survivors(r.tag) == []
+
+
+def test_percent_launch_asks_slurm_for_its_allocation_in_a_real_kernel(slurm, tmp_path):
+    """A notebook on a login node (outside any allocation): in a real kernel (nbconvert
+    --execute, where srun and salloc run), %launch --launcher slurm --partition test asks
+    for the allocation, runs the job as one step, shows the dashboard and leaves its
+    summary: every worker on its node, its progress at 100 %; the allocation is given back."""
+    pytest.importorskip('nbconvert')
+    from nbtools import JOB_SCRIPT, notebook, stream_text
+    import nbformat
+    line = ('%launch --launcher slurm --partition test --nodes 2 -n 2 -s 2 '
+            'progress_job.py 2 5 0.02 -1')
+    nb = notebook('%load_ext d2ldist', '%%writefile progress_job.py\n' + JOB_SCRIPT, line)
+    nbformat.write(nb, tmp_path / 'login.ipynb')
+    r = run_slurm(slurm, 'sh', '-c', f'cd {tmp_path} && exec "$@"', 'sh', sys.executable, '-m',
+                  'jupyter', 'nbconvert', '--to', 'notebook', '--execute', '--output',
+                  'executed.ipynb', 'login.ipynb')
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    launch = nbformat.read(tmp_path / 'executed.ipynb', as_version=4).cells[2]
+    out = stream_text(launch)
+    assert out.startswith('d2l-launch: asking Slurm for 2 tasks in partition test on 2 nodes '
+                          '(salloc) ...\n'), out[-3000:]
+    for rank in (0, 1):
+        assert re.search(rf'^\[worker {rank}@node\d\] worker {rank} done$', out, re.M), out
+    shown = [o.data['text/plain'] for o in launch.outputs if o.output_type == 'display_data']
+    assert shown[0] == f'{line}: scheduler, 2 servers, 2 workers on 2 hosts'   # its header
+    summary = next(s for s in shown if s.startswith('job finished after ')).splitlines()
+    workers = [row.split() for row in summary if row.split()[:1] == ['worker']]
+    assert [(w[1].split('@')[0], w[2] in ('node1', 'node2'), w[1].endswith('@' + w[2]),
+             w[3], w[4], w[6]) for w in workers] == [            # worker 0@node1  node1 ...
+        ('0', True, True, 'finished', '0', '100%'),
+        ('1', True, True, 'finished', '0', '100%')], summary
+    assert slurm.wait_queue_empty(30) == []
     assert wait_no_survivors(r.tag) == []
