@@ -8,11 +8,12 @@ And it is a tool that starts N copies of a script on the ring (as mpirun does, w
 its variables): rank 0 hosts the scheduler (d2ldist/runtime/hosted.py).
 """
 import os
+import re
 import secrets
 import subprocess
 import sys
 
-from conftest import ROOT, kill_tagged, new_tag, wait_no_survivors
+from conftest import ROOT, kill_tagged, new_tag, run_torchrun, wait_no_survivors
 from d2ldist.runtime.started import free_port
 
 EXACT_SUMS = ROOT / 'tests' / 'jobs' / 'exact_sums.py'
@@ -106,3 +107,17 @@ def test_ring_copies_without_the_jobs_secret_fail_in_one_line():
         "d2ldist: 2 workers started by mpirun: backend 'ring' needs the same D2L_JOB_SECRET "
         'in every process (export D2L_JOB_SECRET=$(python -c "import secrets; '
         'print(secrets.token_hex(16))"); mpirun: -x D2L_JOB_SECRET)']] * 2
+
+
+def test_ring_copies_torchrun_started_meet_beside_its_own_store():
+    """Under torchrun the rendezvous port is torchrun's own store's: the scheduler takes
+    the next one, and the script runs unchanged."""
+    tag = new_tag()
+    r = run_torchrun(EXACT_SUMS, 'ring', env={'D2L_BACKEND': 'ring', 'D2L_TEST_TAG': tag,
+                                              'D2L_JOB_SECRET': secrets.token_hex(32)})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(re.findall(r'^worker \d of 2: ring sum on cpu \w+$', r.stdout, re.M)) == [
+        'worker 0 of 2: ring sum on cpu exact', 'worker 1 of 2: ring sum on cpu exact']
+    assert re.search(r'^d2ldist: ring backend: 2 workers started by torchrun; rank 0 hosts '
+                     r'the scheduler at tcp://127\.0\.0\.1:\d+$', r.stderr, re.M), r.stderr
+    assert wait_no_survivors(tag) == []
