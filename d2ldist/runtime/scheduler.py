@@ -83,7 +83,8 @@ class Scheduler:
                 'id': msg.get('id'), 'missing': self.missing(msg.sender, msg.get('question'))})
         elif msg.kind == protocol.CLOCK and msg.sender in self.nodes:
             self.van.send(msg.sender, protocol.CLOCK, {'id': msg.get('id'), 'time': time.time()})
-        elif msg.kind == protocol.FAILED and msg.sender in self.nodes:
+        elif msg.kind == protocol.FAILED and msg.sender in self.nodes \
+                and msg.sender not in self.lost:      # (one left out says so as it ends)
             if not self.reform(msg.sender, str(msg.get('reason', 'failed'))[:200]):
                 self.fail(msg.sender, str(msg.get('reason', 'failed'))[:200])
         elif msg.kind == protocol.JOIN and msg.sender in self.members('worker'):
@@ -266,8 +267,8 @@ class Scheduler:
         workers = self.next_round()
         print(f'd2ldist: {node.replace(":", " ")} failed: {reason}; {self.going_on(workers)}',
               flush=True)
-        for other in workers:
-            self.van.send(other, protocol.MEMBERS, {
+        for other in workers + [node]:   # (the lost one too: if it is only cut off,
+            self.van.send(other, protocol.MEMBERS, {    # it learns it is out, and ends)
                 'round': self.round, 'workers': workers, 'lost': node, 'reason': reason})
         self.tell_servers()
         return True

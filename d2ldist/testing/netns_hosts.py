@@ -20,7 +20,8 @@ run may have left (anything named with the ``d2lssh`` prefix). Another ``prefix`
 
 ``shape(rate, latency)`` shapes every host's outgoing link with Linux ``tc`` (a token
 bucket filter; netem when there is a latency), the real counterpart of d2l-launch's
-simulated network; ``unshape()`` removes it.
+simulated network; ``unshape()`` removes it. ``cut(name)`` and ``mend(name)`` take a
+host off the network and put it back (a partition).
 
 The ssh tests (tests/system, through ``hosts_for_tests`` in tests/conftest.py) and
 benchmarks/between_hosts.py use these hosts; everything here needs root.
@@ -217,6 +218,16 @@ LogLevel ERROR
         for name in self.names:
             subprocess.run(['ip', 'netns', 'exec', self.ns[name], 'tc', 'qdisc', 'del',
                             'dev', 'eth0', 'root'], capture_output=True, timeout=30)
+
+    # -- a partition ------------------------------------------------------------
+    def cut(self, name):
+        """Cut a host off the network, as if its cable were pulled: the bridge's end of
+        its link goes down (the host keeps its address and routes)."""
+        ip('-n', self.launcher_ns, 'link', 'set', f'v-{name}', 'down')
+
+    def mend(self, name):
+        """Plug the host back in."""
+        ip('-n', self.launcher_ns, 'link', 'set', f'v-{name}', 'up')
 
     # -- tear-down --------------------------------------------------------------
     def stop(self):

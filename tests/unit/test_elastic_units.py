@@ -61,7 +61,8 @@ def test_a_lost_worker_leaves_the_others_a_new_membership_in_rank_order():
     s = elastic_scheduler(order=[2, 0, 1])
     assert s.reform('worker:1', 'no heartbeat for 5 s')
     assert members_sent(s) == [('worker:0', 1, ['worker:0', 'worker:2'], 'worker:1'),
-                               ('worker:2', 1, ['worker:0', 'worker:2'], 'worker:1')]
+                               ('worker:2', 1, ['worker:0', 'worker:2'], 'worker:1'),
+                               ('worker:1', 1, ['worker:0', 'worker:2'], 'worker:1')]
     assert s.members('worker') == ['worker:2', 'worker:0'] and s.round == 1
     assert not [k for _, k, _ in s.van.sent if k == protocol.FAILED]
 
@@ -70,7 +71,7 @@ def test_below_min_workers_or_without_it_a_loss_fails_the_job():
     s = elastic_scheduler()
     assert s.reform('worker:0', 'gone')
     assert not s.reform('worker:2', 'gone')         # 1 left < 2: the caller fails the job
-    assert s.round == 1 and len(members_sent(s)) == 2
+    assert s.round == 1 and len(members_sent(s)) == 3     # (2 survivors, the lost one)
     assert not elastic_scheduler(min_workers=None).reform('worker:0', 'gone')
     assert not elastic_scheduler(min_workers=3).reform('worker:0', 'gone')
 
@@ -395,3 +396,13 @@ def test_the_servers_hear_of_every_worker_lost_or_done_and_barriers_stop_waiting
     plain.num_servers, plain.nodes['server:0'] = 1, 'tcp://s0'
     plain.handle(message(protocol.GOODBYE, 'worker:0'))
     assert [kind for _, kind, _ in plain.van.sent] == [protocol.FAREWELL]
+
+
+def test_a_worker_left_out_that_fails_as_it_ends_fails_nobody():
+    """Cut off, then back: a worker left out learns so and ends with an error (FAILED);
+    the others, already gone on without it, are not told to give up."""
+    s = elastic_scheduler()
+    assert s.reform('worker:2', 'no heartbeat for 5 s')
+    s.handle(message(protocol.FAILED, 'worker:2', reason='PeerFailed: worker 2 was left out'))
+    assert not [peer for peer, kind, _ in s.van.sent if kind == protocol.FAILED]
+    assert s.round == 1 and s.members('worker') == ['worker:0', 'worker:1']
