@@ -95,6 +95,26 @@ def test_plain_srun_runs_one_job_on_the_ring_whose_scheduler_rank_0_hosts(slurm)
     assert wait_no_survivors(r.tag) == []
 
 
+CONCISE = ROOT / 'notebooks' / 'concise_d2l.py'
+
+
+@pytest.mark.parametrize('kvstore,env', [
+    ('torch', {}), ('ring', {'D2L_BACKEND': 'ring', 'D2L_JOB_SECRET': secrets.token_hex(16)})],
+    ids=['torch', 'ring'])
+def test_the_concise_chapters_script_under_plain_srun(slurm, tmp_path, kvstore, env):
+    """The concise chapter's command, as its prose gives it: the same script, unchanged,
+    trains on two nodes and both workers end with the same test accuracy."""
+    r = run_slurm(slurm, 'sh', '-c', f'cd {tmp_path} && exec "$@"', 'sh', 'srun', '-N', '2',
+                  '-n', '2', '--label', sys.executable, CONCISE, '--kvstore', kvstore, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    done = dict(re.findall(r'^(\d): worker \1: test loss [\d.]+, test acc ([\d.]+)$',
+                           r.stdout, re.M))
+    assert sorted(done) == ['0', '1'] and done['0'] == done['1'], r.stdout[-3000:]
+    assert float(done['0']) > 0.9
+    assert (tmp_path / f'concise_{kvstore}_split.json').exists()
+    assert wait_no_survivors(r.tag) == []
+
+
 def placed(stdout):
     """{'worker 1': 'node2', ...}: where each process printed from."""
     return dict(re.findall(r'^\[(\w+(?: \d+)?)@(node\d)\] ', stdout, re.M))
