@@ -120,6 +120,8 @@ class State:
 
     def check_host_updates(self):
         """Raise HostsUpdatedInterrupt if the membership changed since the last sync."""
+        if world.size() == 1 and node.current() is not None:   # alone: no collective
+            node.current().take_news()                           # brings the news
         if world.membership() != self._membership:
             raise HostsUpdatedInterrupt()
 

@@ -201,7 +201,11 @@ class Ring:
                 'numel': self._numel, 'phase': phase, 'seg': j, 'k': k,
                 'replay': self._replay, 'joins': self.joins, 'membership': self.round}
         if self._out is not None:
-            self._out.send(RING, head, [frame])
+            try:
+                self._out.send(RING, head, [frame])
+            except stream.StreamBroken:        # (its worker stopped, say)
+                self._await_news()
+                raise
         else:
             self._sent += self.node.send(self.right, RING, head, [frame], track=True)
 

@@ -54,6 +54,11 @@ def build_parser(prog='d2l-launch'):
     p.add_argument('-H', '--hostfile', default=None,
                    help='the hosts to run on (for --launcher ssh or mpi): a file of '
                    '[user@]host[:port] [slots=N] lines, or host1,host2:2222')
+    p.add_argument('--host-discovery-script', default=None, metavar='S',
+                   help='ssh, elastic (with --min-workers): instead of -H, a program that '
+                   'prints the hosts, host or host:slots per line (horovodrun\'s); it runs '
+                   'every second: workers start on hosts that appear and stop on hosts '
+                   'that go')
     p.add_argument('--sync-dst-dir', default=None, metavar='DIR',
                    help='ssh, mpi: first rsync the current directory to DIR on every host '
                    '(without .git and .venv) and run there')
@@ -152,10 +157,13 @@ def parse(argv, prog='d2l-launch'):
                             ('--sync-dst-dir', args.sync_dst_dir), ('--python', args.python)):
             if value is not None:
                 raise UsageError(f'{name} needs --launcher ssh (or mpi)')
-    elif args.hostfile is None and args.launcher == 'ssh':
+    elif args.hostfile is None and args.launcher == 'ssh' and not args.host_discovery_script:
         raise UsageError('--launcher ssh needs -H hostfile (or -H host1,host2)')
-    elif args.hostfile is None and args.sync_dst_dir is not None:
+    elif args.hostfile is None and args.sync_dst_dir is not None \
+            and not args.host_discovery_script:
         raise UsageError('--sync-dst-dir needs hosts to sync to: -H hostfile')
+    if args.host_discovery_script is not None:
+        _check_discovery(args)
     if args.launcher in ('slurm', 'mpi') and args.min_workers is not None:
         raise UsageError(f'--min-workers needs --launcher local or ssh: '
                          f'{"srun" if args.launcher == "slurm" else "mpirun"} ends every '
@@ -316,6 +324,16 @@ def _checkpoint_env(args):
     if args.checkpoint_keep is not None:
         env.update(config.env(checkpoint_keep=args.checkpoint_keep))
     return env
+
+
+def _check_discovery(args):
+    """--host-discovery-script: with the ssh launcher and --min-workers, not with -H."""
+    script = args.host_discovery_script
+    if args.launcher != 'ssh' or args.hostfile is not None or args.min_workers is None:
+        raise UsageError('--host-discovery-script needs --launcher ssh and --min-workers A, '
+                         'and takes the place of -H')
+    if not (os.path.isfile(script) and os.access(script, os.X_OK)):
+        raise UsageError(f'--host-discovery-script {script}: not an executable file')
 
 
 def _elastic_env(args):

@@ -165,9 +165,13 @@ class Job:
         while code is None:
             self._pump(0.1)
             self._reap()
+            self.tick()
             self.on_tick()
             code = self._verdict(start)
         return code
+
+    def tick(self):
+        """About every 0.1 s in the main loop (the ssh launcher looks for new hosts)."""
 
     def _restart(self):
         """After a failure: stop every process, say so in one line, make them anew."""

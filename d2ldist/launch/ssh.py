@@ -12,7 +12,10 @@ module adds only *which host* and *how to get there*:
 4. every process is ``ssh -T host 'cd DIR && exec python -m d2ldist.launch.guard --remote -- cmd'``;
    its environment, with the job secret, goes as one JSON line down ssh's stdin, so no
    secret (nor any ``--env`` value) is ever on a command line where ``ps`` shows it;
-5. clean-up, two ways:
+5. ``--host-discovery-script S`` instead of a hostfile (horovodrun's, for elastic jobs):
+   the launcher runs S every second; on a host that appears it starts workers (one per
+   slot, up to ``--max-workers``), which join the job; on a host that goes it stops them;
+6. clean-up, two ways:
 
    * the guard watches its stdin, which is the ssh channel. We do not ask for a tty
      (``-T``): whether the launcher closes the pipe, dies, or the ssh client or the
@@ -26,19 +29,21 @@ module adds only *which host* and *how to get there*:
      cleanly and ends any such group still alive (SIGTERM, then SIGKILL), after
      checking via ``D2L_JOB_ID`` that the group still belongs to this job.
 """
+import dataclasses
 import json
 import os
 import re
 import shlex
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 from .. import config
-from .job import Job
+from .job import Job, Proc
 from .processes import child_env, guarded, job_specs, share_cores
 
 HOST_LINE = re.compile(r'(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.-]*)@)?'
@@ -51,6 +56,7 @@ FORWARD = ('PYTHONPATH', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THR
 FORWARD_PREFIXES = (config.PREFIX, 'NCCL_', 'GLOO_', 'TORCH_')
 # ... but not the job's own (the launcher sets them for each process) nor the launcher's
 NOT_FORWARDED = (*config.JOB_VARIABLES, config.variable('interface'))
+DISCOVERY_SECONDS = 1.0       # how often --host-discovery-script runs (horovodrun's)
 
 
 class HostError(Exception):
@@ -110,6 +116,34 @@ def read_hosts(value):
         hosts.append(host)
     if not hosts:
         raise HostError(f'no hosts in {value}')
+    return hosts
+
+
+def discover(script, timeout=10.0):
+    """The hosts ``--host-discovery-script`` prints now, one per line: ``host`` or
+    ``host:slots``, as horovodrun reads them (an ssh port goes in the ssh config)."""
+    try:
+        r = subprocess.run([script], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise HostError(f'--host-discovery-script {script}: {e}') from None
+    if r.returncode != 0:
+        said = (r.stderr.strip().splitlines() or [''])[-1][:200]
+        raise HostError(f'--host-discovery-script {script} exited with {r.returncode}'
+                        + (f': {said}' if said else ''))
+    hosts = []
+    for i, line in enumerate(r.stdout.splitlines(), 1):
+        text, where = line.split('#', 1)[0].strip(), f'--host-discovery-script line {i}'
+        if not text:
+            continue
+        name, colon, slots = text.partition(':')
+        if colon and not slots.isdigit():
+            raise HostError(f'{where}: expected host or host:slots, got {text!r}')
+        host = parse_host(name + (f' slots={slots}' if colon else ''), where)
+        if any(h.label == host.label for h in hosts):
+            raise HostError(f'{where}: {host.label} is listed twice (use host:slots)')
+        hosts.append(host)
+    if not hosts:
+        raise HostError(f'--host-discovery-script {script} printed no hosts')
     return hosts
 
 
@@ -283,12 +317,17 @@ def remote_command(spec, python, workdir, pythonpath):
 class SshJob(Job):
     """A Job whose processes run on other hosts, each through its own ssh connection."""
 
-    def __init__(self, specs, hosts, ssh, python, workdir, pythonpath, job_id, **kw):
+    def __init__(self, specs, hosts, ssh, python, workdir, pythonpath, job_id,
+                 discovery=None, **kw):
         super().__init__(specs, **kw)
         self.hosts = {h.label: h for h in hosts}
         self.ssh, self.python, self.workdir = ssh, python, workdir
         self.pythonpath, self.job_id = pythonpath, job_id
         self.swept = set()
+        self.discovery = discovery        # (script, how to check a new host), or None
+        self.listed = set(self.hosts)     # the hosts the script lists now
+        self.refused = {}                 # host -> why it cannot be used (said once)
+        self.next_look = time.monotonic() + DISCOVERY_SECONDS
 
     def spawn(self, spec):
         """ssh to the host, then send the environment as the first line of stdin."""
@@ -322,6 +361,65 @@ class SshJob(Job):
     def stop_all(self, state='stopped'):
         super().stop_all(state)
         self.sweep()
+
+    # -- --host-discovery-script: hosts that come and go ------------------------------
+    def tick(self):
+        """Every DISCOVERY_SECONDS: start workers on the hosts the script added, stop
+        those on the hosts it dropped (elastic: the ring re-forms each time)."""
+        if self.discovery is None or time.monotonic() < self.next_look:
+            return
+        self.next_look = time.monotonic() + DISCOVERY_SECONDS
+        script, check = self.discovery
+        try:
+            now = {h.label: h for h in discover(script)}
+        except HostError as e:
+            if self.refused.get(script) != str(e):
+                self._say(f'{e}; the hosts stay as they were')
+            self.refused[script] = str(e)
+            return
+        self.refused.pop(script, None)
+        for label in sorted(self.listed - set(now)):
+            self._host_went(label)
+        for label, host in now.items():
+            if label not in self.listed and self.refused.get(label) is None:
+                self._host_came(host, check)
+
+    def _host_went(self, label):
+        """The script no longer lists ``label``: stop its workers (not left to start
+        again); a scheduler or server there stays."""
+        self.listed.discard(label)
+        for p in self.procs:
+            if p.spec.host == label and p.spec.role == 'worker' and p.alive:
+                self._say(f'{label} left the host discovery script: stopping {p.label}')
+                self.terminate(p)
+
+    def _host_came(self, host, check):
+        """The script lists a new host: check it, then start a worker per slot (up to
+        --max-workers), each with the next rank, to join the job."""
+        try:
+            at = check([host])
+        except HostError as e:
+            self.refused[host.label] = str(e)
+            self._say(f'cannot use {host.label} from the host discovery script: {e}')
+            return
+        self.hosts[host.label] = host
+        self.listed.add(host.label)
+        template = next(p.spec for p in self.procs if p.spec.role == 'worker')
+        for local in range(host.slots or 1):
+            running = [p for p in self.procs if p.spec.role == 'worker' and p.alive]
+            if self.max_workers is not None and len(running) >= self.max_workers:
+                break
+            rank = 1 + max(p.spec.rank for p in self.procs if p.spec.role == 'worker')
+            spec = joining_worker(template, rank, host.label, local, host.slots or 1,
+                                  at.host_env[host.label])
+            self.procs.append(Proc(spec))
+            self._say(f'{host.label} joins (host discovery): starting {spec.label}')
+            self._start(self.procs[-1])
+
+    def _start_again(self, p):
+        if p.spec.host in self.listed or self.discovery is None:   # (not a host gone)
+            super()._start_again(p)
+
 
     def sweep(self):
         """End, on every host, the recorded process groups that may still be alive."""
@@ -358,6 +456,17 @@ sleep "$grace"
 for g in $alive; do kill -KILL -"$g" 2>/dev/null; done
 exit 0
 '''
+
+
+def joining_worker(template, rank, host, local_rank, local_size, host_env):
+    """A worker that joins a running job on ``host``: another worker's spec with its
+    own rank and host (without --fail and --slow, which name the first processes)."""
+    drop = {config.variable('fail'), config.variable('slow')}
+    env = {k: v for k, v in template.env.items() if k not in drop}
+    env.update(host_env)
+    env.update(config.env(rank=rank), RANK=str(rank), LOCAL_RANK=str(local_rank),
+               LOCAL_WORLD_SIZE=str(local_size))
+    return dataclasses.replace(template, rank=rank, host=host, env=env)
 
 
 # -- putting it together -------------------------------------------------------------
@@ -415,7 +524,8 @@ def prepare(args, secret, out=None, notices=True, **job_options):
     the Job (``on_line``, ``on_state``: see job.py)."""
     out = out or sys.stdout
     python = args.python or sys.executable
-    at = checked_hosts(read_hosts(args.hostfile), args, python)
+    script = args.host_discovery_script
+    at = checked_hosts(discover(script) if script else read_hosts(args.hostfile), args, python)
     job_id = uuid.uuid4().hex
     specs = job_specs(args.num_workers, args.num_servers, args.command, secret,
                       hosts=at.labels, slots=at.slots, addresses=at.addresses,
@@ -432,6 +542,8 @@ def prepare(args, secret, out=None, notices=True, **job_options):
               f'{placement_table(specs)}\n')
     out.flush()
     return SshJob(specs, at.hosts, at.ssh, python, at.workdir, at.pythonpath, job_id,
+                  discovery=script and (script, lambda hosts: checked_hosts(hosts, args,
+                                                                           python)),
                   timeout=args.timeout, max_restarts=args.max_restarts, out=out,
                   min_workers=args.min_workers, max_workers=args.max_workers,
                   **job_options)

@@ -286,6 +286,14 @@ class Node:
             self.van.connect(peer, address, same_host=host == shm.identity()
                              and shm.same_host(self.van.address, address))
 
+    def take_news(self):
+        """Take a new membership that came meanwhile, without waiting for anything else
+        (elastic: a worker alone has no collective that would bring it)."""
+        try:
+            self._recv([protocol.MEMBERS], timeout=0.001)
+        except WorkersChanged:
+            pass                       # taken: self.round and self.members are the new ones
+
     def put_back(self, msg):
         """Return a message just received: the next recv of its kind gets it first."""
         self._stash.appendleft(msg)

@@ -25,6 +25,7 @@ from . import faults, protocol
 from .van import Van
 
 GROUPS = ('worker', 'server', 'all')
+MOST_WORKERS = 1 << 12     # elastic: the ranks a worker that joins may have
 
 
 class Scheduler:
@@ -114,8 +115,8 @@ class Scheduler:
         node = f'{role}:{rank}'
         self.van.connect(msg.sender, address)
         if self.book_sent and self.min_workers and role == 'worker' \
-                and isinstance(rank, int) and 0 <= rank < count:
-            return self.admit(node, address, msg.get('host_id'))
+                and isinstance(rank, int) and 0 <= rank < MOST_WORKERS:   # (a new host's
+            return self.admit(node, address, msg.get('host_id'))           # may be above -n)
         if self.book_sent or not isinstance(rank, int) or not 0 <= rank < count \
                 or node in self.nodes:
             self.van.send(msg.sender, protocol.ERROR, {

@@ -1,6 +1,7 @@
 """Elastic workers in one process: the options, the scheduler's new membership, a node
 taking it, the ring keeping its own membership's messages, and TorchState with run()
 (tests/jobs/test_elastic.py runs jobs)."""
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -406,3 +407,71 @@ def test_a_worker_left_out_that_fails_as_it_ends_fails_nobody():
     s.handle(message(protocol.FAILED, 'worker:2', reason='PeerFailed: worker 2 was left out'))
     assert not [peer for peer, kind, _ in s.van.sent if kind == protocol.FAILED]
     assert s.round == 1 and s.members('worker') == ['worker:0', 'worker:1']
+
+
+# -- hosts from a discovery script (horovodrun's --host-discovery-script) ----------------------
+def discovery_script(tmp_path, text, code=0):
+    script = tmp_path / 'discover.sh'
+    script.write_text(f"#!/bin/sh\nprintf '{text}'\nexit {code}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_discovery_script_lists_hosts_with_slots_as_horovodrun_reads_them(tmp_path):
+    from d2ldist.launch import ssh
+    hosts = ssh.discover(discovery_script(tmp_path, 'hostA:2\\n# a comment\\nroot@hostB\\n'))
+    assert [(h.name, h.user, h.slots) for h in hosts] == [('hostA', None, 2), ('hostB', 'root', None)]
+    for text, error in [('hostA:x\\n', "line 1: expected host or host:slots, got 'hostA:x'"),
+                        ('hostA:0\\n', 'line 1: slots must be at least 1'),
+                        ('hostA\\nhostA:2\\n', 'line 2: hostA is listed twice (use host:slots)'),
+                        ('', 'printed no hosts')]:
+        with pytest.raises(ssh.HostError, match=re.escape(error)):
+            ssh.discover(discovery_script(tmp_path, text))
+    with pytest.raises(ssh.HostError, match=r'exited with 3$'):
+        ssh.discover(discovery_script(tmp_path, 'hostA\\n', code=3))
+
+
+def test_discovery_options_are_checked_in_one_line(tmp_path):
+    script = discovery_script(tmp_path, 'hostA\\n')
+    args = cli.parse(['--launcher', 'ssh', '--host-discovery-script', script, '--min-workers',
+                      '1', '-n', '2', '-s', '0', 'python', '-c', 'pass'])
+    assert args.host_discovery_script == script and args.hostfile is None
+    for options in (['--launcher', 'ssh', '--host-discovery-script', script],
+                    ['--launcher', 'ssh', '--host-discovery-script', script, '-H', 'hostA',
+                     '--min-workers', '1'],
+                    ['--host-discovery-script', script, '--min-workers', '1']):
+        with pytest.raises(cli.UsageError, match=r'^--host-discovery-script needs --launcher '
+                                                  r'ssh and --min-workers A, and takes the '
+                                                  r'place of -H$'):
+            cli.parse([*options, '-n', '2', '-s', '0', 'python', '-c', 'pass'])
+    with pytest.raises(cli.UsageError, match='not an executable file'):
+        cli.parse(['--launcher', 'ssh', '--host-discovery-script', str(tmp_path / 'nope'),
+                   '--min-workers', '1', '-n', '2', '-s', '0', 'python', '-c', 'pass'])
+
+
+def test_a_worker_on_a_new_host_has_its_own_rank_and_host_and_no_fault():
+    from d2ldist.launch.processes import ProcSpec
+    from d2ldist.launch.ssh import joining_worker
+    template = ProcSpec('worker', 0, 'hostA', ['python', 'train.py'], {
+        'D2L_RANK': '0', 'RANK': '0', 'LOCAL_RANK': '0', 'D2L_FAIL': 'step=40',
+        'D2L_SLOW': '3x', 'D2L_SCHEDULER_PORT': '5555', 'D2L_NODE_HOST': '198.18.9.2'}, True)
+    spec = joining_worker(template, 2, 'hostB', 0, 1, {'D2L_NODE_HOST': '198.18.9.3'})
+    assert (spec.rank, spec.host, spec.label, spec.argv) == (2, 'hostB', 'worker 2@hostB',
+                                                             ['python', 'train.py'])
+    assert spec.env == {'D2L_RANK': '2', 'RANK': '2', 'LOCAL_RANK': '0', 'LOCAL_WORLD_SIZE': '1',
+                        'D2L_SCHEDULER_PORT': '5555', 'D2L_NODE_HOST': '198.18.9.3'}
+    assert template.rank == 0 and template.env['D2L_FAIL'] == 'step=40'   # (untouched)
+
+
+def test_the_scheduler_admits_a_worker_above_the_first_ranks_when_elastic():
+    s = elastic_scheduler(workers=2, min_workers=1)
+    s.van.connect = lambda peer, address: None
+    s.register(message(protocol.REGISTER, 'worker:2', role='worker', rank=2,
+                       address='tcp://hostB', host_id='b'))
+    assert s.members('worker') == ['worker:0', 'worker:1', 'worker:2'] and s.round == 1
+    plain = elastic_scheduler(workers=2, min_workers=None)
+    plain.van.connect = lambda peer, address: None
+    plain.register(message(protocol.REGISTER, 'worker:2', role='worker', rank=2,
+                           address='tcp://hostB', host_id='b'))
+    assert plain.van.sent[-1][1] == protocol.ERROR and plain.members('worker') == [
+        'worker:0', 'worker:1']
