@@ -327,6 +327,7 @@ class SshJob(Job):
         self.discovery = discovery        # (script, how to check a new host), or None
         self.listed = set(self.hosts)     # the hosts the script lists now
         self.refused = {}                 # host -> why it cannot be used (said once)
+        self.script_error = None          # what the script's last failure said
         self.next_look = time.monotonic() + DISCOVERY_SECONDS
 
     def spawn(self, spec):
@@ -373,15 +374,16 @@ class SshJob(Job):
         try:
             now = {h.label: h for h in discover(script)}
         except HostError as e:
-            if self.refused.get(script) != str(e):
+            if self.script_error != str(e):
                 self._say(f'{e}; the hosts stay as they were')
-            self.refused[script] = str(e)
+            self.script_error = str(e)
             return
-        self.refused.pop(script, None)
+        self.script_error = None
         for label in sorted(self.listed - set(now)):
             self._host_went(label)
-        for label, host in now.items():
-            if label not in self.listed and self.refused.get(label) is None:
+        self.refused = {h: why for h, why in self.refused.items() if h in now}  # (listed
+        for label, host in now.items():                      # again later: checked again)
+            if label not in self.listed and label not in self.refused:
                 self._host_came(host, check)
 
     def _host_went(self, label):

@@ -475,3 +475,60 @@ def test_the_scheduler_admits_a_worker_above_the_first_ranks_when_elastic():
                            address='tcp://hostB', host_id='b'))
     assert plain.van.sent[-1][1] == protocol.ERROR and plain.members('worker') == [
         'worker:0', 'worker:1']
+
+
+def test_the_ssh_launcher_follows_the_discovery_script(tmp_path):
+    """A host added: a worker per slot, ranks after the last, up to --max-workers; a host
+    refused by its check is said once and checked again only once listed anew; a host
+    dropped: its workers stopped; a failing script: said once, the hosts stay."""
+    import io
+    from d2ldist.launch.processes import ProcSpec
+    from d2ldist.launch.ssh import Host, HostError, SshJob
+    listed = tmp_path / 'listed'
+    script = tmp_path / 'discover.sh'
+    script.write_text(f'#!/bin/sh\ncat {listed}\n')
+    script.chmod(0o755)
+    specs = [ProcSpec('scheduler', 0, 'hostA', remote=True)] + [
+        ProcSpec('worker', r, 'hostA', ['python', 'train.py'], {'D2L_RANK': str(r)}, True)
+        for r in (0, 1)]
+    checked = []
+
+    def check(hosts):
+        checked.append(hosts[0].label)
+        if hosts[0].name == 'hostC' and checked.count('hostC') == 1:
+            raise HostError('preflight failed on hostC: no route')
+        return SimpleNamespace(host_env={hosts[0].label: {'D2L_NODE_HOST': hosts[0].name}})
+    out = io.StringIO()
+    job = SshJob(specs, [Host('hostA', slots=2)], None, 'python', '.', '', 'id',
+                 discovery=(str(script), check), out=out, min_workers=1, max_workers=4)
+    started, stopped = [], []
+    job._start = lambda p: (started.append(p.label), setattr(p, 'popen', object()))
+    job.terminate = lambda p: stopped.append(p.label)
+    for p in job.procs:
+        p.popen = object()                          # (they run)
+
+    def look(text):
+        listed.write_text(text)
+        job.next_look = 0
+        job.tick()
+    look('hostA:2\nhostB:3\nhostC\n')
+    assert started == ['worker 2@hostB', 'worker 3@hostB']          # up to --max-workers 4
+    look('hostA:2\nhostB:3\nhostC\n')                                # hostC: not again
+    look('hostA:2\nhostB:3\n')
+    look('hostA:2\nhostC\n')             # hostB goes; hostC, listed anew, checked again
+    assert stopped == ['worker 2@hostB', 'worker 3@hostB'] and checked == ['hostB', 'hostC',
+                                                                           'hostC']
+    script.write_text('#!/bin/sh\nexit 3\n')
+    look('')
+    look('')
+    said = out.getvalue().splitlines()
+    assert said == [
+        'd2l-launch: hostB joins (host discovery): starting worker 2@hostB',
+        'd2l-launch: hostB joins (host discovery): starting worker 3@hostB',
+        'd2l-launch: cannot use hostC from the host discovery script: preflight failed on '
+        'hostC: no route',
+        'd2l-launch: hostB left the host discovery script: stopping worker 2@hostB',
+        'd2l-launch: hostB left the host discovery script: stopping worker 3@hostB',
+        f'd2l-launch: --host-discovery-script {script} exited with 3; the hosts stay as they '
+        'were']
+    assert job.listed == {'hostA', 'hostC'}
