@@ -300,7 +300,11 @@ class KVServer:
         worker, address, host = msg.sender, msg.get('address'), msg.get('host_id')
         if not isinstance(address, str) or not worker.startswith('worker:'):
             return
-        self.node.meet([worker, address, host if isinstance(host, str) else None])
+        try:
+            self.node.meet([worker, address, host if isinstance(host, str) else None])
+        except ValueError as e:                       # refuse it, go on serving
+            self.node.send(worker, M.ERROR, {'id': msg.get('id'), 'error': str(e)})
+            return
         self.links.pop(worker, None)
         self.deferred.pop(worker, None)
         self.waiting = [w for w in self.waiting if w[0] != worker]

@@ -10,6 +10,7 @@ who is missing (``hang.py``).
 """
 import atexit
 import itertools
+import re
 import secrets
 import socket
 import sys
@@ -25,6 +26,7 @@ from ..report import report
 
 
 _current = None   # this process's node, once it has joined the job
+ADDRESS = re.compile(r'tcp://(\[[0-9a-fA-F:.]+\]|[\w.-]+):\d{1,5}')   # where a node listens
 
 
 def register(role='worker', start=None):
@@ -279,9 +281,12 @@ class Node:
                              lost if isinstance(lost, str) else None, rnd)
 
     def meet(self, joined):
-        """A worker joins the job (elastic): [its id, its address, its host's identity]."""
+        """A worker joins the job (elastic): [its id, its address, its host's identity];
+        ValueError for an address that is not tcp://HOST:PORT."""
         if isinstance(joined, list) and len(joined) == 3:
             peer, address, host = (str(j) for j in joined)
+            if not ADDRESS.fullmatch(address):
+                raise ValueError(f'{peer} gave a bad address {address[:100]!r}')
             self.book[peer] = address
             self.van.connect(peer, address, same_host=host == shm.identity()
                              and shm.same_host(self.van.address, address))

@@ -126,14 +126,14 @@ def test_a_restarted_worker_joins_with_the_book_and_the_others_connect_to_it():
     s.van.connect = lambda peer, address: None
     assert s.reform('worker:1', 'gone')
     s.register(message(protocol.REGISTER, 'worker:1', role='worker', rank=1,
-                       address='tcp://new', host_id='h'))
+                       address='tcp://new:4000', host_id='h'))
     book = [h for peer, kind, h in s.van.sent if kind == protocol.ADDRESS_BOOK]
     assert [(b['you'], b['members'], b['round']) for b in book] == [
         ('worker:1', ['worker:0', 'worker:1', 'worker:2'], 2)]
     joined = [(peer, h['joined'], h['reason']) for peer, kind, h in s.van.sent
               if kind == protocol.MEMBERS and h['round'] == 2]
-    assert joined == [('worker:0', ['worker:1', 'tcp://new', 'h'], 'worker 1 joins'),
-                      ('worker:2', ['worker:1', 'tcp://new', 'h'], 'worker 1 joins')]
+    assert joined == [('worker:0', ['worker:1', 'tcp://new:4000', 'h'], 'worker 1 joins'),
+                      ('worker:2', ['worker:1', 'tcp://new:4000', 'h'], 'worker 1 joins')]
     node, connected = bare_node(0), []
     node.book, node.van.address = {}, 'tcp://w0'
     node.van.connect = lambda peer, address, same_host: connected.append((peer, address))
@@ -141,7 +141,7 @@ def test_a_restarted_worker_joins_with_the_book_and_the_others_connect_to_it():
                 if kind == protocol.MEMBERS and peer == 'worker:0' and h['round'] == 2)
     with pytest.raises(WorkersChanged, match=r'^worker 1 joins; 3 workers go on \(round 2\)$'):
         node._new_members(message(protocol.MEMBERS, 'scheduler', **news))
-    assert connected == [('worker:1', 'tcp://new')] and node.book['worker:1'] == 'tcp://new'
+    assert connected == [('worker:1', 'tcp://new:4000')] and node.book['worker:1'] == 'tcp://new:4000'
 
 
 def test_a_worker_cannot_join_once_another_has_finished():
@@ -150,7 +150,7 @@ def test_a_worker_cannot_join_once_another_has_finished():
     assert s.reform('worker:1', 'gone')
     s.handle(message(protocol.GOODBYE, 'worker:0'))
     s.register(message(protocol.REGISTER, 'worker:1', role='worker', rank=1,
-                       address='tcp://new', host_id='h'))
+                       address='tcp://new:4000', host_id='h'))
     assert s.van.sent[-1] == ('worker:1', protocol.ERROR, {
         'error': 'cannot join: the job is ending (worker 0 has finished)'})
     assert s.round == 1
@@ -361,7 +361,7 @@ def test_a_sync_round_counts_every_push_that_arrived_once_and_waits_for_the_work
         left(0, 2),                                # worker 1 lost after its push 2 came
         push('worker:2', 2),                       # round 2 closes: its push counts
         push('worker:0', 3), push('worker:2', 3),  # round 3: the two left
-        message(M.HELLO, 'worker:1', id=9, address='tcp://new', host_id='h'),
+        message(M.HELLO, 'worker:1', id=9, address='tcp://new:4000', host_id='h'),
         left(0, 1, 2),                             # started again, it joins ...
         push('worker:1', 1),                       # ... numbering its pushes from 1
         push('worker:0', 4), push('worker:2', 4),  # round 4: the three
@@ -376,7 +376,7 @@ def test_a_sync_round_counts_every_push_that_arrived_once_and_waits_for_the_work
             values.setdefault(peer, []).append(int(torch.frombuffer(
                 bytearray(frames[0]), dtype=torch.float64).item()))
     assert [kind for _, kind, _, _ in node.sent if kind not in (M.VALUES,)] == [M.ACK]
-    assert node.met == [['worker:1', 'tcp://new', 'h']]
+    assert node.met == [['worker:1', 'tcp://new:4000', 'h']]
     assert values == {'worker:0': [1001001, 1001001, 1000001, 1001001, 1000001],
                       'worker:1': [1001001, 1001001],        # (its 2nd answer: round 4)
                       'worker:2': [1001001, 1001001, 1000001, 1001001, 1000001]}
@@ -532,3 +532,19 @@ def test_the_ssh_launcher_follows_the_discovery_script(tmp_path):
         f'd2l-launch: --host-discovery-script {script} exited with 3; the hosts stay as they '
         'were']
     assert job.listed == {'hostA', 'hostC'}
+
+
+def test_a_hello_with_a_bad_address_is_refused_and_the_server_goes_on():
+    from d2ldist.kv import messages as M
+    from d2ldist.kv.server import KVServer
+    from d2ldist.runtime.node import Node
+    node = ServerNode(id='server:0', sent=[], met=[], queue=[
+        message(M.HELLO, 'worker:1', id=1, address='tcp://;rm -rf:1', host_id='h'),
+        message(M.HELLO, 'worker:1', id=2, address='tcp://198.18.9.3:4000', host_id='h')])
+    node.meet = lambda joined: (Node.meet(SimpleNamespace(book={}, van=SimpleNamespace(
+        connect=lambda *a, **k: None, address='tcp://198.18.9.2:1')), joined),
+        node.met.append(joined))
+    KVServer(node).serve()
+    assert [(kind, h.get('id'), h.get('error')) for _, kind, h, _ in node.sent] == [
+        (M.ERROR, 1, "worker:1 gave a bad address 'tcp://;rm -rf:1'"), (M.ACK, 2, None)]
+    assert node.met == [['worker:1', 'tcp://198.18.9.3:4000', 'h']]
