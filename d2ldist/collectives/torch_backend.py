@@ -349,7 +349,7 @@ class TorchBackend:
         return out[a:b].clone()
 
     def _reduce_scatter_flat(self, flat, op):
-        """torch's reduce-scatter of equal shards (gloo has it: the sum, then Average's division)."""
+        """torch's reduce-scatter of equal shards (the sum, then Average's division)."""
         a, b = equal_shard(flat, self.rank, self.size)
         X = flat.to(self.device, self._wider(flat.dtype)).contiguous()
         out = torch.empty(b - a, dtype=X.dtype, device=self.device)
