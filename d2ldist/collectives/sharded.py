@@ -171,9 +171,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self.stage == 2:
             self._hooks.wait()                # (starts the buckets of unused parameters)
             return
-        handles = [world.run(self._reduce_scatter, b, bucket.pack([p.grad for p in
-                                                                   bucket.params]))
-                   for b, bucket in enumerate(self.buckets)]
+        handles = []
+        for b, bucket in enumerate(self.buckets):
+            flat = bucket.pack([p.grad for p in bucket.params])
+            handles.append(world.run(self._reduce_scatter, b, flat))
         for handle in handles:
             handle.wait()
 

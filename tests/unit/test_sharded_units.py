@@ -1,12 +1,17 @@
 """ZeRO's ShardedOptimizer in one process (issue 31): the layout among N workers (computed
-for N = 2 and 3 without a job), the one-line errors, and alone exactly the wrapped
-optimizer. tests/jobs/test_sharded.py runs it among real workers."""
+for N = 2 and 3 without a job), the one-line errors, alone exactly the wrapped optimizer,
+and N workers as threads over in-memory collectives. tests/jobs/test_sharded.py runs it
+among real workers, on the ring and on torch.distributed."""
+import threading
+
 import pytest
 import torch
 from torch import nn
 
 import d2ldist
+from d2ldist.collectives import world
 from d2ldist.collectives.distributed_optimizer import DistributedOptimizer
+from d2ldist.collectives.engine import Handle
 from d2ldist.collectives.ring_backend import RingBackend, equal_shard
 from d2ldist.collectives.sharded import plan
 from d2ldist.collectives.ops import Average
@@ -92,11 +97,11 @@ def test_an_optimizer_that_has_stepped_is_refused():
                    lambda: d2ldist.ShardedOptimizer(adam))
 
 
-def train(net, opt, steps=5):
+def train(net, opt, steps=5, batch=8):
     """A few steps on fixed random batches; the loss is nothing but a function of them."""
     g = torch.Generator().manual_seed(1)
     for _ in range(steps):
-        X = torch.randn(8, 5, generator=g, dtype=torch.float64)
+        X = torch.randn(batch, 5, generator=g, dtype=torch.float64)
         opt.zero_grad()
         net(X).pow(2).mean().backward()
         opt.step()
@@ -155,3 +160,66 @@ def test_the_flat_collectives_alone_and_their_one_line_error():
     assert equal_shard(torch.zeros(12), 2, 3) == (8, 12)
     one_line_error(ValueError, 'multiple of the 5 workers', lambda: equal_shard(
         torch.zeros(12), 0, 5))
+
+
+class ThreadWorkers:
+    """N workers as threads: the two flat collectives over memory, each thread its rank."""
+
+    def __init__(self, n):
+        self.n, self.slots, self.here = n, [None] * n, threading.Barrier(n, timeout=60)
+        self.local = threading.local()
+
+    def reduce_scatter_flat(self, flat, op):
+        total = sum(self._exchange(flat)) / self.n            # (Average)
+        k = flat.numel() // self.n
+        return total[self.rank * k:(self.rank + 1) * k]
+
+    def all_gather_flat_(self, flat, shard):
+        return flat.copy_(torch.cat(self._exchange(shard)))
+
+    def _exchange(self, tensor):
+        """Every worker's tensor, in rank order."""
+        self.slots[self.rank] = tensor.clone()
+        self.here.wait()
+        everyone = list(self.slots)
+        self.here.wait()
+        return everyone
+
+    rank = property(lambda self: self.local.rank)
+    size = property(lambda self: self.n)
+
+
+@pytest.mark.parametrize('stage', [1, 2])
+@pytest.mark.parametrize('n', [2, 3])
+def test_n_workers_equal_one_process_on_the_whole_batch(n, stage, monkeypatch):
+    """Each worker its part of a global batch of 12: after 5 steps of Adam every worker has
+    the weights of plain Adam on the whole batch, and Adam's state for 1/N of them."""
+    workers = ThreadWorkers(n)
+    monkeypatch.setattr(world, 'backend', lambda: workers)
+    monkeypatch.setattr(world, 'run', lambda fn, *args: Handle.finished(fn(*args)))
+    nets, states = [mlp() for _ in range(n)], [None] * n
+
+    def work(r):
+        workers.local.rank = r
+        opt = d2ldist.ShardedOptimizer(torch.optim.Adam(nets[r].parameters(), lr=0.01),
+                                       stage=stage, bucket_cap_mb=CAP_MB)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(5):
+            X = torch.randn(12, 5, generator=g, dtype=torch.float64)
+            opt.zero_grad()
+            nets[r](X[r * 12 // n:(r + 1) * 12 // n]).pow(2).mean().backward()
+            opt.step()
+        states[r] = sum(t.numel() for s in opt.state.values() for k, t in s.items()
+                        if k != 'step')
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    plain = mlp()
+    expected = train(plain, torch.optim.Adam(plain.parameters(), lr=0.01), batch=12)
+    padded = sum(b.padded for b in plan(list(plain.parameters()), n, CAP_MB))
+    assert states == [2 * padded // n] * n
+    for net in nets:
+        assert all(torch.allclose(p, q, rtol=1e-10, atol=1e-13)
+                   for p, q in zip(net.parameters(), expected))
