@@ -141,6 +141,16 @@ def test_the_state_is_the_shards_and_stage_2_keeps_no_full_gradient():
     assert all(s.grad is None for s in opt.shards)
 
 
+def test_stage_2_refuses_a_second_backward_before_the_step():
+    """Its first backward's gradients are already gone into the buckets."""
+    net = mlp()
+    opt = d2ldist.ShardedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), stage=2)
+    net(torch.ones(1, 5, dtype=torch.float64)).sum().backward()
+    one_line_error(RuntimeError, 'computed twice before the step.*stage 1 accumulates',
+                   lambda: net(torch.ones(1, 5, dtype=torch.float64)).sum().backward())
+    opt.step()
+
+
 def test_zero_grad_as_torchs():
     net = mlp()
     opt = d2ldist.ShardedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1))
