@@ -12,7 +12,8 @@ import d2ldist
 from d2ldist.collectives import world
 from d2ldist.collectives.distributed_optimizer import DistributedOptimizer
 from d2ldist.collectives.engine import Handle
-from d2ldist.collectives.ring_backend import RingBackend, equal_shard
+from d2ldist.collectives.ring import Refused
+from d2ldist.collectives.ring_backend import RingBackend, equal_shard, stand_in
 from d2ldist.collectives.sharded import plan
 from d2ldist.collectives.ops import Average
 
@@ -233,3 +234,13 @@ def test_n_workers_equal_one_process_on_the_whole_batch(n, stage, monkeypatch):
     for net in nets:
         assert all(torch.allclose(p, q, rtol=1e-10, atol=1e-13)
                    for p, q in zip(net.parameters(), expected))
+
+
+@pytest.mark.parametrize('method, args', [('reduce_scatter_flat', {'op': 'Average'}),
+                                          ('all_gather_flat_', {})])
+def test_a_worker_in_join_has_no_shard_and_refuses_them(method, args):
+    """As Horovod's allgather: the others' call fails on every worker, naming it."""
+    described = {'method': method, 'dtype': 'float64', 'shape': [6], **args}
+    assert stand_in(described, 2)[0] == method
+    with pytest.raises(Refused, match=f'no {method.strip("_")} while a worker is in join'):
+        RingBackend(None)._take_part(described)
