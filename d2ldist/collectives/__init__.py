@@ -8,5 +8,7 @@
   stand-ins); ``torch_backend.py``: the same on torch.distributed;
 * ``sync_batchnorm.py`` -- BatchNorm over the batches of all workers;
 * ``buckets.py`` -- gradient buckets whose all-reduce starts during backward;
-* ``distributed_optimizer.py`` -- Horovod's DistributedOptimizer and broadcasts.
+* ``distributed_optimizer.py`` -- Horovod's DistributedOptimizer and broadcasts;
+* ``sharded.py`` -- ZeRO stages 1 and 2: ShardedOptimizer, the optimizer's state (and
+  the gradients) cut into one shard per worker.
 """

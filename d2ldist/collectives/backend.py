@@ -35,6 +35,12 @@ class Backend(Protocol):
     def reducescatter(self, tensor: 'Tensor', op: 'ReduceOp') -> 'Tensor':
         """This worker's rows (``even_slices`` of dim 0) of the reduction."""
 
+    def reduce_scatter_flat(self, flat: 'Tensor', op: 'ReduceOp') -> 'Tensor':
+        """This worker's equal shard of the 1-D ``flat`` (numel a multiple of size), reduced."""
+
+    def all_gather_flat_(self, flat: 'Tensor', shard: 'Tensor') -> 'Tensor':
+        """Fill the 1-D ``flat`` with every worker's equal ``shard``, in rank order."""
+
     def barrier(self) -> None:
         """Wait until every worker has called it."""
 

@@ -57,7 +57,8 @@ class Buckets:
         b = self.bucket_of[i]
         if i in self.ready_ones[b] or self.handles[b] is not None:
             raise RuntimeError('a gradient was computed twice before the step: one backward '
-                               'per step (or call synchronize() in between)')
+                               'per step (DistributedOptimizer: or call synchronize() in '
+                               'between; ShardedOptimizer: stage 1 accumulates)')
         self.ready_ones[b].add(i)
         while self.next < len(self.groups) and \
                 len(self.ready_ones[self.next]) == len(self.groups[self.next]):

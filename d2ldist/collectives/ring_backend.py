@@ -24,7 +24,8 @@ def _call(name, tensor, detail):
 
 
 # -- hvd.join(): what a worker out of data needs to take part in a collective ----------
-_STAND_INS = ('allreduce_', 'reducescatter', 'broadcast_', 'allgather')   # its methods
+_STAND_INS = ('allreduce_', 'reducescatter', 'broadcast_', 'allgather',   # its methods
+              'reduce_scatter_flat', 'all_gather_flat_')
 
 
 def _describe(method, tensor, **args):
@@ -45,6 +46,8 @@ def stand_in(replay, size):
         raise ValueError(f'no collective described: {str(replay)[:200]}')
     if method == 'allgather':
         return method, torch.zeros((0, *shape[1:]), dtype=dtype), ()
+    if method == 'all_gather_flat_':
+        return method, torch.zeros(shape, dtype=dtype), (torch.zeros(0, dtype=dtype),)
     if method == 'broadcast_':
         root = what.get('root')
         if not isinstance(root, int) or not 0 <= root < size:
@@ -54,7 +57,24 @@ def stand_in(replay, size):
     return method, torch.full(shape, ops.identity(op, dtype), dtype=dtype), (op,)
 
 
-REFUSED = ('broadcast_', 'allgather')   # what a worker in join() makes fail (Horovod's)
+# what a worker in join() makes fail (Horovod's); the flat halves too: a worker out of
+# data has no shard of its own (ZeRO, sharded.py)
+REFUSED = ('broadcast_', 'allgather', 'reduce_scatter_flat', 'all_gather_flat_')
+
+
+def equal_shard(flat, rank, size):
+    """(start, end) of worker ``rank``'s equal shard of the 1-D ``flat``; ValueError if
+    it cannot be cut in ``size`` equal shards."""
+    if flat.dim() != 1 or flat.numel() % size:
+        raise ValueError(f'the flat collectives need a 1-D tensor whose length is a multiple '
+                         f'of the {size} workers, not {list(flat.shape)}')
+    n = flat.numel() // size
+    return rank * n, (rank + 1) * n
+
+
+def equal_segments(flat, size):
+    """The ``size`` equal shards of ``flat`` as the ring's segments."""
+    return [equal_shard(flat, r, size) for r in range(size)]
 
 
 # -- d2ldist's own backend -------------------------------------------------------------
@@ -129,6 +149,32 @@ class RingBackend:
         out = flat[seg[self.rank][0]:seg[self.rank][1]].view(rows[1] - rows[0],
                                                               *tensor.shape[1:])
         return ops.finish_(out, op, self.size).to(tensor.device)
+
+    def reduce_scatter_flat(self, flat, op):
+        """This worker's equal shard of the 1-D ``flat`` (numel a multiple of size) reduced
+        over all workers: the ring's first half alone, (N-1)/N of ``flat`` sent."""
+        self._check(flat)
+        a, b = equal_shard(flat, self.rank, self.size)
+        if self.ring is not None:
+            with staged(flat, 'cpu') as X:
+                self.ring.reducescatter_(X, equal_segments(flat, self.size), op,
+                                         _call('reduce_scatter_flat', flat, op.name),
+                                         _describe('reduce_scatter_flat', flat, op=op.name))
+                ops.finish_(X[a:b], op, self.size)
+        return flat[a:b]
+
+    def all_gather_flat_(self, flat, shard):
+        """Fill the 1-D ``flat`` with every worker's ``shard``, in rank order: the ring's
+        second half alone, (N-1)/N of ``flat`` sent."""
+        self._check(flat)
+        a, b = equal_shard(flat, self.rank, self.size)
+        flat[a:b] = shard
+        if self.ring is not None:
+            with staged(flat, 'cpu') as X:
+                self.ring.allgather_(X, equal_segments(flat, self.size),
+                                     _call('all_gather_flat', flat, 'equal shards'),
+                                     _describe('all_gather_flat_', flat))
+        return flat
 
     def barrier(self):
         if self.node is not None:

@@ -51,7 +51,11 @@ from ..runtime.split import even_slices
 from ..runtime.staging import staged
 from ..runtime.wire import DTYPES, dtype_name
 from . import ops
-from .ring_backend import stand_in
+from .ring_backend import REFUSED, equal_shard, stand_in
+
+# the flat halves of an all-reduce (ZeRO, sharded.py): torch 2.14 renamed them
+_REDUCE_SCATTER = getattr(dist, 'reduce_scatter_single', None) or dist.reduce_scatter_tensor
+_ALL_GATHER = getattr(dist, 'all_gather_single', None) or dist.all_gather_into_tensor
 
 
 def rendezvous_env(env=os.environ):
@@ -139,7 +143,8 @@ def agree_on_gpus(store, rank, size, uuid):
 
 
 # -- hvd.join(): what each collective says first, as integers all-reduced with max -------
-CALLS = ('allreduce_', 'reducescatter', 'broadcast_', 'allgather', 'barrier')
+CALLS = ('allreduce_', 'reducescatter', 'broadcast_', 'allgather', 'barrier',
+         'reduce_scatter_flat', 'all_gather_flat_')
 _DTYPES, _OPS = list(DTYPES.values()), list(ops.OPS.values())
 ACTIVE, CALL, DTYPE, OP, ROOT, ROWS, ROW, FIRST, JOINED = range(9)   # JOINED: one per worker
 UNSUPPORTED = len(_DTYPES)       # the DTYPE a worker says for a dtype that none can send
@@ -252,6 +257,17 @@ class TorchBackend:
         self._say('reducescatter', tensor, op=op)
         return self._reducescatter(tensor, op)
 
+    def reduce_scatter_flat(self, flat, op):
+        """This worker's equal shard of the 1-D ``flat`` (numel a multiple of size) reduced
+        over all workers."""
+        _refuse_if_joined('reduce_scatter_flat', self._say('reduce_scatter_flat', flat, op=op))
+        return self._reduce_scatter_flat(flat, op)
+
+    def all_gather_flat_(self, flat, shard):
+        """Fill the 1-D ``flat`` with every worker's ``shard``, in rank order."""
+        _refuse_if_joined('all_gather_flat', self._say('all_gather_flat_', flat))
+        return self._all_gather_flat_(flat, shard)
+
     def barrier(self):
         self._say('barrier')
         self._barrier()
@@ -332,6 +348,21 @@ class TorchBackend:
         a, b = even_slices(tensor.shape[0], self.size)[self.rank]
         return out[a:b].clone()
 
+    def _reduce_scatter_flat(self, flat, op):
+        """torch's reduce-scatter of equal shards (the sum, then Average's division)."""
+        a, b = equal_shard(flat, self.rank, self.size)
+        X = flat.to(self.device, self._wider(flat.dtype)).contiguous()
+        out = torch.empty(b - a, dtype=X.dtype, device=self.device)
+        _REDUCE_SCATTER(out, X, getattr(dist.ReduceOp, op.torch_name))
+        return ops.finish_(out, op, self.size).to(flat.device, flat.dtype)
+
+    def _all_gather_flat_(self, flat, shard):
+        """torch's all-gather into one tensor (the shard copied: it may be a view of flat)."""
+        equal_shard(flat, self.rank, self.size)
+        with staged(flat, self.device, self._wider(flat.dtype)) as X:
+            _ALL_GATHER(X, shard.to(self.device, X.dtype, copy=True))
+        return flat
+
     def _barrier(self):
         """With --hang-fail on gloo, rank 0 names the ranks that did not come (monitored
         barrier); otherwise a plain barrier."""
@@ -366,5 +397,5 @@ class TorchBackend:
             call, args = _heard(heard, self.size)
             if _disagreement(call, heard, low):    # the others refuse it: so does this one
                 continue
-            if call not in ('broadcast_', 'allgather'):   # (those fail on the others)
+            if call not in REFUSED:                 # (those fail on the others)
                 getattr(self, '_' + call)(*args)

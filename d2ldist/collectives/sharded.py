@@ -1,0 +1,231 @@
+"""ZeRO, stages 1 and 2: each worker keeps the optimizer's state of only 1/N of the weights.
+
+Data parallelism keeps everything on every worker: the weights, their gradients and
+the optimizer's state -- for Adam two more tensors the size of the weights, so that
+with N workers the job holds N copies of each. ZeRO (Rajbhandari et al., SC 2020) cuts
+them into N shards, one per worker:
+
+* stage 1 shards the optimizer's state: worker r updates only shard r of the weights,
+  and the others get it from r afterwards;
+* stage 2 shards the gradients too: a bucket's gradients are reduce-scattered during
+  backward, and each parameter's full ``.grad`` is dropped once it is in its bucket.
+
+The layout is FSDP's *flat parameters*. The parameters are grouped into buckets of about
+``bucket_cap_mb`` in backward's order (``buckets.py``); each bucket's parameters are laid
+back to back in one flat vector, padded with zeros to a multiple of N and cut into N
+equal shards; worker r owns shard r of every bucket. One step, for a bucket of two
+parameters (4 and 3 elements) among N = 3 workers, seen by worker 1:
+
+    #   bucket         w2 w2 w2 w2 w1 w1 w1  0  0     padded from 7 to 9 elements
+    #   shards        |  shard 0 |  shard 1 |  shard 2 |
+    #
+    #   gradients      g  g  g  g  g  g  g  0  0      this worker's own batch
+    #   reduce-scatter            [G  G  G ]           shard 1 of the average (Average)
+    #   Adam's step               [W  W  W ]           its state: 3 elements, not 9
+    #   all-gather     W  W  W  W  W  W  W  .  .      every worker's shard, everywhere
+    #   into the parameters: w2 = W W W W, w1 = W W W
+
+A reduce-scatter followed by an all-gather is an all-reduce cut in its two halves
+(``ring.py``): each worker sends 2(N-1)/N of the padded buckets, the bytes of data
+parallelism's all-reduce, while Adam's state per worker falls to 1/N. The wrapped
+optimizer is kept, and its parameter groups are made to hold the shards only (one flat
+shard per bucket, each bucket within one group, so each group keeps its hyperparameters),
+as DeepSpeed does. A parameter that gets no gradient in a step counts as zero there (as
+in DistributedOptimizer's buckets). Each worker's ``state_dict()`` is its own shard's.
+"""
+import torch
+
+from . import world
+from .buckets import BUCKET_CAP_MB, BackwardBuckets, Buckets
+from .distributed_optimizer import DistributedOptimizer
+from .ops import Average
+
+STAGES = (1, 2)
+
+
+class Bucket:
+    """One bucket's layout: its parameters back to back, padded, cut into n equal shards."""
+
+    def __init__(self, params, indices, n, group=0):
+        self.params, self.indices, self.group = [params[i] for i in indices], indices, group
+        self.numel = sum(p.numel() for p in self.params)
+        self.padded = -(-self.numel // n) * n           # rounded up to a multiple of n
+        self.shard_numel = self.padded // n
+
+    def shard(self, r):
+        """(start, end) of worker r's shard in the flat vector."""
+        return r * self.shard_numel, (r + 1) * self.shard_numel
+
+    def places(self, flat):
+        """Each parameter's place in the flat vector ``flat``, shaped like it."""
+        views, offset = [], 0
+        for p in self.params:
+            views.append(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        return views
+
+    def zeros(self):
+        """A flat vector of the bucket's dtype and device, padded, all zeros."""
+        first = self.params[0]
+        return torch.zeros(self.padded, dtype=first.dtype, device=first.device)
+
+    @torch.no_grad()
+    def pack(self, tensors):
+        """The tensors (one per parameter; None counts as zeros) as one padded flat vector."""
+        flat = self.zeros()
+        for place, t in zip(self.places(flat), tensors):
+            if t is not None:
+                place.copy_(t)
+        return flat
+
+    def __repr__(self):
+        return f'Bucket(parameters {self.indices}, {self.numel} -> {self.padded} elements)'
+
+
+def plan(params, n, cap_mb=BUCKET_CAP_MB, kinds=None):
+    """The layout among ``n`` workers: ``Buckets``' grouping (backward's order, about
+    ``cap_mb`` each; ``kinds``: what may not share a bucket, (dtype, device, param group))."""
+    kinds = kinds or [(p.dtype, p.device, 0) for p in params]
+    groups = Buckets([p.numel() for p in params], [p.element_size() for p in params],
+                     kinds, None, cap_mb).groups
+    return layout(params, groups, n, kinds)
+
+
+def layout(params, groups, n, kinds):
+    """A Bucket for each group of parameter indices (its param group: its kinds' third)."""
+    return [Bucket(params, g, n, kinds[g[0]][2]) for g in groups]
+
+
+def check(optimizer, named_parameters, stage):
+    """Refuse, in one line, what ShardedOptimizer cannot shard."""
+    if stage not in STAGES:
+        raise ValueError(f'stage must be 1 or 2, not {stage!r} (stage 3, sharded weights, '
+                         'is not in d2ldist)')
+    if not isinstance(optimizer, torch.optim.Optimizer) \
+            or isinstance(optimizer, (DistributedOptimizer, ShardedOptimizer)):
+        raise TypeError(f'ShardedOptimizer wraps a torch.optim optimizer, not '
+                        f'{type(optimizer).__name__}')
+    if optimizer.state:
+        raise ValueError('the optimizer already has state (it has stepped): wrap it in '
+                         'ShardedOptimizer before the first step')
+    mine = {id(p) for g in optimizer.param_groups for p in g['params']}
+    left_out = [name for name, p in named_parameters or () if p.requires_grad
+                and id(p) not in mine]
+    if left_out:
+        raise ValueError(f'{len(left_out)} parameters of the model are not in the optimizer '
+                         f'({", ".join(left_out[:3])}): give them all to it, or freeze them')
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    """Wraps an optimizer: ZeRO stage 1 (its state sharded over the workers) or 2 (the
+    gradients too), on the backend in use (the module's docstring says how).
+
+    Mixed dtypes (and devices) are bucketed separately. Start every worker with the same
+    weights (``broadcast_parameters``); then ``loss.backward(); optimizer.step()``."""
+
+    def __init__(self, optimizer, named_parameters=None, stage=1,
+                 bucket_cap_mb=BUCKET_CAP_MB):
+        check(optimizer, None if named_parameters is None else list(named_parameters), stage)
+        self.optimizer, self.stage = optimizer, stage
+        self.rank, self.size = world.backend().rank, world.backend().size
+        owned = [(g, p) for g, group in enumerate(optimizer.param_groups)
+                 for p in group['params'] if p.requires_grad]
+        self._params = [p for _, p in owned]
+        kinds = [(p.dtype, p.device, g) for g, p in owned]
+        if stage == 2:     # the hooks of backward group the parameters as plan() would
+            self._hooks = BackwardBuckets(self._params, self._fill, self._start, kinds,
+                                          bucket_cap_mb)
+            self.buckets = layout(self._params, self._hooks.groups, self.size, kinds)
+            self._grads = [None] * len(self.buckets)      # the buckets being filled
+        else:
+            self.buckets = plan(self._params, self.size, bucket_cap_mb, kinds)
+        self.shards = [self._my_shard(bucket) for bucket in self.buckets]
+        for g, group in enumerate(optimizer.param_groups):   # the optimizer sees shards only
+            group['params'] = [s for b, s in zip(self.buckets, self.shards) if b.group == g]
+
+    # the wrapped optimizer's state is this optimizer's state
+    param_groups = property(lambda self: self.optimizer.param_groups)
+    state = property(lambda self: self.optimizer.state)
+    defaults = property(lambda self: self.optimizer.defaults)
+
+    def _my_shard(self, bucket):
+        """This worker's shard of the bucket's weights, a flat tensor of its own."""
+        a, b = bucket.shard(self.rank)
+        return bucket.pack(bucket.params)[a:b].clone()
+
+    def step(self, closure=None):
+        """Average the gradients into this worker's shards, step them, gather the weights."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with torch.no_grad():
+            self._reduce_scatter_gradients()
+            self.optimizer.step()
+            self._all_gather_weights()
+        return loss
+
+    def _reduce_scatter_gradients(self):
+        """Each shard's averaged gradient in its ``.grad``: stage 1 reduce-scatters every
+        bucket now; stage 2 began during backward and waits for the last ones."""
+        if self.stage == 2:
+            self._hooks.wait()                # (starts the buckets of unused parameters)
+            return
+        handles = []
+        for b, bucket in enumerate(self.buckets):
+            flat = bucket.pack([p.grad for p in bucket.params])
+            handles.append(world.run(self._reduce_scatter, b, flat))
+        for handle in handles:
+            handle.wait()
+
+    def _reduce_scatter(self, b, flat):
+        """(On the communication thread) bucket b's gradients averaged into shard b's grad."""
+        shard = world.backend().reduce_scatter_flat(flat, Average)
+        self.shards[b].grad = shard.clone()   # (not a view: the bucket's memory goes)
+
+    def _all_gather_weights(self):
+        """Every worker's updated shards into the full weights, written into the parameters."""
+        flats = [bucket.zeros() for bucket in self.buckets]
+        handles = [world.run(world.backend().all_gather_flat_, flat, shard)
+                   for flat, shard in zip(flats, self.shards)]
+        for bucket, flat, handle in zip(self.buckets, flats, handles):
+            handle.wait()
+            for p, value in zip(bucket.params, bucket.places(flat)):
+                p.copy_(value)
+
+    # -- stage 2: backward's hooks ---------------------------------------------------
+    def _fill(self, i):
+        """Parameter i's gradient into its bucket; its full ``.grad`` is dropped."""
+        b, p = self._hooks.bucket_of[i], self._params[i]
+        bucket = self.buckets[b]
+        if self._grads[b] is None:
+            self._grads[b] = bucket.zeros()
+        bucket.places(self._grads[b])[bucket.indices.index(i)].copy_(p.grad)
+        p.grad = None
+
+    def _start(self, b, indices):
+        """Bucket b is complete: its reduce-scatter starts on the communication thread."""
+        flat, self._grads[b] = self._grads[b], None
+        if flat is None:                       # (no gradient came: zeros)
+            flat = self.buckets[b].zeros()
+        return world.run(self._reduce_scatter, b, flat)
+
+    def zero_grad(self, set_to_none=True):
+        """As torch's: the parameters' gradients (and the shards') to None, or to zeros."""
+        for p in self._params:
+            if p.grad is not None:
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.zero_()
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        return self.optimizer.load_state_dict(state_dict)
+
+    def __repr__(self):
+        return (f'ShardedOptimizer({type(self.optimizer).__name__}, stage={self.stage}, '
+                f'buckets={len(self.buckets)}, shard {self.rank} of {self.size})')

@@ -1,0 +1,246 @@
+"""ZeRO's ShardedOptimizer in one process (issue 31): the layout among N workers (computed
+for N = 2 and 3 without a job), the one-line errors, alone exactly the wrapped optimizer,
+and N workers as threads over in-memory collectives. tests/jobs/test_sharded.py runs it
+among real workers, on the ring and on torch.distributed."""
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import d2ldist
+from d2ldist.collectives import world
+from d2ldist.collectives.distributed_optimizer import DistributedOptimizer
+from d2ldist.collectives.engine import Handle
+from d2ldist.collectives.ring import Refused
+from d2ldist.collectives.ring_backend import RingBackend, equal_shard, stand_in
+from d2ldist.collectives.sharded import plan
+from d2ldist.collectives.ops import Average
+
+# 8-byte elements; a cap of 30 of them puts the last two parameters (3 + 21) together,
+# and the next ones (7, then 35) each alone
+CAP_MB = 30 * 8 / 2 ** 20
+
+
+def mlp(seed=0, dtype=torch.float64):
+    """Linear(5, 7), Tanh, Linear(7, 3): parameters of 35, 7, 21 and 3 elements."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).to(dtype)
+
+
+@pytest.mark.parametrize('n, padded', [(1, [24, 7, 35]), (2, [24, 8, 36]),
+                                       (3, [24, 9, 36])])
+def test_buckets_in_backward_order_padded_to_a_multiple_of_n(n, padded):
+    buckets = plan(list(mlp().parameters()), n, CAP_MB)
+    assert [b.indices for b in buckets] == [[3, 2], [1], [0]]
+    assert [b.numel for b in buckets] == [24, 7, 35]
+    assert [b.padded for b in buckets] == padded
+    assert [b.shard_numel for b in buckets] == [p // n for p in padded]
+
+
+@pytest.mark.parametrize('n', [2, 3])
+def test_the_shards_tile_each_bucket_and_the_places_hold_the_parameters(n):
+    params = list(mlp().parameters())
+    for bucket in plan(params, n, CAP_MB):
+        shards = [bucket.shard(r) for r in range(n)]
+        assert shards[0][0] == 0 and shards[-1][1] == bucket.padded
+        assert all(a[1] == b[0] and a[1] - a[0] == bucket.shard_numel
+                   for a, b in zip(shards, shards[1:]))
+        flat = bucket.pack(bucket.params)
+        assert flat[bucket.numel:].eq(0).all()                 # the padding: zeros
+        assert all(torch.equal(place, p) for place, p in zip(bucket.places(flat),
+                                                              bucket.params))
+    three = plan(params, 3, CAP_MB)[2]          # 35 elements: 12 + 12 + 11 and 1 zero
+    assert [three.shard(r) for r in range(3)] == [(0, 12), (12, 24), (24, 36)]
+
+
+def test_one_big_bucket_by_default_and_dtypes_and_groups_apart():
+    params = list(mlp().parameters())
+    assert [b.indices for b in plan(params, 2)] == [[3, 2, 1, 0]]
+    mixed = [params[0], params[1].float(), params[2], params[3]]
+    assert [b.indices for b in plan(mixed, 2)] == [[3, 2], [1], [0]]    # float32 alone
+    net = mlp()
+    opt = d2ldist.ShardedOptimizer(torch.optim.SGD(
+        [{'params': net[0].parameters()}, {'params': net[2].parameters(), 'lr': 0.5}],
+        lr=0.1))
+    assert [(b.indices, b.group) for b in opt.buckets] == [([3, 2], 1), ([1, 0], 0)]
+    assert [g['lr'] for g in opt.param_groups] == [0.1, 0.5]
+    assert [[s.numel() for s in g['params']] for g in opt.param_groups] == [[42], [24]]
+
+
+def one_line_error(kind, match, make):
+    with pytest.raises(kind, match=match) as e:
+        make()
+    assert '\n' not in str(e.value)
+
+
+def test_what_cannot_be_sharded_is_refused_in_one_line():
+    net = mlp()
+    sgd = lambda ps=None: torch.optim.SGD(ps or net.parameters(), lr=0.1)  # noqa: E731
+    for stage in (0, 3, '1'):
+        one_line_error(ValueError, 'stage must be 1 or 2', lambda: d2ldist.ShardedOptimizer(
+            sgd(), stage=stage))
+    one_line_error(ValueError, r'2 parameters of the model are not in the optimizer '
+                   r'\(2.weight, 2.bias\)', lambda: d2ldist.ShardedOptimizer(
+                       sgd(net[0].parameters()), net.named_parameters()))
+    one_line_error(TypeError, 'wraps a torch.optim optimizer, not list',
+                   lambda: d2ldist.ShardedOptimizer([1]))
+    one_line_error(TypeError, 'not DistributedOptimizer',
+                   lambda: d2ldist.ShardedOptimizer(DistributedOptimizer(sgd())))
+
+
+def test_an_optimizer_that_has_stepped_is_refused():
+    net = mlp()
+    adam = torch.optim.Adam(net.parameters())
+    net(torch.ones(1, 5, dtype=torch.float64)).sum().backward()
+    adam.step()
+    one_line_error(ValueError, 'already has state .* before the first step',
+                   lambda: d2ldist.ShardedOptimizer(adam))
+
+
+def train(net, opt, steps=5, batch=8):
+    """A few steps on fixed random batches; the loss is nothing but a function of them."""
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        X = torch.randn(batch, 5, generator=g, dtype=torch.float64)
+        opt.zero_grad()
+        net(X).pow(2).mean().backward()
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+OPTIMIZERS = {
+    'sgd momentum': lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3),
+    'adam': lambda ps: torch.optim.Adam(ps, lr=0.01),
+    'adam, two groups': lambda ps: torch.optim.Adam(
+        [{'params': ps[:2], 'lr': 0.05}, {'params': ps[2:]}], lr=0.01, weight_decay=1e-2)}
+
+
+@pytest.mark.parametrize('stage', [1, 2])
+@pytest.mark.parametrize('name', OPTIMIZERS)
+def test_alone_it_is_the_wrapped_optimizer(name, stage):
+    """Elementwise updates of a flat shard equal those of the separate tensors, exactly."""
+    plain, sharded = mlp(), mlp()
+    expected = train(plain, OPTIMIZERS[name](list(plain.parameters())))
+    opt = d2ldist.ShardedOptimizer(OPTIMIZERS[name](list(sharded.parameters())),
+                                   sharded.named_parameters(), stage=stage, bucket_cap_mb=CAP_MB)
+    got = train(sharded, opt)
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))
+
+
+def test_the_state_is_the_shards_and_stage_2_keeps_no_full_gradient():
+    net = mlp()
+    opt = d2ldist.ShardedOptimizer(torch.optim.Adam(net.parameters()), stage=2,
+                                   bucket_cap_mb=CAP_MB)
+    net(torch.ones(2, 5, dtype=torch.float64)).sum().backward()
+    assert all(p.grad is None for p in net.parameters())       # dropped once in the bucket
+    assert [s.grad.numel() for s in opt.shards] == [24, 7, 35]  # (alone: run at once)
+    opt.step()
+    state = [t for s in opt.shards for k, t in opt.state[s].items() if k != 'step']
+    assert sum(t.numel() for t in state) == 2 * 66          # exp_avg, exp_avg_sq: 1/N of 66
+    opt.zero_grad()
+    assert all(s.grad is None for s in opt.shards)
+
+
+def test_stage_2_refuses_a_second_backward_before_the_step():
+    """Its first backward's gradients are already gone into the buckets."""
+    net = mlp()
+    opt = d2ldist.ShardedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), stage=2)
+    net(torch.ones(1, 5, dtype=torch.float64)).sum().backward()
+    one_line_error(RuntimeError, 'computed twice before the step.*stage 1 accumulates',
+                   lambda: net(torch.ones(1, 5, dtype=torch.float64)).sum().backward())
+    opt.step()
+
+
+def test_zero_grad_as_torchs():
+    net = mlp()
+    opt = d2ldist.ShardedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1))
+    net(torch.ones(2, 5, dtype=torch.float64)).sum().backward()
+    opt.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in net.parameters())
+    opt.zero_grad()
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_the_flat_collectives_alone_and_their_one_line_error():
+    ring = RingBackend(None)
+    flat = torch.arange(6.0)
+    assert torch.equal(ring.reduce_scatter_flat(flat, Average), torch.arange(6.0))
+    out = torch.zeros(6)
+    assert torch.equal(ring.all_gather_flat_(out, torch.arange(6.0)), torch.arange(6.0))
+    assert equal_shard(torch.zeros(12), 2, 3) == (8, 12)
+    one_line_error(ValueError, 'multiple of the 5 workers', lambda: equal_shard(
+        torch.zeros(12), 0, 5))
+
+
+class ThreadWorkers:
+    """N workers as threads: the two flat collectives over memory, each thread its rank."""
+
+    def __init__(self, n):
+        self.n, self.slots, self.here = n, [None] * n, threading.Barrier(n, timeout=60)
+        self.local = threading.local()
+
+    def reduce_scatter_flat(self, flat, op):
+        total = sum(self._exchange(flat)) / self.n            # (Average)
+        k = flat.numel() // self.n
+        return total[self.rank * k:(self.rank + 1) * k]
+
+    def all_gather_flat_(self, flat, shard):
+        return flat.copy_(torch.cat(self._exchange(shard)))
+
+    def _exchange(self, tensor):
+        """Every worker's tensor, in rank order."""
+        self.slots[self.rank] = tensor.clone()
+        self.here.wait()
+        everyone = list(self.slots)
+        self.here.wait()
+        return everyone
+
+    rank = property(lambda self: self.local.rank)
+    size = property(lambda self: self.n)
+
+
+@pytest.mark.parametrize('stage', [1, 2])
+@pytest.mark.parametrize('n', [2, 3])
+def test_n_workers_equal_one_process_on_the_whole_batch(n, stage, monkeypatch):
+    """Each worker its part of a global batch of 12: after 5 steps of Adam every worker has
+    the weights of plain Adam on the whole batch, and Adam's state for 1/N of them."""
+    workers = ThreadWorkers(n)
+    monkeypatch.setattr(world, 'backend', lambda: workers)
+    monkeypatch.setattr(world, 'run', lambda fn, *args: Handle.finished(fn(*args)))
+    nets, states = [mlp() for _ in range(n)], [None] * n
+
+    def work(r):
+        workers.local.rank = r
+        opt = d2ldist.ShardedOptimizer(torch.optim.Adam(nets[r].parameters(), lr=0.01),
+                                       stage=stage, bucket_cap_mb=CAP_MB)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(5):
+            X = torch.randn(12, 5, generator=g, dtype=torch.float64)
+            opt.zero_grad()
+            nets[r](X[r * 12 // n:(r + 1) * 12 // n]).pow(2).mean().backward()
+            opt.step()
+        states[r] = sum(t.numel() for s in opt.state.values() for k, t in s.items()
+                        if k != 'step')
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    plain = mlp()
+    expected = train(plain, torch.optim.Adam(plain.parameters(), lr=0.01), batch=12)
+    padded = sum(b.padded for b in plan(list(plain.parameters()), n, CAP_MB))
+    assert states == [2 * padded // n] * n
+    for net in nets:
+        assert all(torch.allclose(p, q, rtol=1e-10, atol=1e-13)
+                   for p, q in zip(net.parameters(), expected))
+
+
+@pytest.mark.parametrize('method, args', [('reduce_scatter_flat', {'op': 'Average'}),
+                                          ('all_gather_flat_', {})])
+def test_a_worker_in_join_has_no_shard_and_refuses_them(method, args):
+    """As Horovod's allgather: the others' call fails on every worker, naming it."""
+    described = {'method': method, 'dtype': 'float64', 'shape': [6], **args}
+    assert stand_in(described, 2)[0] == method
+    with pytest.raises(Refused, match=f'no {method.strip("_")} while a worker is in join'):
+        RingBackend(None)._take_part(described)
