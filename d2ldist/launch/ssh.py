@@ -106,16 +106,22 @@ def read_hosts(value):
     else:
         entries = [(item, f'-H {value!r} item {i}')
                    for i, item in enumerate(value.split(','), 1)]
+    return hosts_of(entries, 'slots=N', f'no hosts in {value}')
+
+
+def hosts_of(entries, how, none):
+    """The Hosts of (hostfile text, where it was) entries, blank ones skipped; a host
+    listed twice is refused (``how``: the way to give it more slots), no host (``none``)."""
     hosts = []
     for text, where in entries:
         if not text.strip():
             continue
         host = parse_host(text, where)
         if any(h.label == host.label for h in hosts):
-            raise HostError(f'{where}: {host.label} is listed twice (use slots=N)')
+            raise HostError(f'{where}: {host.label} is listed twice (use {how})')
         hosts.append(host)
     if not hosts:
-        raise HostError(f'no hosts in {value}')
+        raise HostError(none)
     return hosts
 
 
@@ -130,21 +136,14 @@ def discover(script, timeout=10.0):
         said = (r.stderr.strip().splitlines() or [''])[-1][:200]
         raise HostError(f'--host-discovery-script {script} exited with {r.returncode}'
                         + (f': {said}' if said else ''))
-    hosts = []
+    entries = []
     for i, line in enumerate(r.stdout.splitlines(), 1):
         text, where = line.split('#', 1)[0].strip(), f'--host-discovery-script line {i}'
-        if not text:
-            continue
-        name, colon, slots = text.partition(':')
+        name, colon, slots = text.partition(':')       # host:slots, as a hostfile line
         if colon and not slots.isdigit():
             raise HostError(f'{where}: expected host or host:slots, got {text!r}')
-        host = parse_host(name + (f' slots={slots}' if colon else ''), where)
-        if any(h.label == host.label for h in hosts):
-            raise HostError(f'{where}: {host.label} is listed twice (use host:slots)')
-        hosts.append(host)
-    if not hosts:
-        raise HostError(f'--host-discovery-script {script} printed no hosts')
-    return hosts
+        entries.append((name + (f' slots={slots}' if colon else ''), where))
+    return hosts_of(entries, 'host:slots', f'--host-discovery-script {script} printed no hosts')
 
 
 # -- how to get there --------------------------------------------------------------
