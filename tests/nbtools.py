@@ -1,5 +1,10 @@
-"""Shared by the notebook tests: a tiny job that reports progress, and notebook building."""
+"""Shared by the notebook tests: a tiny job that reports progress, notebook building, and
+the scripts the chapters write."""
+from pathlib import Path
+
 import nbformat
+
+CHAPTERS = Path(__file__).resolve().parent.parent / 'notebooks'
 
 # A worker that "trains" for num_epochs x num_batches steps of `delay` seconds and
 # reports like a real training script; the worker of rank fail_rank fails early.
@@ -53,3 +58,13 @@ def load_book():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def written_script(chapter, name):
+    """What the chapter's ``%%writefile name`` cell writes: the script exists only once the
+    chapter has run (git ignores it), and a test may run before the chapters do."""
+    head = f'%%writefile {name}'
+    for cell in nbformat.read(CHAPTERS / chapter, as_version=4).cells:
+        if cell.cell_type == 'code' and cell.source.splitlines()[:1] == [head]:
+            return cell.source.split('\n', 1)[1] + '\n'      # (as IPython writes it)
+    raise LookupError(f'{chapter} has no {head} cell')

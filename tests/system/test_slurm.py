@@ -95,17 +95,17 @@ def test_plain_srun_runs_one_job_on_the_ring_whose_scheduler_rank_0_hosts(slurm)
     assert wait_no_survivors(r.tag) == []
 
 
-CONCISE = ROOT / 'notebooks' / 'concise_d2l.py'
-
-
 @pytest.mark.parametrize('kvstore,env', [
     ('torch', {}), ('ring', {'D2L_BACKEND': 'ring', 'D2L_JOB_SECRET': secrets.token_hex(16)})],
     ids=['torch', 'ring'])
 def test_the_concise_chapters_script_under_plain_srun(slurm, tmp_path, kvstore, env):
-    """The concise chapter's command, as its prose gives it: the same script, unchanged,
-    trains on two nodes and both workers end with the same test accuracy."""
+    """The concise chapter's command, as its prose gives it: the script its %%writefile
+    cell writes, unchanged, trains on two nodes; both workers end at the same accuracy."""
+    from nbtools import written_script
+    script = tmp_path / 'concise_d2l.py'
+    script.write_text(written_script('concise.ipynb', 'concise_d2l.py'))
     r = run_slurm(slurm, 'sh', '-c', f'cd {tmp_path} && exec "$@"', 'sh', 'srun', '-N', '2',
-                  '-n', '2', '--label', sys.executable, CONCISE, '--kvstore', kvstore, env=env)
+                  '-n', '2', '--label', sys.executable, script, '--kvstore', kvstore, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     done = dict(re.findall(r'^(\d): worker \1: test loss [\d.]+, test acc ([\d.]+)$',
                            r.stdout, re.M))
