@@ -21,7 +21,6 @@ must tell the job's processes apart by those marks. The pieces:
   and how to cancel the step.
 """
 import base64
-import ctypes
 import json
 import os
 import re
@@ -32,6 +31,7 @@ import sys
 import time
 
 from .. import config
+from ..runtime.hosted import die_with_parent
 from .job import Job, Proc
 from .processes import ProcSpec, child_env, guarded
 
@@ -187,14 +187,6 @@ class StepJob(Job):
 
 
 # -- the task side ---------------------------------------------------------------------
-def _die_with_parent():
-    """In the child, before it runs: SIGKILL when the task side dies (Linux)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def task_rank(environ=os.environ):
     """This task's number, as the tool that started it says it."""
     for name in ('SLURM_PROCID', 'OMPI_COMM_WORLD_RANK', 'PMI_RANK'):
@@ -221,7 +213,7 @@ def task_main(word, label=False):
         child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE if label else None,
                                  stderr=subprocess.STDOUT if label else None,
-                                 preexec_fn=_die_with_parent)
+                                 preexec_fn=lambda: die_with_parent(signal.SIGKILL))
     except OSError as e:
         print(f'{mark}d2l-launch: cannot start {argv[0]!r}: {e.strerror}',
               file=sys.stdout if label else sys.stderr, flush=True)

@@ -26,7 +26,6 @@ import threading
 from .. import config
 from .started import StartError
 
-PR_SET_PDEATHSIG = 1          # Linux's prctl: a signal for the child when its parent dies
 
 
 def meeting_place(start):
@@ -56,7 +55,7 @@ def start_scheduler(start, address, port, secret):
         scheduler_uri=address, scheduler_port=port))
     scheduler = subprocess.Popen([sys.executable, '-m', 'd2ldist.runtime.scheduler'],
                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True, preexec_fn=_die_with_parent)
+                                 text=True, preexec_fn=die_with_parent)
     ready = scheduler.stdout.readline()
     if 'scheduler ready at' not in ready:
         scheduler.wait()
@@ -69,10 +68,13 @@ def start_scheduler(start, address, port, secret):
     atexit.register(_wait_for, scheduler)    # (before the node's goodbye: runs after it)
 
 
-def _die_with_parent():
-    """In the child, before it runs: end it if rank 0 dies (srun and mpirun end the rest)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+def die_with_parent(sig=signal.SIGTERM):
+    """In a child, before it runs: ``sig`` when its parent dies (Linux's prctl
+    PR_SET_PDEATHSIG; elsewhere nothing). Here: the scheduler ends if rank 0 dies."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig)      # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _copy(lines):
