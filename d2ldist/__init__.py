@@ -7,7 +7,7 @@ inside the package imports it. The layers, bottom up (ARCHITECTURE.md draws them
   shared memory, the simulated link, the scheduler and a node's handle on the job;
 - ``kv/``: the parameter server; ``collectives/``: the ring all-reduce and the other
   collectives among workers, on the ring or on torch.distributed, Horovod's
-  DistributedOptimizer and ZeRO's ShardedOptimizer;
+  DistributedOptimizer and ZeRO's ShardedOptimizer and shard_module;
 - ``training/``: the seven steps of a batch (``Trainer``), the stores it talks to, the
   training loop, data split by worker, ResNet-18 and devices;
 - ``launch/``: ``d2l-launch``, which starts, watches and stops whole jobs;
@@ -48,7 +48,7 @@ _LAZY = {
     'broadcast_optimizer_state': 'collectives.distributed_optimizer',
     'DistributedOptimizer': 'collectives.distributed_optimizer',
     'metric_average': 'collectives.distributed_optimizer',
-    'ShardedOptimizer': 'collectives.sharded',
+    'ShardedOptimizer': 'collectives.sharded', 'shard_module': 'collectives.sharded_module',
     'SplitSampler': 'training.data', 'load_data': 'training.data',
     'load_data_cifar10': 'training.data', 'load_data_digits': 'training.data',
     'resnet18': 'training.models',

@@ -99,8 +99,8 @@ def layout(params, groups, n, kinds):
 def check(optimizer, named_parameters, stage):
     """Refuse, in one line, what ShardedOptimizer cannot shard."""
     if stage not in STAGES:
-        raise ValueError(f'stage must be 1 or 2, not {stage!r} (stage 3, sharded weights, '
-                         'is not in d2ldist)')
+        raise ValueError(f'stage must be 1 or 2, not {stage!r} (stage 3, the weights '
+                         'sharded too, is d2ldist.shard_module)')
     if not isinstance(optimizer, torch.optim.Optimizer) \
             or isinstance(optimizer, (DistributedOptimizer, ShardedOptimizer)):
         raise TypeError(f'ShardedOptimizer wraps a torch.optim optimizer, not '
@@ -162,6 +162,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         with torch.no_grad():
             self._reduce_scatter_gradients()
             self.optimizer.step()
+            peak_moment(self)            # (every kind at its fullest: see memory_by_kind)
             self._all_gather_weights()
         return loss
 
@@ -205,10 +206,16 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _start(self, b, indices):
         """Bucket b is complete: its reduce-scatter starts on the communication thread."""
+        peak_moment(self)                      # (a whole bucket of gradients held)
         flat, self._grads[b] = self._grads[b], None
         if flat is None:                       # (no gradient came: zeros)
             flat = self.buckets[b].zeros()
         return world.run(self._reduce_scatter, b, flat)
+
+    @property
+    def filling(self):
+        """The gradient buckets being filled (stage 2), which memory_by_kind counts."""
+        return [flat for flat in getattr(self, '_grads', ()) if flat is not None]
 
     def zero_grad(self, set_to_none=True):
         """As torch's: the parameters' gradients (and the shards') to None, or to zeros."""
@@ -229,3 +236,88 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def __repr__(self):
         return (f'ShardedOptimizer({type(self.optimizer).__name__}, stage={self.stage}, '
                 f'buckets={len(self.buckets)}, shard {self.rank} of {self.size})')
+
+
+# -- memory: the bytes of live tensors by kind, at a step's highest moment -------------------
+KINDS = ('weights', 'gradients', 'optimizer state')
+_watchers = []            # MemoryPeak's samplers, called at the library's peak moments
+
+
+def peak_moment(owner):
+    """Where a step's memory may peak (stage 1-2: the optimizer stepped; stage 2: a whole
+    bucket of gradients; stage 3: a unit gathered): the MemoryPeak watching ``owner`` (an
+    optimizer or a module of its net) counts now."""
+    for watcher in list(_watchers):
+        watcher(owner)
+
+
+def nbytes(tensors):
+    """The bytes of memory under the tensors, each storage counted once (a freed one: 0)."""
+    storages = {}
+    for t in tensors:
+        if t is not None:
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def memory_by_kind(module, optimizer=None):
+    """The bytes a training step holds now, by kind: ``weights`` (the module's parameters and
+    the optimizer's: ShardedOptimizer's shards; stage 3's shards and the unit gathered),
+    ``gradients`` (their ``.grad``; stage 2's buckets being filled; stage 3's gathered
+    gradient) and ``optimizer state`` (its tensors, the step counters aside). The buffers
+    that live only inside a collective, and the activations, are not counted."""
+    params = list(module.parameters())
+    if optimizer is not None:
+        params += [p for group in optimizer.param_groups for p in group['params']]
+    weights, grads = list(params), [p.grad for p in params]
+    for m in module.modules():
+        unit = getattr(m, 'sharded_unit', None)           # (sharded_module.py's)
+        if unit is not None:
+            weights.append(unit.full)
+            grads.append(unit.grad)
+    grads += getattr(optimizer, 'filling', [])
+    state = [t for s in (optimizer.state.values() if optimizer is not None else ())
+             for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
+    return dict(zip(KINDS, map(nbytes, (weights, grads, state))))
+
+
+class MemoryPeak:
+    """``with MemoryPeak(net, optimizer) as peak:`` a step; then ``peak.bytes`` is
+    memory_by_kind at the step's highest moment: the library's peak moments (of this net
+    or optimizer), the start and the end, and ``peak.sample()`` where you call it."""
+
+    def __init__(self, module, optimizer=None):
+        self.module, self.optimizer, self.bytes = module, optimizer, None
+        self.owners = {id(m) for m in module.modules()} | {id(optimizer)}
+
+    def sample(self):
+        now = memory_by_kind(self.module, self.optimizer)
+        if self.bytes is None or sum(now.values()) > sum(self.bytes.values()):
+            self.bytes = now
+
+    def _moment(self, owner):
+        if id(owner) in self.owners:
+            self.sample()
+
+    def __enter__(self):
+        _watchers.append(self._moment)
+        self.sample()
+        return self
+
+    def __exit__(self, *exc):
+        _watchers.remove(self._moment)
+        self.sample()
+
+
+def paper_memory(stage, numels, n, itemsize=4):
+    """Bytes per worker by kind for Adam, as the ZeRO paper counts them (Rajbhandari et al.
+    2020, section 5), in one dtype of ``itemsize`` bytes rather than mixed precision: weights
+    and gradients once each, Adam's two moments twice; stage 1 shards the state, 2 the
+    gradients too, 3 the weights too (stage 0: data parallelism). ``numels``: the sizes of
+    the flat vectors cut into shards (buckets, units), each padded to a multiple of n."""
+    whole = sum(numels) * itemsize
+    shard = sum(-(-k // n) for k in numels) * itemsize      # 1/n of the padded vectors
+    return {'weights': shard if stage >= 3 else whole,
+            'gradients': shard if stage >= 2 else whole,
+            'optimizer state': 2 * (shard if stage >= 1 else whole)}

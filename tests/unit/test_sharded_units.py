@@ -14,7 +14,8 @@ from d2ldist.collectives.distributed_optimizer import DistributedOptimizer
 from d2ldist.collectives.engine import Handle
 from d2ldist.collectives.ring import Refused
 from d2ldist.collectives.ring_backend import RingBackend, equal_shard, stand_in
-from d2ldist.collectives.sharded import plan
+from d2ldist.collectives.sharded import MemoryPeak, memory_by_kind, paper_memory, plan
+from d2ldist.collectives.sharded_module import full_weights, units_of
 from d2ldist.collectives.ops import Average
 
 # 8-byte elements; a cap of 30 of them puts the last two parameters (3 + 21) together,
@@ -78,7 +79,7 @@ def test_what_cannot_be_sharded_is_refused_in_one_line():
     net = mlp()
     sgd = lambda ps=None: torch.optim.SGD(ps or net.parameters(), lr=0.1)  # noqa: E731
     for stage in (0, 3, '1'):
-        one_line_error(ValueError, 'stage must be 1 or 2', lambda: d2ldist.ShardedOptimizer(
+        one_line_error(ValueError, 'stage must be 1 or 2.*d2ldist.shard_module', lambda: d2ldist.ShardedOptimizer(
             sgd(), stage=stage))
     one_line_error(ValueError, r'2 parameters of the model are not in the optimizer '
                    r'\(2.weight, 2.bias\)', lambda: d2ldist.ShardedOptimizer(
@@ -244,3 +245,78 @@ def test_a_worker_in_join_has_no_shard_and_refuses_them(method, args):
     assert stand_in(described, 2)[0] == method
     with pytest.raises(Refused, match=f'no {method.strip("_")} while a worker is in join'):
         RingBackend(None)._take_part(described)
+
+
+# -- stage 3: shard_module ------------------------------------------------------------------
+def test_stage_3_each_layer_holds_one_flat_shard_and_no_weights(monkeypatch):
+    """Linear(5, 7) (35 + 7 = 42 elements) and Linear(7, 3) (24): one unit each, and the
+    net's parameters are the shards; between steps ``weight`` is None."""
+    net = d2ldist.shard_module(mlp())
+    assert [(u.names, u.padded) for u in units_of(net)] == [
+        (['0.weight', '0.bias'], 42), (['2.weight', '2.bias'], 24)]
+    assert [(n, p.numel()) for n, p in net.named_parameters()] == [
+        ('0.flat_shard', 42), ('2.flat_shard', 24)]
+    assert net[0].weight is None and net[2].bias is None
+    net(torch.ones(2, 5, dtype=torch.float64)).sum().backward()
+    assert net[0].weight is None and units_of(net)[0].full.untyped_storage().nbytes() == 0
+    assert [p.grad.numel() for p in net.parameters()] == [42, 24]
+    weights = full_weights(net)
+    assert list(weights) == ['0.weight', '0.bias', '2.weight', '2.bias']
+    assert all(torch.equal(weights[n], p) for n, p in mlp().named_parameters())
+
+
+class Twice(nn.Module):
+    """A convolution, BatchNorm and an in-place ReLU, then one Linear used twice."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.ReLU(inplace=True))
+        self.fc = nn.Linear(12, 12)
+
+    def forward(self, X):
+        return self.fc(torch.tanh(self.fc(self.conv(X.view(-1, 2, 4, 4)).flatten(1))))
+
+
+@pytest.mark.parametrize('name', ['sgd momentum', 'adam'])
+@pytest.mark.parametrize('model, units', [(mlp, None), (Twice, None),
+                                          (Twice, lambda net: [net.conv, net.fc])])
+def test_stage_3_alone_is_the_plain_optimizer(model, units, name):
+    """The same steps on shards (alone: one shard, the padded flat) give the same weights,
+    exactly: a layer used twice in forward and an in-place op after one are fine."""
+    inputs = 5 if model is mlp else 32
+    plain, sharded = model().double(), model().double()
+    sharded = d2ldist.shard_module(sharded, units and units(sharded))
+    opt = OPTIMIZERS[name](list(sharded.parameters()))
+    popt = OPTIMIZERS[name](list(plain.parameters()))
+    g = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        X = torch.randn(6, inputs, generator=g, dtype=torch.float64)
+        for net, o in ((plain, popt), (sharded, opt)):
+            o.zero_grad()
+            net(X).pow(2).mean().backward()
+            o.step()
+    weights = full_weights(sharded)
+    assert sorted(weights) == sorted(n for n, _ in plain.named_parameters())
+    assert all(torch.equal(weights[n], p) for n, p in plain.named_parameters())
+    assert all(torch.equal(a, b) for a, b in zip(plain.buffers(), sharded.buffers()))
+
+
+def test_stage_3_refuses_in_one_line_what_it_cannot_shard():
+    net = mlp()
+    one_line_error(ValueError, r'2 parameters are in no unit \(2.weight, 2.bias\)',
+                   lambda: d2ldist.shard_module(net, [net[0]]))
+    one_line_error(ValueError, 'must be modules of the net, not Linear',
+                   lambda: d2ldist.shard_module(net, [nn.Linear(2, 2)]))
+    one_line_error(ValueError, 'a unit is named twice',
+                   lambda: d2ldist.shard_module(net, [net, net]))
+    tied = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    tied[1].weight = tied[0].weight
+    one_line_error(ValueError, r'shared parameters \(0.weight = 1.weight\)',
+                   lambda: d2ldist.shard_module(tied))
+    mixed = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3).double())
+    one_line_error(ValueError, 'unit net mixes dtypes',
+                   lambda: d2ldist.shard_module(mixed, [mixed]))
+    d2ldist.shard_module(net, [net])                    # the whole net: one unit
+    assert [n for n, _ in net.named_parameters()] == ['flat_shard']
+    one_line_error(ValueError, 'already sharded', lambda: d2ldist.shard_module(net))
