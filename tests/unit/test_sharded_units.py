@@ -14,7 +14,7 @@ from d2ldist.collectives.distributed_optimizer import DistributedOptimizer
 from d2ldist.collectives.engine import Handle
 from d2ldist.collectives.ring import Refused
 from d2ldist.collectives.ring_backend import RingBackend, equal_shard, stand_in
-from d2ldist.collectives.sharded import MemoryPeak, memory_by_kind, paper_memory, plan
+from d2ldist.collectives.sharded import MemoryPeak, paper_memory, plan
 from d2ldist.collectives.sharded_module import full_weights, units_of
 from d2ldist.collectives.ops import Average
 
@@ -201,40 +201,112 @@ class ThreadWorkers:
     size = property(lambda self: self.n)
 
 
-@pytest.mark.parametrize('stage', [1, 2])
-@pytest.mark.parametrize('n', [2, 3])
-def test_n_workers_equal_one_process_on_the_whole_batch(n, stage, monkeypatch):
-    """Each worker its part of a global batch of 12: after 5 steps of Adam every worker has
-    the weights of plain Adam on the whole batch, and Adam's state for 1/N of them."""
-    workers = ThreadWorkers(n)
+def zero(stage, net, make_optimizer, cap_mb=CAP_MB):
+    """(net, optimizer) of ZeRO's stage 1, 2 (ShardedOptimizer) or 3 (shard_module)."""
+    if stage == 3:
+        net = d2ldist.shard_module(net)
+        return net, make_optimizer(list(net.parameters()))
+    return net, d2ldist.ShardedOptimizer(make_optimizer(list(net.parameters())), stage=stage,
+                                         bucket_cap_mb=cap_mb)
+
+
+def in_threads(n, monkeypatch, work):
+    """work(r) on N threads, each worker r over ThreadWorkers' collectives; their results."""
+    workers, results = ThreadWorkers(n), [None] * n
     monkeypatch.setattr(world, 'backend', lambda: workers)
     monkeypatch.setattr(world, 'run', lambda fn, *args: Handle.finished(fn(*args)))
-    nets, states = [mlp() for _ in range(n)], [None] * n
 
-    def work(r):
+    def run(r):
         workers.local.rank = r
-        opt = d2ldist.ShardedOptimizer(torch.optim.Adam(nets[r].parameters(), lr=0.01),
-                                       stage=stage, bucket_cap_mb=CAP_MB)
-        g = torch.Generator().manual_seed(1)
-        for _ in range(5):
-            X = torch.randn(12, 5, generator=g, dtype=torch.float64)
-            opt.zero_grad()
-            nets[r](X[r * 12 // n:(r + 1) * 12 // n]).pow(2).mean().backward()
-            opt.step()
-        states[r] = sum(t.numel() for s in opt.state.values() for k, t in s.items()
-                        if k != 'step')
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(n)]
+        results[r] = work(r)
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return results
+
+
+def zero_train(stage, n, make_optimizer, dtype=torch.float64, steps=5):
+    """work(r) for in_threads: worker r's part of 5 global batches of 12 (the last step's
+    memory watched); it returns its full weights by name, its optimizer and that peak."""
+    nets = [mlp(dtype=dtype) for _ in range(n)]       # (here: torch's seed is global)
+    return lambda r: zero_train_one(stage, n, r, nets[r], make_optimizer, dtype, steps)
+
+
+def zero_train_one(stage, n, r, net, make_optimizer, dtype, steps):
+    cap = CAP_MB * torch.finfo(dtype).bits / 64           # 30 elements whatever the dtype
+    net, opt = zero(stage, net, make_optimizer, cap)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        X = torch.randn(12, 5, generator=g, dtype=torch.float64).to(dtype)
+        with MemoryPeak(net, opt) as peak:
+            opt.zero_grad()
+            net(X[r * 12 // n:(r + 1) * 12 // n]).pow(2).mean().backward()
+            peak.sample()
+            opt.step()
+    weights = full_weights(net) if stage == 3 else dict(net.named_parameters())
+    return weights, opt, peak.bytes
+
+
+@pytest.mark.parametrize('stage', [1, 2, 3])
+@pytest.mark.parametrize('n', [2, 3])
+@pytest.mark.parametrize('name', ['sgd momentum', 'adam'])
+def test_n_workers_equal_one_process_on_the_whole_batch(name, n, stage, monkeypatch):
+    """Each worker its part of a global batch of 12: after 5 steps every worker has the
+    weights of the plain optimizer on the whole batch, and Adam's state for 1/N of them."""
+    done = in_threads(n, monkeypatch, zero_train(stage, n, OPTIMIZERS[name]))
     plain = mlp()
-    expected = train(plain, torch.optim.Adam(plain.parameters(), lr=0.01), batch=12)
-    padded = sum(b.padded for b in plan(list(plain.parameters()), n, CAP_MB))
-    assert states == [2 * padded // n] * n
-    for net in nets:
-        assert all(torch.allclose(p, q, rtol=1e-10, atol=1e-13)
-                   for p, q in zip(net.parameters(), expected))
+    expected = train(plain, OPTIMIZERS[name](list(plain.parameters())), batch=12)
+    numels = [24, 7, 35] if stage < 3 else [42, 24]       # the buckets, or the units
+    state = sum(t.numel() for s in done[0][1].state.values() for t in s.values() if t.dim())
+    assert state == (1 if name == 'sgd momentum' else 2) * sum(-(-k // n) for k in numels)
+    for weights, opt, _ in done:
+        assert all(torch.allclose(weights[name], p, rtol=1e-10, atol=1e-13)
+                   for (name, _), p in zip(plain.named_parameters(), expected))
+
+
+def test_the_papers_formulas():
+    """ZeRO's Table 1 in one dtype (4 bytes): 16 Psi for data parallelism, then 4 + 4 +
+    8/N, 4 + 12/N and 16/N; here Psi = 7 + 5 (padded to 8 and 6 for N = 2, 9 and 6 for 3)."""
+    assert paper_memory(0, [7, 5], 2) == {'weights': 48, 'gradients': 48,
+                                          'optimizer state': 96}
+    assert paper_memory(1, [7, 5], 2) == {'weights': 48, 'gradients': 48,
+                                          'optimizer state': 2 * 4 * 7}
+    assert paper_memory(2, [7, 5], 3) == {'weights': 48, 'gradients': 4 * 5,
+                                          'optimizer state': 2 * 4 * 5}
+    assert paper_memory(3, [7, 5], 3, itemsize=8) == {'weights': 40, 'gradients': 40,
+                                                      'optimizer state': 80}
+
+
+@pytest.mark.parametrize('stage', [1, 2, 3])
+@pytest.mark.parametrize('n', [2, 3])
+def test_memory_at_the_peak_is_the_papers_plus_what_is_named(n, stage, monkeypatch):
+    """fp32 Adam, Psi = 66 weights: each worker's live bytes by kind at the last step's
+    peak are the paper's formulas exactly, plus, named:
+
+    * stages 1-2: the optimizer steps a copy of its shard of the weights (4 Psi/N: under
+      mixed precision, the fp32 master weights the paper counts in its K = 12);
+    * stage 1: the averaged gradient's shard beside the full local gradients (4 Psi/N;
+      DeepSpeed writes it into the gradient buffer in place);
+    * stage 2: at the last bucket (35 elements) the whole bucket less its own shard;
+    * stage 3: the first layer (42 elements), gathered at the end of backward: its
+      weights and its full gradient."""
+    done = in_threads(n, monkeypatch, zero_train(stage, n, OPTIMIZERS['adam'], torch.float32))
+    numels = [24, 7, 35] if stage < 3 else [42, 24]
+    padded = [-(-k // n) * n for k in numels]
+    shard = 4 * sum(padded) // n
+    if stage == 1:
+        extra = {'weights': shard, 'gradients': shard}
+    elif stage == 2:
+        extra = {'weights': shard, 'gradients': 4 * padded[2] - 4 * padded[2] // n}
+    else:
+        extra = {'weights': 4 * 42, 'gradients': 4 * 42}
+    paper = paper_memory(stage, numels, n)
+    assert [peak for _, _, peak in done] == [
+        {kind: paper[kind] + extra.get(kind, 0) for kind in paper}] * n
+    if stage == 3:        # 16 Psi / N, plus the layer gathered
+        assert sum(done[0][2].values()) == 16 * sum(padded) // n + 8 * 42
 
 
 @pytest.mark.parametrize('method, args', [('reduce_scatter_flat', {'op': 'Average'}),
