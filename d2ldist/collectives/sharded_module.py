@@ -113,8 +113,11 @@ class Unit:
         self.grad = None
 
     def all_gather(self, flat):
-        """Every worker's shard into ``flat``, in rank order."""
-        return world.run(world.backend().all_gather_flat_, flat, self.shard.detach()).wait()
+        """Every worker's shard into ``flat``, in rank order. (Through a buffer of the
+        collective's own: the ring reads and writes through numpy views, which fix the
+        size of a tensor's memory for good, and ``flat``'s must come and go.)"""
+        shards = world.run(world.backend().all_gather_flat_, self.empty(), self.shard.detach())
+        return flat.copy_(shards.wait())
 
     def empty(self):
         return torch.empty(self.padded, dtype=self.dtype, device=self.device)

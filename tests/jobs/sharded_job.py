@@ -1,14 +1,17 @@
-"""ZeRO's ShardedOptimizer in a real job, against one process on the whole batch.
+"""ZeRO's three stages in a real job, each against one process on the whole batch.
 
-    d2l-launch -n N -s 0 python sharded_job.py STAGE [STEPS]
+    d2l-launch -n N -s 0 python sharded_job.py [STAGES] [STEPS]      (STAGES: 123, say)
 
-A small MLP in float64, Adam, buckets of 30 values (three of them, two padded for
-N = 2 and 3). Each worker trains on its part of the same global batches; alongside, in
-the same process and with no communication, a plain Adam trains a copy on the whole
-global batch (what data parallelism computes). Each worker prints one RESULT line: its
-weights, the plain copy's, the bytes its van sent during the last step, the bytes of
-the wrapped optimizer's state (Adam's two moments; its step counters aside) and
-whether every full ``.grad`` was gone after backward (stage 2).
+A small MLP in float64, Adam. Stages 1 and 2 (ShardedOptimizer) use buckets of 30
+values (three of them, two padded for N = 2 and 3); stage 3 (shard_module) one unit
+per Linear (42 and 24 values). Each worker trains on its part of the same global
+batches; alongside, in the same process and with no communication, a plain Adam trains
+a copy on the whole global batch (what data parallelism computes). For each stage, one
+after the other on a net of its own, each worker prints one RESULT line: its weights,
+the plain copy's, the bytes its van sent during the last step, the bytes of the
+optimizer's state (Adam's two moments; its step counters aside), whether every full
+``.grad`` was gone after backward (stage 2; stage 3: the full weights too), and the last step's peak memory by kind
+(MemoryPeak).
 """
 import json
 import sys
@@ -18,13 +21,17 @@ from torch import nn
 
 import d2ldist
 from d2ldist.collectives import world
+from d2ldist.collectives.sharded import MemoryPeak
+from d2ldist.collectives.sharded_module import full_weights, units_of
 from d2ldist.runtime import node
 
 torch.set_num_threads(1)
-stage, steps = int(sys.argv[1]), int((sys.argv[2:] or [5])[0])
+stages = [int(s) for s in (sys.argv[1:] or ['123'])[0]]
+steps = int((sys.argv[2:] or [5])[0])
 d2ldist.init()
 r, N = d2ldist.rank(), d2ldist.size()
 CAP_MB, BATCH = 30 * 8 / 2 ** 20, 12          # 12: the same part for 2 and 3 workers
+van = node.current().van if node.current() else None
 
 
 def mlp():
@@ -36,31 +43,51 @@ def loss_of(net, X):
     return net(X).pow(2).mean()
 
 
-net, whole = mlp(), mlp()
-opt = d2ldist.ShardedOptimizer(torch.optim.Adam(net.parameters(), lr=0.01),
-                               net.named_parameters(), stage=stage, bucket_cap_mb=CAP_MB)
-plain = torch.optim.Adam(whole.parameters(), lr=0.01)
-g = torch.Generator().manual_seed(1)
-van = node.current().van if node.current() else None
-grads_gone = True
-for step in range(steps):
-    X = torch.randn(BATCH, 5, generator=g, dtype=torch.float64)
-    sent = van.bytes_sent if van else 0
-    opt.zero_grad()
-    loss_of(net, X[r * BATCH // N:(r + 1) * BATCH // N]).backward()
-    grads_gone &= all(p.grad is None for p in net.parameters())
-    opt.step()
-    sent = (van.bytes_sent if van else 0) - sent
-    plain.zero_grad()
-    loss_of(whole, X).backward()
-    plain.step()
+def zero(stage):
+    """The net and optimizer of a stage, and its flat vectors' padded lengths."""
+    if stage == 3:
+        net = d2ldist.shard_module(mlp())
+        return net, torch.optim.Adam(net.parameters(), lr=0.01), [
+            u.padded for u in units_of(net)]
+    net = mlp()
+    opt = d2ldist.ShardedOptimizer(torch.optim.Adam(net.parameters(), lr=0.01),
+                                   net.named_parameters(), stage=stage, bucket_cap_mb=CAP_MB)
+    return net, opt, [b.padded for b in opt.buckets]
 
-state = sum(t.numel() * t.element_size() for s in opt.state.values()
-            for k, t in s.items() if k != 'step')
-print('RESULT ' + json.dumps({
-    'rank': r, 'size': N, 'backend': world.name(), 'sent': sent,
-    'state_bytes': state, 'grads_gone': grads_gone,
-    'padded': [b.padded for b in opt.buckets],
-    'weights': [p.tolist() for p in net.parameters()],
-    'plain': [p.tolist() for p in whole.parameters()]}), flush=True)
+
+def full_gone(net, stage):
+    """After backward: no full ``.grad`` (stage 2); no full weights nor gradient (stage 3)."""
+    if stage == 3:
+        return all(u.grad is None and u.full.untyped_storage().nbytes() == 0
+                   for u in units_of(net))
+    return all(p.grad is None for p in net.parameters())
+
+
+for stage in stages:
+    (net, opt, padded), whole = zero(stage), mlp()
+    plain = torch.optim.Adam(whole.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    grads_gone = True
+    for step in range(steps):
+        X = torch.randn(BATCH, 5, generator=g, dtype=torch.float64)
+        sent = van.bytes_sent if van else 0
+        with MemoryPeak(net, opt) as peak:
+            opt.zero_grad()
+            loss_of(net, X[r * BATCH // N:(r + 1) * BATCH // N]).backward()
+            peak.sample()
+            grads_gone &= full_gone(net, stage)
+            opt.step()
+        sent = (van.bytes_sent if van else 0) - sent
+        plain.zero_grad()
+        loss_of(whole, X).backward()
+        plain.step()
+
+    weights = full_weights(net) if stage == 3 else dict(net.named_parameters())
+    state = sum(t.numel() * t.element_size() for s in opt.state.values()
+                for k, t in s.items() if k != 'step')
+    print('RESULT ' + json.dumps({
+        'stage': stage, 'rank': r, 'size': N, 'backend': world.name(), 'sent': sent,
+        'state_bytes': state, 'grads_gone': grads_gone, 'padded': padded, 'peak': peak.bytes,
+        'weights': [weights[name].tolist() for name, _ in whole.named_parameters()],
+        'plain': [p.tolist() for p in whole.parameters()]}), flush=True)
 d2ldist.barrier()
