@@ -10,5 +10,7 @@
 * ``buckets.py`` -- gradient buckets whose all-reduce starts during backward;
 * ``distributed_optimizer.py`` -- Horovod's DistributedOptimizer and broadcasts;
 * ``sharded.py`` -- ZeRO stages 1 and 2: ShardedOptimizer, the optimizer's state (and
-  the gradients) cut into one shard per worker.
+  the gradients) cut into one shard per worker; memory_by_kind, the bytes each holds;
+* ``sharded_module.py`` -- ZeRO stage 3: shard_module, the weights sharded too, each
+  layer's gathered only while it computes.
 """

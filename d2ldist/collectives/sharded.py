@@ -32,6 +32,10 @@ optimizer is kept, and its parameter groups are made to hold the shards only (on
 shard per bucket, each bucket within one group, so each group keeps its hyperparameters),
 as DeepSpeed does. A parameter that gets no gradient in a step counts as zero there (as
 in DistributedOptimizer's buckets). Each worker's ``state_dict()`` is its own shard's.
+
+Stage 3, the weights sharded too, is ``sharded_module.py``. At the end of this file, what
+a worker holds: counted (``memory_by_kind``, ``MemoryPeak``), and as the paper counts it
+(``paper_memory``).
 """
 import torch
 
