@@ -256,11 +256,12 @@ def peak_moment(owner):
 
 
 def nbytes(tensors):
-    """The bytes of memory under the tensors, each storage counted once (a freed one: 0)."""
+    """The bytes of memory under the tensors, each storage counted once (a freed one: 0;
+    a DTensor, FSDP2's: this worker's part)."""
     storages = {}
     for t in tensors:
         if t is not None:
-            storage = t.untyped_storage()
+            storage = getattr(t, '_local_tensor', t).untyped_storage()
             storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values())
 

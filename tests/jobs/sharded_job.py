@@ -2,6 +2,8 @@
 
     d2l-launch -n N -s 0 python sharded_job.py [STAGES] [STEPS]      (STAGES: 123, say)
 
+(and stage f, PyTorch's own fully_shard, FSDP2, under --env D2L_BACKEND=torch)
+
 A small MLP in float64, Adam. Stages 1 and 2 (ShardedOptimizer) use buckets of 30
 values (three of them, two padded for N = 2 and 3); stage 3 (shard_module) one unit
 per Linear (42 and 24 values). Each worker trains on its part of the same global
@@ -26,7 +28,7 @@ from d2ldist.collectives.sharded_module import full_weights, units_of
 from d2ldist.runtime import node
 
 torch.set_num_threads(1)
-stages = [int(s) for s in (sys.argv[1:] or ['123'])[0]]
+stages = [int(s) if s.isdigit() else s for s in (sys.argv[1:] or ['123'])[0]]
 steps = int((sys.argv[2:] or [5])[0])
 d2ldist.init()
 r, N = d2ldist.rank(), d2ldist.size()
@@ -44,7 +46,15 @@ def loss_of(net, X):
 
 
 def zero(stage):
-    """The net and optimizer of a stage, and its flat vectors' padded lengths."""
+    """The net and optimizer of a stage, and its flat vectors' padded lengths (stage 'f':
+    PyTorch's own FSDP2, fully_shard, on the torch backend: each parameter's rows cut)."""
+    if stage == 'f':
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        net, mesh = mlp(), init_device_mesh('cpu', (N,))
+        for layer in (net[0], net[2], net):
+            fully_shard(layer, mesh=mesh)
+        return net, torch.optim.Adam(net.parameters(), lr=0.01), None
     if stage == 3:
         net = d2ldist.shard_module(mlp())
         return net, torch.optim.Adam(net.parameters(), lr=0.01), [
@@ -57,6 +67,8 @@ def zero(stage):
 
 def full_gone(net, stage):
     """After backward: no full ``.grad`` (stage 2); no full weights nor gradient (stage 3)."""
+    if stage == 'f':
+        return False                         # (FSDP2's are its own)
     if stage == 3:
         return all(u.grad is None and u.full.untyped_storage().nbytes() == 0
                    for u in units_of(net))
@@ -83,8 +95,10 @@ for stage in stages:
         plain.step()
 
     weights = full_weights(net) if stage == 3 else dict(net.named_parameters())
+    if stage == 'f':              # DTensors: the whole, and this worker's part
+        weights = {name: p.full_tensor() for name, p in weights.items()}
     state = sum(t.numel() * t.element_size() for s in opt.state.values()
-                for k, t in s.items() if k != 'step')
+                for k, t in s.items() if k != 'step' for t in [getattr(t, '_local_tensor', t)])
     print('RESULT ' + json.dumps({
         'stage': stage, 'rank': r, 'size': N, 'backend': world.name(), 'sent': sent,
         'state_bytes': state, 'grads_gone': grads_gone, 'padded': padded, 'peak': peak.bytes,

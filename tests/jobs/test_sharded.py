@@ -1,7 +1,8 @@
 """ZeRO in real jobs (issue 31): stages 1 and 2 (ShardedOptimizer) and 3 (shard_module),
 one after the other in one job, on the ring with 2 and 3 workers and on
-torch.distributed (gloo) with 2, each against one process training on the whole global
-batch (tests/jobs/sharded_job.py). Values and byte counts, never times."""
+torch.distributed (gloo) with 2, where PyTorch's own fully_shard (FSDP2) follows; each
+against one process training on the whole global batch (tests/jobs/sharded_job.py).
+Values and byte counts, never times."""
 import json
 import sys
 
@@ -37,16 +38,39 @@ def peak_memory(stage, n):
     return {kind: paper[kind] + extra.get(kind, 0) for kind in paper}
 
 
+def check_fsdp2(got, n):
+    """PyTorch's fully_shard (FSDP2) on gloo, the same steps: the same weights; but each
+    parameter is cut by rows, ceil(rows / N) to a worker (the last ones may get fewer),
+    its shard kept padded to that, and Adam's state made for the rows held. (The peak
+    here is the start's and the end's: FSDP2's gathered weights are its own, unseen.)"""
+    for w, p in zip(got['weights'], got['plain']):
+        assert torch.allclose(torch.tensor(w, dtype=torch.float64),
+                              torch.tensor(p, dtype=torch.float64), rtol=1e-10, atol=1e-13)
+    shapes = [(7, 5), (7, 1), (3, 7), (3, 1)]                 # (rows, columns)
+    chunk = [-(-rows // n) for rows, _ in shapes]
+    mine = [max(0, min(c, rows - got['rank'] * c)) for c, (rows, _) in zip(chunk, shapes)]
+    assert got['state_bytes'] == 2 * ITEMSIZE * sum(m * cols for m, (_, cols) in
+                                                    zip(mine, shapes))
+    padded = ITEMSIZE * sum(c * cols for c, (_, cols) in zip(chunk, shapes))
+    assert got['peak'] == {'weights': padded, 'gradients': padded,
+                           'optimizer state': got['state_bytes']}
+
+
 @pytest.mark.parametrize('n, backend', [(2, 'ring'), (3, 'ring'), (2, 'torch')])
 def test_zero_is_adam_on_the_whole_batch_with_the_papers_bytes_and_memory(n, backend):
     env = ['--env', 'D2L_BACKEND=torch'] if backend == 'torch' else []
-    r = run_launch('-n', n, '-s', 0, '--timeout', 150, *env, sys.executable, JOB, '123',
+    stages = '123f' if backend == 'torch' else '123'      # f: PyTorch's FSDP2 beside
+    r = run_launch('-n', n, '-s', 0, '--timeout', 150, *env, sys.executable, JOB, stages,
                    timeout=180)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert wait_no_survivors(r.tag) == []
     found = results(r.stdout)
-    assert sorted(found) == [(s, k) for s in (1, 2, 3) for k in range(n)], r.stdout[-3000:]
+    assert sorted(found, key=str) == sorted(((int(s) if s.isdigit() else s, k)
+                                             for s in stages for k in range(n)), key=str)
     for (stage, rank), got in found.items():
+        if stage == 'f':
+            check_fsdp2(got, n)
+            continue
         padded = [-(-k // n) * n for k in NUMELS[stage]]
         assert got['backend'] == backend and got['size'] == n
         assert got['padded'] == padded
