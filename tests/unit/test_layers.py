@@ -240,7 +240,8 @@ PUBLIC = {
         'load_data_cifar10', 'load_data_digits', 'resnet18', 'cpu', 'try_gpu',
         'try_all_gpus', 'split_and_load', 'parse_devices', 'AllreduceStore',
         'create_store', 'Trainer', 'train_batch', 'evaluate_accuracy', 'train',
-        'load_ipython_extension', 'Product', 'timeline', 'cost'] + HOROVOD_MORE,
+        'load_ipython_extension', 'Product', 'timeline', 'cost', 'ShardedOptimizer',
+        'shard_module'] + HOROVOD_MORE,
     'd2ldist.cost': ['ps_time', 'ps_time_placed', 'ring_time', 'hierarchical_time',
                      'server_loads', 'numel'],
     'd2ldist.timeline': ['load', 'plot', 'breakdown', 'last_steps'],
@@ -255,7 +256,11 @@ PUBLIC = {
     'd2ldist.training.trainer': ['STEPS', 'Step'],
     'd2ldist.training.stores': ['create_store'],
     'd2ldist.runtime.van': ['Van'],
-    'd2ldist.runtime': ['pacing', 'shm'],
+    'd2ldist.runtime': ['pacing', 'shm', 'node', 'spans'],
+    'd2ldist.runtime.node': ['current'],
+    'd2ldist.runtime.spans': ['span', 'step_done'],
+    'd2ldist.collectives.sharded': ['paper_memory', 'memory_by_kind', 'MemoryPeak'],
+    'd2ldist.collectives.sharded_module': ['full_weights', 'units_of'],
     'd2ldist.kv.placement': ['place', 'bigarray_bound'],
 }
 
