@@ -16,6 +16,7 @@ backward goes on -- and all workers still run the collectives in the same order.
 is a call of the backend's method (``backend.py``), bound: ``world.run(b.allreduce_, X, op)``.
 """
 import base64
+import itertools
 import json
 
 import torch
@@ -30,25 +31,38 @@ from .ops import Average, Max, Min, Product, Sum  # noqa: F401  (re-exported)
 # -- the API (Horovod's names and signatures) -----------------------------------------
 # ``name`` is not needed: the workers run their collectives in the order they asked for
 # them, and every chunk says which call it belongs to. As in Horovod, two operations in
-# flight may not share a name: a name is taken from the call until its handle's wait()
-# (synchronize), and a second call with it is refused, before anything is sent -- on
-# every worker alike, so the workers stay in step.
-_in_flight = {}   # name -> the Handle of the operation that holds it
+# flight may not share a name: a second call with the name of one still in flight is
+# refused, before anything is sent. In flight means: neither its handle nor that of an
+# operation asked for after it has been waited for (the communication thread runs them
+# in order, so the later one's end is its end too). That rule follows the program, not
+# the clock, so every worker refuses the same calls and the workers stay in step.
+_in_flight = {}   # name -> the number of the operation that holds it
+_asked = itertools.count()   # the operations asked for here, numbered in order
+_waited = -1      # the highest number waited for: every operation up to it has ended
 
 
 def _check_name(name):
-    """Refuse ``name`` while an operation that holds it has not been waited for."""
-    if name is not None and name in _in_flight:
+    """Refuse ``name`` while an operation that holds it is in flight."""
+    if name is not None and _in_flight.get(name, -1) > _waited:
         raise ValueError(f'an operation named {name!r} is still in flight: synchronize '
                          'its handle before using the name again')
 
 
 def _named(name, handle):
-    """``handle``, holding ``name`` until its first wait()."""
+    """``handle``, numbered; with ``name``, holding it while in flight."""
+    number = next(_asked)
     if name is not None:
-        _in_flight[name] = handle
-        handle.on_wait = lambda: _in_flight.pop(name, None)
+        _in_flight[name] = number
+    handle.on_wait = lambda: _ended(number)
     return handle
+
+
+def _ended(number):
+    """The operation ``number`` has been waited for: it and all before it have ended."""
+    global _waited
+    _waited = max(_waited, number)
+    for name in [n for n, held in _in_flight.items() if held <= _waited]:
+        del _in_flight[name]
 
 
 def _reduction(average, op):
@@ -330,8 +344,8 @@ def reducescatter(tensor, op=None, name=None):
     can be (the first ones get one more), rank r the r-th part (op: Average by default)."""
     if tensor.dim() == 0:
         raise ValueError('reducescatter needs a tensor with at least one dimension')
-    return world.run(world.backend().reducescatter, tensor.detach(),
-                     _reduction(None, op)).wait()
+    return _named(None, world.run(world.backend().reducescatter, tensor.detach(),
+                                  _reduction(None, op))).wait()
 
 
 def alltoall(tensor, splits=None, name=None):
@@ -381,7 +395,7 @@ def join(device=-1):
     it takes part in the collectives the others still call, with nothing of its own
     (RingBackend.join says how; TorchBackend.join does the same). Returns, on every
     worker, the rank of the last worker to call it. ``device`` is accepted, not needed."""
-    return world.run(world.backend().join).wait()
+    return _named(None, world.run(world.backend().join)).wait()
 
 
 def _check_root(root_rank):
