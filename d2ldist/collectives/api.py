@@ -22,7 +22,6 @@ import json
 import torch
 
 from ..runtime.compression import Cast, Identity
-from ..runtime.split import even_sizes
 from . import ops, world
 from .engine import Handle  # noqa: F401  (re-exported: what the _async_ variants return)
 from .ops import Average, Max, Min, Product, Sum  # noqa: F401  (re-exported)
@@ -349,18 +348,46 @@ def reducescatter(tensor, op=None, name=None):
 
 
 def alltoall(tensor, splits=None, name=None):
-    """Send rows ``splits[i]`` of ``tensor`` (in order) to worker i; returns the rows every
-    worker sent here, in rank order, and how many came from each.
+    """Send rows ``splits[i]`` of ``tensor`` (in order) to worker i; the rows every worker
+    sent here, in rank order. As Horovod's: with ``splits``, also how many came from each
+    (``(rows, received_splits)``); without, dim 0 is cut in equal parts, one per worker.
+    Differentiable: the gradient goes back the way its rows came.
 
     (Through allgather: every worker receives all rows, N times the bytes of a direct
     exchange -- simple and the same on both backends; fine for the small tensors it is
     used with in teaching, e.g. routing tokens to experts.)"""
+    counts = _alltoall_splits(tensor, splits)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        received, got = _AlltoallGrad.apply(tensor, counts)
+    else:
+        received, got = _alltoall(tensor.detach(), counts)
+    if splits is None:
+        return received
+    return received, got.to(splits.dtype if torch.is_tensor(splits) else torch.int32)
+
+
+def _alltoall_splits(tensor, splits):
+    """How many rows go to each worker, as int64, checked as Horovod checks them."""
+    N = world.backend().size
+    rows = tensor.shape[0] if tensor.dim() else 0
+    if splits is None:
+        if tensor.dim() == 0 or rows % N:
+            raise ValueError(f'alltoall without splits cuts dim 0 in {N} equal parts: '
+                             f'{rows} rows cannot be')
+        return torch.full((N,), rows // N, dtype=torch.int64)
+    splits = torch.as_tensor(splits)
+    if splits.is_floating_point() or splits.is_complex() or splits.dtype == torch.bool:
+        raise ValueError(f'alltoall: splits must be integers, not {splits.dtype}')
+    splits = splits.reshape(-1).to(torch.int64)
+    if splits.numel() != N or int(splits.sum()) != rows or (splits < 0).any():
+        raise ValueError(f'alltoall: splits must be {N} counts adding up to {rows}')
+    return splits
+
+
+def _alltoall(tensor, splits):
+    """(the rows sent here, in rank order; how many came from each worker)."""
     N, r = world.backend().size, world.backend().rank
-    splits = (torch.tensor(even_sizes(tensor.shape[0], N)) if splits is None
-              else torch.as_tensor(splits, dtype=torch.int64))
-    if splits.numel() != N or int(splits.sum()) != tensor.shape[0] or (splits < 0).any():
-        raise ValueError(f'alltoall: splits must be {N} counts adding up to {tensor.shape[0]}')
-    everything = allgather(tensor.detach())
+    everything = allgather(tensor)
     counts = allgather(splits.view(1, N))                   # counts[i, j]: i sends to j
     if counts.shape[0] != N:                                # (a worker in join(): no rows)
         raise RuntimeError('alltoall: a worker has called join(); all must take part')
@@ -451,3 +478,18 @@ class _AllgatherGrad(torch.autograd.Function):
         rows = allgather_async(torch.tensor([ctx.rows])).wait().tolist()
         start = sum(rows[:world.backend().rank])
         return grad[start:start + ctx.rows]
+
+
+class _AlltoallGrad(torch.autograd.Function):
+    """y = the rows each worker sent here; dL/dx = dL/dy sent back where its rows came from."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits):
+        received, counts = _alltoall(tensor.detach(), splits)
+        ctx.counts = counts
+        ctx.mark_non_differentiable(counts)
+        return received, counts
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        return _alltoall(grad.contiguous(), ctx.counts)[0], None
