@@ -197,7 +197,9 @@ def sparse_allreduce_async(tensor, name=None, op=Average):
         values = gather(mine.values())
         if op is ops.Average:
             values = values / workers
-        return torch.sparse_coo_tensor(indices, values, mine.shape).coalesce()
+        # indices from other workers, checked: one out of range is an error, not a crash
+        return torch.sparse_coo_tensor(indices, values, mine.shape,
+                                       check_invariants=True).coalesce()
     return _named(name, world.run(sparse_allreduce))
 
 
@@ -271,23 +273,42 @@ def allgather(tensor, name=None):
 
 def broadcast_object(obj, root_rank=0, name=None):
     """Worker ``root_rank``'s ``obj`` on every worker, never pickled (``encode_object``):
-    None, bools, ints, floats, str, bytes, lists, tuples and dicts of them, any keys."""
-    data = encode_object(obj) if world.backend().rank == _check_root(root_rank) else b''
-    length = broadcast_(torch.tensor([len(data)], dtype=torch.int64), root_rank)
-    buffer = torch.zeros(int(length), dtype=torch.uint8)
+    None, bools, ints, floats, str, bytes, lists, tuples and dicts of them, any keys.
+    An object that cannot be sent is a TypeError on every worker, not only the root."""
+    root = _check_root(root_rank)
+    data, failed = _encoded(obj) if world.backend().rank == root else (b'', False)
+    length = int(broadcast_(torch.tensor([-len(data) if failed else len(data)]), root))
+    buffer = torch.zeros(abs(length), dtype=torch.uint8)   # (negative: the error's text)
     if data:
         buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-    return decode_object(bytes(broadcast_(buffer, root_rank).numpy()))
+    data = bytes(broadcast_(buffer, root).numpy())
+    if length < 0:
+        raise TypeError(data.decode(errors='replace'))
+    return decode_object(data)
 
 
 def allgather_object(obj, name=None):
-    """Every worker's ``obj`` in rank order, as a list (encoded as by ``broadcast_object``)."""
-    data = encode_object(obj)
-    lengths = allgather(torch.tensor([len(data)], dtype=torch.int64)).tolist()
+    """Every worker's ``obj`` in rank order, as a list (encoded as by ``broadcast_object``);
+    one that cannot be sent is a TypeError on every worker."""
+    data, failed = _encoded(obj)
+    lengths = allgather(torch.tensor([-len(data) if failed else len(data)])).tolist()
     everything = allgather(torch.frombuffer(bytearray(data), dtype=torch.uint8)
                            if data else torch.zeros(0, dtype=torch.uint8)).numpy()
-    ends = [sum(lengths[:i + 1]) for i in range(len(lengths))]
-    return [decode_object(bytes(everything[end - n:end])) for n, end in zip(lengths, ends)]
+    ends = [sum(abs(n) for n in lengths[:i + 1]) for i in range(len(lengths))]
+    parts = [bytes(everything[end - abs(n):end]) for n, end in zip(lengths, ends)]
+    for i, n in enumerate(lengths):
+        if n < 0:
+            raise TypeError(f'worker {i}: {parts[i].decode(errors="replace")}')
+    return [decode_object(part) for part in parts]
+
+
+def _encoded(obj):
+    """(``obj`` encoded, False), or (why it cannot be, as bytes, True): the others wait
+    for this worker's bytes, so they are told too."""
+    try:
+        return encode_object(obj), False
+    except TypeError as e:
+        return str(e).encode(), True
 
 
 # -- objects on the wire: JSON with tags, never pickle --------------------------------
