@@ -16,12 +16,12 @@ backward goes on -- and all workers still run the collectives in the same order.
 is a call of the backend's method (``backend.py``), bound: ``world.run(b.allreduce_, X, op)``.
 """
 import base64
+import itertools
 import json
 
 import torch
 
 from ..runtime.compression import Cast, Identity
-from ..runtime.split import even_sizes
 from . import ops, world
 from .engine import Handle  # noqa: F401  (re-exported: what the _async_ variants return)
 from .ops import Average, Max, Min, Product, Sum  # noqa: F401  (re-exported)
@@ -30,25 +30,38 @@ from .ops import Average, Max, Min, Product, Sum  # noqa: F401  (re-exported)
 # -- the API (Horovod's names and signatures) -----------------------------------------
 # ``name`` is not needed: the workers run their collectives in the order they asked for
 # them, and every chunk says which call it belongs to. As in Horovod, two operations in
-# flight may not share a name: a name is taken from the call until its handle's wait()
-# (synchronize), and a second call with it is refused, before anything is sent -- on
-# every worker alike, so the workers stay in step.
-_in_flight = {}   # name -> the Handle of the operation that holds it
+# flight may not share a name: a second call with the name of one still in flight is
+# refused, before anything is sent. In flight means: neither its handle nor that of an
+# operation asked for after it has been waited for (the communication thread runs them
+# in order, so the later one's end is its end too). That rule follows the program, not
+# the clock, so every worker refuses the same calls and the workers stay in step.
+_in_flight = {}   # name -> the number of the operation that holds it
+_asked = itertools.count()   # the operations asked for here, numbered in order
+_waited = -1      # the highest number waited for: every operation up to it has ended
 
 
 def _check_name(name):
-    """Refuse ``name`` while an operation that holds it has not been waited for."""
-    if name is not None and name in _in_flight:
+    """Refuse ``name`` while an operation that holds it is in flight."""
+    if name is not None and _in_flight.get(name, -1) > _waited:
         raise ValueError(f'an operation named {name!r} is still in flight: synchronize '
                          'its handle before using the name again')
 
 
 def _named(name, handle):
-    """``handle``, holding ``name`` until its first wait()."""
+    """``handle``, numbered; with ``name``, holding it while in flight."""
+    number = next(_asked)
     if name is not None:
-        _in_flight[name] = handle
-        handle.on_wait = lambda: _in_flight.pop(name, None)
+        _in_flight[name] = number
+    handle.on_wait = lambda: _ended(number)
     return handle
+
+
+def _ended(number):
+    """The operation ``number`` has been waited for: it and all before it have ended."""
+    global _waited
+    _waited = max(_waited, number)
+    for name in [n for n, held in _in_flight.items() if held <= _waited]:
+        del _in_flight[name]
 
 
 def _reduction(average, op):
@@ -184,7 +197,9 @@ def sparse_allreduce_async(tensor, name=None, op=Average):
         values = gather(mine.values())
         if op is ops.Average:
             values = values / workers
-        return torch.sparse_coo_tensor(indices, values, mine.shape).coalesce()
+        # indices from other workers, checked: one out of range is an error, not a crash
+        return torch.sparse_coo_tensor(indices, values, mine.shape,
+                                       check_invariants=True).coalesce()
     return _named(name, world.run(sparse_allreduce))
 
 
@@ -258,23 +273,42 @@ def allgather(tensor, name=None):
 
 def broadcast_object(obj, root_rank=0, name=None):
     """Worker ``root_rank``'s ``obj`` on every worker, never pickled (``encode_object``):
-    None, bools, ints, floats, str, bytes, lists, tuples and dicts of them, any keys."""
-    data = encode_object(obj) if world.backend().rank == _check_root(root_rank) else b''
-    length = broadcast_(torch.tensor([len(data)], dtype=torch.int64), root_rank)
-    buffer = torch.zeros(int(length), dtype=torch.uint8)
+    None, bools, ints, floats, str, bytes, lists, tuples and dicts of them, any keys.
+    An object that cannot be sent is a TypeError on every worker, not only the root."""
+    root = _check_root(root_rank)
+    data, failed = _encoded(obj) if world.backend().rank == root else (b'', False)
+    length = int(broadcast_(torch.tensor([-len(data) if failed else len(data)]), root))
+    buffer = torch.zeros(abs(length), dtype=torch.uint8)   # (negative: the error's text)
     if data:
         buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-    return decode_object(bytes(broadcast_(buffer, root_rank).numpy()))
+    data = bytes(broadcast_(buffer, root).numpy())
+    if length < 0:
+        raise TypeError(data.decode(errors='replace'))
+    return decode_object(data)
 
 
 def allgather_object(obj, name=None):
-    """Every worker's ``obj`` in rank order, as a list (encoded as by ``broadcast_object``)."""
-    data = encode_object(obj)
-    lengths = allgather(torch.tensor([len(data)], dtype=torch.int64)).tolist()
+    """Every worker's ``obj`` in rank order, as a list (encoded as by ``broadcast_object``);
+    one that cannot be sent is a TypeError on every worker."""
+    data, failed = _encoded(obj)
+    lengths = allgather(torch.tensor([-len(data) if failed else len(data)])).tolist()
     everything = allgather(torch.frombuffer(bytearray(data), dtype=torch.uint8)
                            if data else torch.zeros(0, dtype=torch.uint8)).numpy()
-    ends = [sum(lengths[:i + 1]) for i in range(len(lengths))]
-    return [decode_object(bytes(everything[end - n:end])) for n, end in zip(lengths, ends)]
+    ends = [sum(abs(n) for n in lengths[:i + 1]) for i in range(len(lengths))]
+    parts = [bytes(everything[end - abs(n):end]) for n, end in zip(lengths, ends)]
+    for i, n in enumerate(lengths):
+        if n < 0:
+            raise TypeError(f'worker {i}: {parts[i].decode(errors="replace")}')
+    return [decode_object(part) for part in parts]
+
+
+def _encoded(obj):
+    """(``obj`` encoded, False), or (why it cannot be, as bytes, True): the others wait
+    for this worker's bytes, so they are told too."""
+    try:
+        return encode_object(obj), False
+    except TypeError as e:
+        return str(e).encode(), True
 
 
 # -- objects on the wire: JSON with tags, never pickle --------------------------------
@@ -330,23 +364,51 @@ def reducescatter(tensor, op=None, name=None):
     can be (the first ones get one more), rank r the r-th part (op: Average by default)."""
     if tensor.dim() == 0:
         raise ValueError('reducescatter needs a tensor with at least one dimension')
-    return world.run(world.backend().reducescatter, tensor.detach(),
-                     _reduction(None, op)).wait()
+    return _named(None, world.run(world.backend().reducescatter, tensor.detach(),
+                                  _reduction(None, op))).wait()
 
 
 def alltoall(tensor, splits=None, name=None):
-    """Send rows ``splits[i]`` of ``tensor`` (in order) to worker i; returns the rows every
-    worker sent here, in rank order, and how many came from each.
+    """Send rows ``splits[i]`` of ``tensor`` (in order) to worker i; the rows every worker
+    sent here, in rank order. As Horovod's: with ``splits``, also how many came from each
+    (``(rows, received_splits)``); without, dim 0 is cut in equal parts, one per worker.
+    Differentiable: the gradient goes back the way its rows came.
 
     (Through allgather: every worker receives all rows, N times the bytes of a direct
     exchange -- simple and the same on both backends; fine for the small tensors it is
     used with in teaching, e.g. routing tokens to experts.)"""
+    counts = _alltoall_splits(tensor, splits)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        received, got = _AlltoallGrad.apply(tensor, counts)
+    else:
+        received, got = _alltoall(tensor.detach(), counts)
+    if splits is None:
+        return received
+    return received, got.to(splits.dtype if torch.is_tensor(splits) else torch.int32)
+
+
+def _alltoall_splits(tensor, splits):
+    """How many rows go to each worker, as int64, checked as Horovod checks them."""
+    N = world.backend().size
+    rows = tensor.shape[0] if tensor.dim() else 0
+    if splits is None:
+        if tensor.dim() == 0 or rows % N:
+            raise ValueError(f'alltoall without splits cuts dim 0 in {N} equal parts: '
+                             f'{rows} rows cannot be')
+        return torch.full((N,), rows // N, dtype=torch.int64)
+    splits = torch.as_tensor(splits)
+    if splits.is_floating_point() or splits.is_complex() or splits.dtype == torch.bool:
+        raise ValueError(f'alltoall: splits must be integers, not {splits.dtype}')
+    splits = splits.reshape(-1).to(torch.int64)
+    if splits.numel() != N or int(splits.sum()) != rows or (splits < 0).any():
+        raise ValueError(f'alltoall: splits must be {N} counts adding up to {rows}')
+    return splits
+
+
+def _alltoall(tensor, splits):
+    """(the rows sent here, in rank order; how many came from each worker)."""
     N, r = world.backend().size, world.backend().rank
-    splits = (torch.tensor(even_sizes(tensor.shape[0], N)) if splits is None
-              else torch.as_tensor(splits, dtype=torch.int64))
-    if splits.numel() != N or int(splits.sum()) != tensor.shape[0] or (splits < 0).any():
-        raise ValueError(f'alltoall: splits must be {N} counts adding up to {tensor.shape[0]}')
-    everything = allgather(tensor.detach())
+    everything = allgather(tensor)
     counts = allgather(splits.view(1, N))                   # counts[i, j]: i sends to j
     if counts.shape[0] != N:                                # (a worker in join(): no rows)
         raise RuntimeError('alltoall: a worker has called join(); all must take part')
@@ -381,7 +443,7 @@ def join(device=-1):
     it takes part in the collectives the others still call, with nothing of its own
     (RingBackend.join says how; TorchBackend.join does the same). Returns, on every
     worker, the rank of the last worker to call it. ``device`` is accepted, not needed."""
-    return world.run(world.backend().join).wait()
+    return _named(None, world.run(world.backend().join)).wait()
 
 
 def _check_root(root_rank):
@@ -437,3 +499,18 @@ class _AllgatherGrad(torch.autograd.Function):
         rows = allgather_async(torch.tensor([ctx.rows])).wait().tolist()
         start = sum(rows[:world.backend().rank])
         return grad[start:start + ctx.rows]
+
+
+class _AlltoallGrad(torch.autograd.Function):
+    """y = the rows each worker sent here; dL/dx = dL/dy sent back where its rows came from."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits):
+        received, counts = _alltoall(tensor.detach(), splits)
+        ctx.counts = counts
+        ctx.mark_non_differentiable(counts)
+        return received, counts
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        return _alltoall(grad.contiguous(), ctx.counts)[0], None

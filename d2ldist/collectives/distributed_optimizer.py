@@ -105,6 +105,15 @@ def _names(params, named):
     return {p: name for name, p in named}
 
 
+# Horovod's words, which scripts and Horovod's tests look for (here the gradients are
+# not averaged a second time, so it costs nothing; the warning is for portability)
+STEP_AFTER_SYNCHRONIZE = (
+    'optimizer.step() called without optimizer.skip_synchronize() context after '
+    'optimizer.synchronize(). This can cause training slowdown. You may want to consider '
+    'using optimizer.skip_synchronize() context if you use optimizer.synchronize() in '
+    'your code.')
+
+
 def metric_average(value, name=None):
     """The average of a number (a loss, an accuracy) over all workers, for logging."""
     return api.allreduce(torch.tensor(float(value), dtype=torch.float64), op=Average).item()
@@ -226,9 +235,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         faults.computed(computed)
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn('optimizer.step() called without optimizer.skip_synchronize() '
-                              'after optimizer.synchronize(): the gradients are not '
-                              'averaged again; wrap step() in skip_synchronize()')
+                warnings.warn(STEP_AFTER_SYNCHRONIZE)
             with spans.span('synchronize', 'step'):
                 self.synchronize()
         self._synchronized = False

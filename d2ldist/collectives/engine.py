@@ -21,7 +21,7 @@ class Handle:
 
     def __init__(self):
         self._done, self._result, self._error = threading.Event(), None, None
-        self.on_wait = None      # called once, at the first wait() (api.py frees a name)
+        self.on_wait = None      # called once, at the first wait() (api.py: it has ended)
 
     @classmethod
     def finished(cls, result):

@@ -8,6 +8,7 @@ which has no call of its own and takes part with a stand-in (``_describe``,
 ``stand_in``; the torch backend's join() takes part with the same stand-ins).
 """
 import math
+import zlib
 
 import torch
 
@@ -21,6 +22,13 @@ from .ring import Refused
 def _call(name, tensor, detail):
     """What a collective was asked, for the ring to compare: 'allreduce(Sum, float32, [2, 3])'."""
     return f'{name}({detail}, {str(tensor.dtype).replace("torch.", "")}, {list(tensor.shape)})'
+
+
+def row_shape_code(tensor):
+    """A number for the shape of ``tensor``'s rows and its number of dimensions: what the
+    workers compare where they may have different numbers of rows (allgather), so that
+    [4, 6] and [4, 2, 3] are refused as Horovod refuses them."""
+    return zlib.crc32(repr((tensor.dim(), *tensor.shape[1:])).encode())
 
 
 # -- hvd.join(): what a worker out of data needs to take part in a collective ----------
@@ -115,18 +123,19 @@ class RingBackend:
         rows, row = tensor.shape[0], math.prod(tensor.shape[1:])
         # first every worker learns every worker's number of rows (and checks the rest)
         N, r = self.size, self.rank
-        info = torch.zeros(3 * N, dtype=torch.int64)
-        info[3 * r:3 * r + 3] = torch.tensor([rows, row, self.dtypes.index(tensor.dtype)])
-        self.ring.allgather_(info, [(3 * i, 3 * i + 3) for i in range(N)], 'allgather',
+        info = torch.zeros(4 * N, dtype=torch.int64)
+        info[4 * r:4 * r + 4] = torch.tensor([rows, row, self.dtypes.index(tensor.dtype),
+                                              row_shape_code(tensor)])
+        self.ring.allgather_(info, [(4 * i, 4 * i + 4) for i in range(N)], 'allgather',
                              _describe('allgather', tensor))
-        info = info.view(N, 3)
+        info = info.view(N, 4)
         if (info[:, 1:] != info[r, 1:]).any():
             other = int((info[:, 1:] != info[r, 1:]).any(1).nonzero()[0])
             raise RuntimeError(
                 f'allgather: worker {r} has rows of {tuple(tensor.shape[1:])} '
                 f'{tensor.dtype}, worker {other} rows of {int(info[other, 1])} '
-                f'{self.dtypes[int(info[other, 2])]} values; all workers need the same '
-                'row shape and dtype')
+                f'{self.dtypes[int(info[other, 2])]} values (maybe in another shape); '
+                'all workers need the same row shape and dtype')
         ends = (info[:, 0] * row).cumsum(0).tolist()
         segs = [(0 if i == 0 else ends[i - 1], ends[i]) for i in range(N)]
         out = torch.empty((int(info[:, 0].sum()), *tensor.shape[1:]), dtype=tensor.dtype)

@@ -51,7 +51,7 @@ from ..runtime.split import even_slices
 from ..runtime.staging import staged
 from ..runtime.wire import DTYPES, dtype_name
 from . import ops
-from .ring_backend import REFUSED, equal_shard, stand_in
+from .ring_backend import REFUSED, equal_shard, row_shape_code, stand_in
 
 # the flat halves of an all-reduce (ZeRO, sharded.py): torch 2.14 renamed them
 _REDUCE_SCATTER = getattr(dist, 'reduce_scatter_single', None) or dist.reduce_scatter_tensor
@@ -146,7 +146,7 @@ def agree_on_gpus(store, rank, size, uuid):
 CALLS = ('allreduce_', 'reducescatter', 'broadcast_', 'allgather', 'barrier',
          'reduce_scatter_flat', 'all_gather_flat_')
 _DTYPES, _OPS = list(DTYPES.values()), list(ops.OPS.values())
-ACTIVE, CALL, DTYPE, OP, ROOT, ROWS, ROW, FIRST, JOINED = range(9)   # JOINED: one per worker
+ACTIVE, CALL, DTYPE, OP, ROOT, ROWS, ROW, SHAPE, FIRST, JOINED = range(10)  # JOINED: 1 a worker
 UNSUPPORTED = len(_DTYPES)       # the DTYPE a worker says for a dtype that none can send
 
 
@@ -164,6 +164,7 @@ def _said(call, size, tensor=None, op=None, root=0):
         code[DTYPE] = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else UNSUPPORTED
         code[ROWS], code[ROW] = tensor.shape[0] if tensor.dim() else 1, \
             math.prod(tensor.shape[1:])
+        code[SHAPE] = row_shape_code(tensor)   # ([17, 1311], [17, 23, 57]: same ROW)
     return code
 
 
@@ -183,10 +184,13 @@ def _disagreement(call, heard, low):
     """What the workers still training disagree on, from the max (``heard``) and min
     (``low``) of their codes; None if they agree (the rows of an allgather may differ)."""
     fields = [('collective', CALL), ('dtype', DTYPE), ('op', OP), ('root', ROOT),
-              ('row size', ROW)] + ([] if call == 'allgather' else [('rows', ROWS)])
+              ('row size', ROW)] + ([] if call == 'allgather' else [('rows', ROWS)]) + \
+        [('shape', SHAPE)]
     names = {CALL: lambda i: CALLS[i - 1], DTYPE: lambda i: _DTYPES[i], OP: lambda i: _OPS[i].name}
     for what, i in fields:
         if heard[i] != low[i]:
+            if i == SHAPE:
+                return 'shape: the same number of values in other dimensions'
             show = names.get(i, str)
             return f'{what}: {show(low[i])} on one worker, {show(heard[i])} on another'
     return None

@@ -75,6 +75,8 @@ def test_a_horovod_script_runs_unchanged_on_every_backend():
 
 
 SEMANTICS = ROOT / 'tests' / 'jobs' / 'horovod_semantics.py'
+CHECKS = ('refused_calls', 'integer_scaling', 'duplicate_names', 'built', 'grouped',
+          'join_refuses', 'objects', 'no_grad_broadcast', 'optimizer', 'alltoall')
 
 
 @pytest.mark.parametrize('workers,backend,module,env', [
@@ -82,13 +84,18 @@ SEMANTICS = ROOT / 'tests' / 'jobs' / 'horovod_semantics.py'
     (3, 'ring', 'd2ldist', ()), (3, 'ring', 'd2ldist.horovod', ('D2L_SHM=0',)),
     (2, 'torch', 'd2ldist.horovod', ())])
 def test_horovod_semantics_of_issue_33(workers, backend, module, env):
-    """Refused calls leave the workers in step; integer scaling; duplicate names; objects
-    with their types; broadcast after broadcast_optimizer_state; _parameter_names and the
-    step warning; nccl_built & co. (tests/jobs/horovod_semantics.py: which of Horovod's
-    tests each part covers). D2L_SHM=0: the ring's chunks on its TCP streams."""
+    """One check per cause of issue 33, each printing a line on every worker: refused
+    calls leave the workers in step; integer scaling; duplicate names; what was built;
+    grouped collectives and their gradients; join's refusals; objects with their types;
+    broadcasts without gradients; DistributedOptimizer's names, warning and sparse
+    gradients; alltoall (tests/jobs/horovod_semantics.py: which of Horovod's tests each
+    covers). D2L_SHM=0: the ring's chunks on its TCP streams."""
     extra = [a for e in env for a in ('--env', e)]
     r = run_launch('-n', workers, '-s', 0, '--timeout', 150, '--env', f'D2L_BACKEND={backend}',
                    *extra, sys.executable, SEMANTICS, module, timeout=200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for check in CHECKS:
+        passed = re.findall(rf'worker \d: {check} ok', r.stdout)
+        assert len(passed) == workers, f'{check}: {r.stdout[-3000:]}'
     assert len(re.findall(rf'worker \d of {workers}: ok', r.stdout)) == workers, r.stdout[-3000:]
     assert wait_no_survivors(r.tag) == []

@@ -140,7 +140,7 @@ def test_the_scheduler_tells_joined_workers_when_one_ends_without_join():
 
 
 def test_on_torch_only_the_horovod_apis_backend_says_each_call_first(monkeypatch):
-    """The price of join() on torch.distributed: one all-reduce of size + 8 integers and
+    """The price of join() on torch.distributed: one all-reduce of size + 9 integers and
     their negation (the min: calls that disagree are refused) before each collective of
     the Horovod API's backend; the Trainer's 'torch' store (not joinable) sends only its own."""
     from types import SimpleNamespace
@@ -156,4 +156,18 @@ def test_on_torch_only_the_horovod_apis_backend_says_each_call_first(monkeypatch
         b.joinable, b.rank, b.size, b.device = joinable, 0, 3, torch.device('cpu')
         sent.clear()
         b.allreduce_(torch.ones(5), ops.Sum)
-        assert sent == [(22, dist.ReduceOp.MAX)] * joinable + [(5, dist.ReduceOp.SUM)]
+        assert sent == [(24, dist.ReduceOp.MAX)] * joinable + [(5, dist.ReduceOp.SUM)]
+
+
+def test_on_torch_the_same_number_of_values_in_another_shape_is_refused():
+    """Horovod refuses an allreduce of [17, 1311] against [17, 23, 57]: same rows and
+    row size, so the integers the workers say include a code of the rows' shape."""
+    from d2ldist.collectives.torch_backend import _disagreement, _said
+    a = _said('allreduce_', 2, torch.ones(17, 23 * 57), op=ops.Sum)
+    b = _said('allreduce_', 2, torch.ones(17, 23, 57), op=ops.Sum)
+    heard, low = [max(x, y) for x, y in zip(a, b)], [min(x, y) for x, y in zip(a, b)]
+    assert _disagreement('allreduce_', heard, low).startswith('shape')
+    assert _disagreement('allreduce_', a, a) is None
+    rows = _said('allgather', 2, torch.ones(3, 2, 2)), _said('allgather', 2, torch.ones(5, 2, 2))
+    assert _disagreement('allgather', *[[f(x, y) for x, y in zip(*rows)] for f in (max, min)]) \
+        is None                                 # an allgather's rows may differ in number
