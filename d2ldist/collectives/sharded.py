@@ -141,6 +141,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                                           bucket_cap_mb)
             self.buckets = layout(self._params, self._hooks.groups, self.size, kinds)
             self._grads = [None] * len(self.buckets)      # the buckets being filled
+            self._sending = [None] * len(self.buckets)    # and those being reduce-scattered
         else:
             self.buckets = plan(self._params, self.size, bucket_cap_mb, kinds)
         self.shards = [self._my_shard(bucket) for bucket in self.buckets]
@@ -187,6 +188,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """(On the communication thread) bucket b's gradients averaged into shard b's grad."""
         shard = world.backend().reduce_scatter_flat(flat, Average)
         self.shards[b].grad = shard.clone()   # (not a view: the bucket's memory goes)
+        if self.stage == 2:
+            self._sending[b] = None           # (now it does)
 
     def _all_gather_weights(self):
         """Every worker's updated shards into the full weights, written into the parameters."""
@@ -214,12 +217,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
         flat, self._grads[b] = self._grads[b], None
         if flat is None:                       # (no gradient came: zeros)
             flat = self.buckets[b].zeros()
+        self._sending[b] = flat                # whole until its reduce-scatter is done
         return world.run(self._reduce_scatter, b, flat)
 
     @property
     def filling(self):
-        """The gradient buckets being filled (stage 2), which memory_by_kind counts."""
-        return [flat for flat in getattr(self, '_grads', ()) if flat is not None]
+        """The gradient buckets held whole (stage 2): being filled by backward, or waiting
+        for their reduce-scatter; memory_by_kind counts them."""
+        return [flat for flat in getattr(self, '_grads', ()) + getattr(self, '_sending', ())
+                if flat is not None]
 
     def zero_grad(self, set_to_none=True):
         """As torch's: the parameters' gradients (and the shards') to None, or to zeros."""
@@ -270,8 +276,10 @@ def memory_by_kind(module, optimizer=None):
     """The bytes a training step holds now, by kind: ``weights`` (the module's parameters and
     the optimizer's: ShardedOptimizer's shards; stage 3's shards and the unit gathered),
     ``gradients`` (their ``.grad``; stage 2's buckets being filled; stage 3's gathered
-    gradient) and ``optimizer state`` (its tensors, the step counters aside). The buffers
-    that live only inside a collective, and the activations, are not counted."""
+    gradient) and ``optimizer state`` (its tensors, the step counters aside). Stage 2's
+    buckets count until their reduce-scatter has ended (on the communication thread:
+    if it falls behind backward, they wait whole). The buffers that live only inside a
+    collective, and the activations, are not counted."""
     params = list(module.parameters())
     if optimizer is not None:
         params += [p for group in optimizer.param_groups for p in group['params']]
