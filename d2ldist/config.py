@@ -285,6 +285,13 @@ class Config:
     server_script: str | None = _setting(
         None, _text, "a script the servers run instead of d2ldist's server "
         '(`--env D2L_SERVER_SCRIPT=ps.py`)')
+    starter: str | None = _setting(
+        None, _text, "where this host's starter listens, which forks the job's processes "
+        'from an interpreter that has imported torch (d2l-launch, local jobs: the guards)',
+        job=True)
+    preload: bool = _setting(
+        True, _flag, "the launcher's own: `0`: each process of a local job starts its own "
+        'interpreter, without the starter (launch/starter.py)')
     interface: str | None = _setting(
         None, _text, "the launcher's own: the default of `--interface`, the network "
         'interface whose address the processes advertise over ssh')

@@ -11,6 +11,10 @@ On a remote host the ssh launcher runs ``python -m d2ldist.launch.guard --remote
 the guard then reads the job's environment as one JSON line from stdin (so that the
 job secret never appears on a command line, where ``ps`` would show it) and prints
 ``d2ldist.guard: pgid N`` so that the launcher can also end the group by its number.
+
+In a local job the guard asks the host's starter (``starter.py``) to fork the command
+from an interpreter that has imported torch already (``D2L_STARTER``: where it listens);
+where the starter cannot, the guard starts the command itself.
 """
 import json
 import os
@@ -21,6 +25,7 @@ import threading
 import time
 
 from .. import config
+from . import starter
 
 
 def stop_group(pgid, grace=None):
@@ -67,10 +72,12 @@ def main(argv=None):
         argv = argv[1:]
     if not argv:
         sys.exit('d2ldist.guard: no command given')
-    env = dict(os.environ, **read_env_line()) if remote else None
+    env = dict(os.environ, **read_env_line()) if remote else dict(os.environ)
+    starter_address = env.pop(config.variable('starter'), None)
+    child = starter_address and starter.start(starter_address, argv, env, os.getcwd())
     try:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,
-                                 env=env)
+        child = child or subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                          start_new_session=True, env=env)
     except OSError as e:
         print(f'd2l-launch: cannot start {argv[0]!r}: {e.strerror}', file=sys.stderr, flush=True)
         sys.exit(127)

@@ -25,6 +25,8 @@ joins the job (without its ``--fail`` and ``--slow``), while fewer than B run.
 
 Each process runs under the guard (``guard.py``) in its own session, with a stdin
 pipe from us: if we die, the pipe closes and the guards end their process groups.
+The servers' and workers' guards have the starter (``starter.py``) fork them from an
+interpreter that has imported torch already, so a job pays for that import once.
 """
 import dataclasses
 import os
@@ -39,7 +41,8 @@ from collections import deque
 
 from .. import config
 from ..runtime.spans import PREFIX as TIMELINE
-from .processes import child_env, guarded
+from . import starter
+from .processes import child_env, guarded, shared_env
 
 # After the last worker, how long the servers and the scheduler get to leave by themselves
 # (the scheduler's shutdown, then each van's linger of up to 2 s) before they are stopped
@@ -132,6 +135,7 @@ class Job:
         self.failure = None               # the first process that failed
         self.code = None
         self._sel = selectors.DefaultSelector()
+        self.starter = None               # this host's starter, once the job starts
 
     # -- the main loop -------------------------------------------------------------
     def run(self):
@@ -150,6 +154,8 @@ class Job:
             raise
         finally:
             self.stop_all('finished' if self.code == 0 else 'stopped')
+            if self.starter is not None:
+                self.starter.stop()
             self._sel.close()
             for p in self.procs:
                 if p.file is not None:
@@ -221,6 +227,9 @@ class Job:
     def _start_all(self):
         scheduler, others = self.procs[0], self.procs[1:]
         assert scheduler.spec.role == 'scheduler'
+        if self.starter is None and config.get().preload and type(self).spawn is Job.spawn:
+            # first, for it imports torch while the scheduler starts (which needs none)
+            self.starter = starter.Starter({**os.environ, **shared_env([p.spec for p in others])})
         self._start(scheduler)
         port = self._wait_ready(scheduler)
         if port is None:
@@ -253,8 +262,11 @@ class Job:
 
     def spawn(self, spec):
         """Start one process under the guard (the ssh launcher starts it on its host)."""
+        env = child_env(spec)
+        if self.starter is not None and spec.role != 'scheduler':
+            env[config.variable('starter')] = self.starter.address
         return subprocess.Popen(
-            guarded(spec.argv), env=child_env(spec), stdin=subprocess.PIPE,
+            guarded(spec.argv), env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
     def _wait_ready(self, scheduler, timeout=30.0):

@@ -174,6 +174,12 @@ def port_is_free(port, host='127.0.0.1'):
             return False
 
 
+def shared_env(specs):
+    """The variables every process has, with the same value (a tool hands them to all)."""
+    first, *rest = (s.env for s in specs)
+    return {k: v for k, v in first.items() if all(e.get(k) == v for e in rest)}
+
+
 def child_env(spec):
     """The full environment of a local child: ours, then the job's."""
     env = dict(os.environ)

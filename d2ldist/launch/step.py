@@ -33,16 +33,10 @@ import time
 from .. import config
 from ..runtime.hosted import die_with_parent
 from .job import Job, Proc
-from .processes import ProcSpec, child_env, guarded
+from .processes import ProcSpec, child_env, guarded, shared_env
 
 EXIT = re.compile(r'd2ldist\.task: exit (\d+)')
 CANCELLED = 143       # SIGTERM, which srun and mpirun send to every task of a step they end
-
-
-def shared_env(specs):
-    """The variables every process has, with the same value (the tool hands them to all)."""
-    first, *rest = (s.env for s in specs)
-    return {k: v for k, v in first.items() if all(e.get(k) == v for e in rest)}
 
 
 def task_word(spec, shared):

@@ -1,0 +1,288 @@
+"""The starter: one interpreter per host that has imported torch, and forks the job's
+processes from it.
+
+Every process of a job used to start a fresh interpreter and import torch: about 2 s of
+CPU each, the most a small job costs (a job of 2 workers and 2 servers paid it 4 times).
+So the local launcher starts one starter first. It imports torch and numpy once, then
+waits; each guard, instead of starting ``python train.py``, asks the starter for it:
+
+    guard --(argv, environment, cwd, its stdout and stderr)--> starter
+    starter: fork; the child takes the guard's output, the environment and the
+             cwd, and runs train.py as python would ("__main__", sys.argv, sys.path)
+    starter --{"pid": N}, later {"exit": code}--> guard
+
+The child is a real process in its own session, as before; the guard stops it by its
+process group and learns its exit code from the starter. Python's multiprocessing
+``forkserver`` works the same way.
+
+What an interpreter reads only when it starts (``PYTHON*``, ``LD_*``, the locale, the
+variables of torch, OpenMP, MKL and oneDNN) cannot change after the fork, so a process
+whose environment differs from the starter's in one of them, or that is not ``python
+SCRIPT`` or ``python -m MODULE`` with the starter's interpreter, is refused, and its guard
+starts it the old way. The starter listens on a Unix socket that only this user may use
+(the kernel's peer credentials are checked); requests are JSON, never unpickled.
+
+This file imports nothing of d2ldist: the children import it fresh, under their own
+environment. ``D2L_PRELOAD=0`` turns the starter off.
+"""
+import json
+import os
+import secrets
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+
+LIMIT = 1 << 20                 # bytes of a request: argv, environment, cwd
+READ_AT_START = ('PYTHON', 'LD_', 'LC_', 'LANG', 'MALLOC_', 'TORCH_', 'PYTORCH_', 'ATEN_',
+                 'ONEDNN_', 'DNNL_', 'MKL_', 'KMP_', 'OMP_', 'GOMP_', 'OPENBLAS_', 'NUMPY_')
+LATE = ('OMP_NUM_THREADS',)     # read at start, but the child sets it again (set_num_threads)
+
+
+# -- the launcher's side ---------------------------------------------------------------
+class Starter:
+    """The launcher's handle on its host's starter, started with ``env`` (what the
+    job's processes share); ``address`` is what the guards are told (D2L_STARTER)."""
+
+    def __init__(self, env, python=sys.executable):
+        self.address = 'd2ldist-starter-' + secrets.token_hex(8)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind('\0' + self.address)   # (Linux's abstract names: no file to remove)
+        listener.listen(128)              # guards wait here while torch is imported
+        self.popen = subprocess.Popen(
+            [python, __file__, str(listener.fileno())], pass_fds=[listener.fileno()],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            start_new_session=True)
+        listener.close()
+
+    def stop(self):
+        """Close its stdin: it ends, with whatever it forked that is still running."""
+        self.popen.stdin.close()
+        try:
+            self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+
+# -- the guard's side ------------------------------------------------------------------
+class Started:
+    """A process the starter forked for this guard: its ``pid`` and, once it ends,
+    ``wait()``'s exit code (as Popen's: -N for signal N)."""
+
+    def __init__(self, sock, pid):
+        self.sock, self.pid = sock, pid
+
+    def wait(self):
+        reply = _receive(self.sock)
+        self.sock.close()
+        if reply is None or not isinstance(reply.get('exit'), int):
+            return 1                      # the starter went away: the guard stops the group
+        return reply['exit']
+
+
+def start(address, argv, env, cwd):
+    """Ask the starter at ``address`` to run ``argv``; a Started, or None if it cannot
+    (the guard then starts the process itself)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect('\0' + address)
+        request = json.dumps({'argv': argv, 'env': env, 'cwd': cwd}).encode()
+        socket.send_fds(sock, [request], [1, 2])
+        reply = _receive(sock)
+    except OSError:
+        reply = None
+    if reply is None or not isinstance(reply.get('pid'), int):
+        sock.close()
+        return None
+    return Started(sock, reply['pid'])
+
+
+def _receive(sock):
+    try:
+        data = sock.recv(LIMIT)
+        return json.loads(data) if data else None
+    except (OSError, ValueError):
+        return None
+
+
+# -- the starter's side ----------------------------------------------------------------
+def refusal(request, own_env, python):
+    """Why the starter cannot run ``request`` (a reason), or None if it can."""
+    argv, env = request['argv'], request['env']
+    if len(argv) < 2 or argv[0] != python:
+        return f'not run by {python}'
+    if argv[1].startswith('-') and (argv[1] != '-m' or len(argv) < 3):
+        return f'interpreter option {argv[1]}'
+    for name in set(env) | set(own_env):
+        if name.startswith(READ_AT_START) and name not in LATE \
+                and env.get(name) != own_env.get(name):
+            return f'{name} differs from the starter'
+    return None
+
+
+def valid(request):
+    """Whether a decoded request has the shape the guard sends."""
+    return (isinstance(request, dict) and isinstance(request.get('cwd'), str)
+            and isinstance(request.get('argv'), list) and isinstance(request.get('env'), dict)
+            and all(isinstance(a, str) for a in request['argv'])
+            and all(isinstance(k, str) and isinstance(v, str)
+                    for k, v in request['env'].items()))
+
+
+def serve(listener):
+    """Answer requests until the launcher closes our stdin; in a forked child, return
+    (request, fds) for it to run."""
+    own_env, python = dict(os.environ), sys.executable
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, 'listener')
+    sel.register(0, selectors.EVENT_READ, 'launcher')
+    children = {}                         # guard's socket -> (pid, pidfd)
+    while True:
+        for key, _ in sel.select():
+            if key.data == 'listener':
+                conn, _ = listener.accept()
+                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                if int.from_bytes(creds[4:8], sys.byteorder) != os.getuid():
+                    conn.close()          # another user's process: not ours to serve
+                    continue
+                sel.register(conn, selectors.EVENT_READ, 'request')
+            elif key.data == 'launcher':
+                if not os.read(0, 4096):  # the launcher is gone: so is the job
+                    for pid, _ in children.values():
+                        _kill_group(pid)
+                    for conn, (pid, _) in children.items():
+                        _, status = os.waitpid(pid, 0)
+                        _send(conn, {'exit': os.waitstatus_to_exitcode(status)})
+                    return None
+            elif key.data == 'request':
+                conn = key.fileobj
+                sel.unregister(conn)
+                try:
+                    data, fds, _, _ = socket.recv_fds(conn, LIMIT, 2)
+                    request = json.loads(data)
+                except (OSError, ValueError):
+                    data, fds, request = b'', [], None
+                why = 'malformed request' if not (valid(request) and len(fds) == 2) \
+                    else refusal(request, own_env, python)
+                if why:
+                    _send(conn, {'refused': why})
+                    conn.close()
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:              # the child: leave the starter behind
+                    sel.close()
+                    listener.close()
+                    for other in children:
+                        other.close()
+                    conn.close()
+                    for _, pidfd in children.values():
+                        os.close(pidfd)
+                    return request, fds
+                try:
+                    os.setpgid(pid, pid)  # (set on both sides: the guard may stop it at once)
+                except OSError:
+                    pass
+                for fd in fds:
+                    os.close(fd)
+                pidfd = os.pidfd_open(pid)
+                children[conn] = pid, pidfd
+                sel.register(pidfd, selectors.EVENT_READ, conn)
+                sel.register(conn, selectors.EVENT_READ, 'guard')
+                _send(conn, {'pid': pid})
+            elif key.data == 'guard':     # the guard hung up (or spoke out of turn)
+                conn = key.fileobj
+                if not conn.recv(LIMIT):  # a guard killed: its process must not outlive it
+                    sel.unregister(conn)
+                    _kill_group(children[conn][0])
+            else:                         # a child ended: tell its guard how
+                conn = key.data
+                pid, pidfd = children.pop(conn)
+                sel.unregister(pidfd)
+                if conn.fileno() in sel.get_map():
+                    sel.unregister(conn)  # (not if its guard has hung up)
+                os.close(pidfd)
+                _, status = os.waitpid(pid, 0)
+                _send(conn, {'exit': os.waitstatus_to_exitcode(status)})
+                conn.close()
+
+
+def _send(conn, message):
+    try:
+        conn.send(json.dumps(message).encode())
+    except OSError:
+        pass
+
+
+def _kill_group(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def become(request, fds):
+    """In the forked child: become the process ``request`` asks for, as python would
+    have started it; return the code to run (a callable)."""
+    import runpy
+    os.setpgid(0, 0)                      # its own process group, as before (the
+                                          # starter has its own session, without a tty)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    for fd in (null, *fds):
+        os.close(fd)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.chdir(request['cwd'])
+    os.environ.clear()
+    os.environ.update(request['env'])
+    if os.environ.get('OMP_NUM_THREADS', '').isdigit():
+        import torch
+        torch.set_num_threads(max(1, int(os.environ['OMP_NUM_THREADS'])))
+    import numpy
+    numpy.random.seed()                   # a fresh process's seed, not the starter's
+    args = request['argv'][1:]
+    if args[0] == '-m':
+        sys.argv = [args[1], *args[2:]]   # (run_module puts the module's file first)
+        sys.path[0] = os.getcwd()
+        return lambda: runpy.run_module(args[1], run_name='__main__', alter_sys=True)
+    sys.argv = list(args)
+    sys.path[0] = os.path.dirname(os.path.realpath(args[0]))
+    return lambda: runpy.run_path(args[0], run_name='__main__')
+
+
+def run(code):
+    """Run the child's code; an exception is printed as python prints it, without the
+    starter's frames, and ends the process with 1."""
+    try:
+        code()
+    except SystemExit:
+        raise
+    except BaseException as e:
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename in (
+                __file__, runpy.__file__, '<frozen runpy>'):
+            tb = tb.tb_next
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        if isinstance(e, KeyboardInterrupt):
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        sys.exit(1)
+
+
+if __name__ == '__main__':
+    import runpy
+    listener = socket.socket(fileno=int(sys.argv[1]))
+    import numpy   # noqa: F401  (what every process of a job imports: once, here)
+    import torch   # noqa: F401
+    child = serve(listener)
+    if child is not None:
+        run(become(*child))
