@@ -40,6 +40,7 @@ import time
 from collections import deque
 
 from .. import config
+from ..runtime import protocol
 from ..runtime.spans import PREFIX as TIMELINE
 from . import starter
 from .processes import child_env, guarded, shared_env
@@ -136,6 +137,8 @@ class Job:
         self.code = None
         self._sel = selectors.DefaultSelector()
         self.starter = None               # this host's starter, once the job starts
+        self.scheduler_address = None     # tcp://host:port, once the scheduler is ready
+        self.notice = None                # elastic: how we tell the scheduler of a loss
 
     # -- the main loop -------------------------------------------------------------
     def run(self):
@@ -156,6 +159,7 @@ class Job:
             self.stop_all('finished' if self.code == 0 else 'stopped')
             if self.starter is not None:
                 self.starter.stop()
+            self._close_notice()
             self._sel.close()
             for p in self.procs:
                 if p.file is not None:
@@ -186,6 +190,7 @@ class Job:
         why = what_failed(self.failure)
         self._say(f'{why}; restart {self.attempt} of {self.max_restarts}')
         self._close_pipes()
+        self._close_notice()              # (the next attempt has a secret of its own)
         fresh = config.env(job_secret=secrets.token_hex(32), restart=self.attempt)
         self.procs = [Proc(p.spec) for p in self.procs]
         for p in self.procs:
@@ -275,6 +280,7 @@ class Job:
         while time.monotonic() < deadline:
             for line in self._pump(0.1):
                 if line[0] is scheduler and (m := READY.search(line[1])):
+                    self.scheduler_address = f'tcp://{m.group(1)}:{m.group(2)}'
                     return m.group(2)
             self._reap()
             if self.failure is not None or not scheduler.alive:
@@ -350,7 +356,27 @@ class Job:
             return False
         self._say(f'{what_failed(p)}; {len(left)} workers go on (--min-workers '
                   f'{self.min_workers})')
+        self._tell_scheduler(p)
         return True
+
+    def _tell_scheduler(self, p):
+        """Elastic: tell the scheduler that the lost worker ``p``'s process has ended, so
+        that the others go on now, not once its heartbeats have been missed for seconds
+        (an authenticated message, as the nodes' are: runtime/van.py's Notice)."""
+        if self.scheduler_address is None:
+            return
+        if self.notice is None:
+            from ..runtime.van import Notice
+            self.notice = Notice('launcher', p.spec.env[config.variable('job_secret')],
+                                 self.scheduler_address)
+        self.notice.send(protocol.ENDED, {'node': f'worker:{p.spec.rank}',
+                                          'start': 2 if p.spec.rank in self.again else 1,
+                                          'how': describe_exit(p.code)})
+
+    def _close_notice(self):
+        if self.notice is not None:
+            self.notice.close()
+            self.notice = None
 
     def _start_again(self, p):
         """Elastic, with --max-workers: start the lost worker ``p`` once more, in its

@@ -22,3 +22,4 @@ JOIN_NOTED = 'join_noted'      # scheduler -> worker: its join is counted (now t
 JOIN_DONE = 'join_done'        # scheduler -> workers: {last, calls} (all have joined) or {error}
 MEMBERS = 'members'            # scheduler -> workers: {round, workers, lost, reason} (elastic)
 WORKERS = 'workers'            # scheduler -> servers: {workers}: whom sync rounds wait for (elastic)
+ENDED = 'ended'                # launcher -> scheduler: {node, start, how}: its process ended (elastic)

@@ -6,7 +6,8 @@ It does four things and nothing else (and tells the time, for the timeline):
 2. barriers over a group (``worker``, ``server`` or ``all``), checked to be the same
    call on every node, and hvd.join() (a worker out of data counts as there);
 3. liveness: every node sends a heartbeat each second; one that falls silent, or
-   dies, is announced to everybody else, so that nobody waits for it forever; the
+   dies (the launcher says so at once where it started the process: ``ended``), is
+   announced to everybody else, so that nobody waits for it forever; the
    heartbeats say what each node waits for, so that a node that has waited too long
    can ask who is missing (``hang.py``);
 4. the end: when every worker has said goodbye, the servers are told to shut down;
@@ -48,6 +49,7 @@ class Scheduler:
         self.min_workers = min_workers   # set: elastic workers (reform)
         self.lost = set()        # workers left out of the membership
         self.round = 0           # memberships formed since the first
+        self.starts = {}         # node id -> its registrations: 1, then 2 if started again
 
     def members(self, group):
         return [n for n in self.nodes if n not in self.lost
@@ -88,6 +90,8 @@ class Scheduler:
                 and msg.sender not in self.lost:      # (one left out says so as it ends)
             if not self.reform(msg.sender, str(msg.get('reason', 'failed'))[:200]):
                 self.fail(msg.sender, str(msg.get('reason', 'failed'))[:200])
+        elif msg.kind == protocol.ENDED and msg.sender == 'launcher':
+            self.ended(msg.get('node'), msg.get('start'), str(msg.get('how'))[:200])
         elif msg.kind == protocol.JOIN and msg.sender in self.members('worker'):
             self.join(msg.sender, msg.get('calls'))
         elif msg.kind == protocol.GOODBYE and msg.sender in self.nodes:
@@ -126,6 +130,7 @@ class Scheduler:
         if msg.sender != node:
             self.van.connect(node, address)
         self.nodes[node] = address
+        self.starts[node] = 1
         self.host_ids[node] = msg.get('host_id') if isinstance(msg.get('host_id'), str) else None
         if len(self.nodes) == self.num_workers + self.num_servers:
             for n in self.nodes:
@@ -314,6 +319,7 @@ class Scheduler:
             return
         self.nodes[node], self.host_ids[node] = address, host_id if isinstance(
             host_id, str) else None
+        self.starts[node] = self.starts.get(node, 0) + 1
         self.lost.discard(node)
         self.finished.discard(node)
         self.failed.discard(node)
@@ -330,6 +336,16 @@ class Scheduler:
                     'round': self.round, 'workers': workers, 'reason': reason,
                     'lost': node if replaced else None, 'joined': [node, address, host_id]})
         self.tell_servers()
+
+    def ended(self, node, start, how):
+        """The launcher saw the process of ``node`` end (elastic): it is lost now, not
+        after its heartbeats have been missed for seconds. Not if ``start`` (which of its
+        processes ended: 1, or 2 if started again) is not the one registered now."""
+        if node not in self.nodes or node in self.finished or self.starts.get(node) != start:
+            return
+        reason = f'its process ended, {how}'
+        if not self.reform(node, reason):
+            self.fail(node, reason)
 
     def fail(self, node, reason):
         """Tell every other node that ``node`` is gone, so that nobody waits for it."""

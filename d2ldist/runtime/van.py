@@ -400,3 +400,27 @@ class Van:
                 self.shm.close()
 
 
+class Notice:
+    """Messages one way to one node, in the van's format, from a process that is not a
+    node of the job (the launcher tells the scheduler of a process it saw end). It has
+    a ZeroMQ context of its own, so that it touches nothing of the process it runs in
+    (a notebook's kernel)."""
+
+    def __init__(self, sender, secret, address):
+        self.sender, self.mac_key = sender, secret.encode()
+        self._ctx = zmq.Context(io_threads=1)
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 500)    # (a receiver already gone: not long)
+        self._sock.connect(address)
+        self._session, self._seq = secrets.token_hex(4), itertools.count(1)
+
+    def send(self, kind, header):
+        head = dict(header, kind=kind, seq=next(self._seq), session=self._session, sizes=[])
+        head['from'] = self.sender
+        head_bytes = json.dumps(head, separators=(',', ':')).encode()
+        self._sock.send_multipart(
+            [hmac.new(self.mac_key, head_bytes, hashlib.sha256).digest(), head_bytes])
+
+    def close(self):
+        self._sock.close()
+        self._ctx.term()

@@ -18,6 +18,7 @@ def scheduler(workers=3):
     """A scheduler whose workers have all registered (the address book went out)."""
     s = Scheduler(FakeVan(), workers, 0)
     s.nodes = {f'worker:{r}': f'tcp://w{r}' for r in range(workers)}
+    s.starts = {node: 1 for node in s.nodes}
     s.book_sent = True
     return s
 
