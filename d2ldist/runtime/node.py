@@ -276,6 +276,8 @@ class Node:
         lost, joined, reason = msg.get('lost'), msg.get('joined'), msg.get('reason')
         if isinstance(joined, list) and joined[:1] and joined[0] in workers:
             self.meet(joined)
+        elif isinstance(lost, str):
+            self.van.give_up_on(lost)
         said = reason if joined else f'{str(lost).replace(":", " ")} was lost ({reason})'
         raise WorkersChanged(f'{said}; {len(workers)} workers go on (round {rnd})',
                              lost if isinstance(lost, str) else None, rnd)

@@ -177,6 +177,13 @@ class Van:
             sock.connect(address)
             self._peers[peer_id] = sock
 
+    def give_up_on(self, peer_id):
+        """A peer is gone (elastic: lost): what is still queued for it is dropped when the
+        van closes, instead of holding the process LINGER_SECONDS for nobody."""
+        with self.send_lock:
+            if peer_id in self._peers:
+                self._peers[peer_id].setsockopt(zmq.LINGER, 0)
+
     def is_connected(self, peer_id):
         return peer_id in self._peers
 

@@ -95,10 +95,29 @@ def test_a_failed_message_from_a_worker_re_forms_and_barriers_count_the_survivor
     assert ended is True
 
 
+def test_the_launcher_tells_of_an_ended_process_and_only_of_the_one_registered_now():
+    s = elastic_scheduler()
+    s.van.connect = lambda peer, address: None
+    how = 'killed by SIGKILL (exit code 137)'
+    s.handle(message(protocol.ENDED, 'worker:0', node='worker:1', start=1, how=how))
+    assert s.round == 0                              # (a node's word on another: ignored)
+    s.handle(message(protocol.ENDED, 'launcher', node='worker:1', start=1, how=how))
+    assert members_sent(s)[0] == ('worker:0', 1, ['worker:0', 'worker:2'], 'worker:1')
+    assert s.van.sent[0][2]['reason'] == f'its process ended, {how}'
+    s.register(message(protocol.REGISTER, 'worker:1', role='worker', rank=1,
+                       address='tcp://new:4000', host_id='h'))         # started again
+    assert s.round == 2 and s.starts['worker:1'] == 2
+    s.handle(message(protocol.ENDED, 'launcher', node='worker:1', start=1, how=how))
+    assert s.round == 2                              # the first process's end, told late
+    s.handle(message(protocol.ENDED, 'launcher', node='worker:1', start=2, how=how))
+    assert s.round == 3 and s.members('worker') == ['worker:0', 'worker:2']
+
+
 # -- a node takes the new membership --------------------------------------------------------
 def bare_node(rank=2, workers=3):
     node = Node.__new__(Node)
-    node.van = SimpleNamespace(node_id=f'worker:{rank}')
+    node.van = SimpleNamespace(node_id=f'worker:{rank}', given_up=[])
+    node.van.give_up_on = node.van.given_up.append
     node.num_workers, node.members, node.round = workers, None, 0
     node._barriers = {'worker': 3, 'all': 1, 'server': 2}
     return node
@@ -114,6 +133,7 @@ def test_a_node_takes_a_new_membership_and_fails_what_waits():
     assert node.workers() == ['worker:0', 'worker:2']
     assert node._barriers == {'server': 2}      # the new round's barriers count from 1
     assert str(e.value) == 'worker 1 was lost (no heartbeat); 2 workers go on (round 1)'
+    assert node.van.given_up == ['worker:1']    # what is queued for it is not waited for
     node._new_members(message(protocol.MEMBERS, 'scheduler', round=1, workers=['worker:2']))
     assert (node.round, node.workers()) == (1, ['worker:0', 'worker:2'])   # (an old one)
     with pytest.raises(PeerFailed, match=r'^worker 2 was left out of the workers \(no hb\)$'):
