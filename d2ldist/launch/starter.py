@@ -29,6 +29,7 @@ import json
 import os
 import secrets
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -111,7 +112,7 @@ def _receive(sock):
 def refusal(request, own_env, python):
     """Why the starter cannot run ``request`` (a reason), or None if it can."""
     argv, env = request['argv'], request['env']
-    if len(argv) < 2 or argv[0] != python:
+    if len(argv) < 2 or _found(argv[0], request['cwd'], env.get('PATH')) != python:
         return f'not run by {python}'
     if argv[1].startswith('-') and (argv[1] != '-m' or len(argv) < 3):
         return f'interpreter option {argv[1]}'
@@ -120,6 +121,13 @@ def refusal(request, own_env, python):
                 and env.get(name) != own_env.get(name):
             return f'{name} differs from the starter'
     return None
+
+
+def _found(program, cwd, path):
+    """The file a command's first word names, as the shell would find it."""
+    if '/' in program:
+        return os.path.normpath(os.path.join(cwd, program))
+    return shutil.which(program, path=path)
 
 
 def valid(request):
@@ -260,22 +268,47 @@ def become(request, fds):
 
 
 def run(code):
-    """Run the child's code; an exception is printed as python prints it, without the
-    starter's frames, and ends the process with 1."""
+    """Run the child's code; its exit code, as python's would be. An exception is printed
+    as python prints it, without the starter's frames."""
     try:
         code()
-    except SystemExit:
-        raise
+        return 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)      # sys.exit('message'), as python says it
+        return 1
     except BaseException as e:
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename in (
                 __file__, runpy.__file__, '<frozen runpy>'):
             tb = tb.tb_next
         sys.excepthook(type(e), e.with_traceback(tb), tb)
-        if isinstance(e, KeyboardInterrupt):
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
-        sys.exit(1)
+        return -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
+
+
+def leave(code):
+    """End the child as multiprocessing ends the processes it forks: other threads
+    joined, atexit handlers run, every open file flushed, then ``os._exit``. Tearing down
+    torch's modules one by one, as an interpreter does at its end, takes a second of CPU
+    or more, and nothing needs it."""
+    import atexit
+    import gc
+    import io
+    import threading
+    threading._shutdown()                 # wait for the threads that are not daemons
+    atexit._run_exitfuncs()
+    buffered = {io.BufferedWriter, io.BufferedRandom, io.BufferedRWPair, io.TextIOWrapper}
+    for f in gc.get_objects():            # what an interpreter's end would have flushed
+        if type(f) in buffered:
+            try:
+                f.flush()
+            except (OSError, ValueError):   # closed, or its reader is gone
+                pass
+    if code == -signal.SIGINT:            # Ctrl-C: end by the signal, as python does
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code & 0xFF)
 
 
 if __name__ == '__main__':
@@ -284,5 +317,4 @@ if __name__ == '__main__':
     import numpy   # noqa: F401  (what every process of a job imports: once, here)
     import torch   # noqa: F401
     child = serve(listener)
-    if child is not None:
-        run(become(*child))
+    leave(0 if child is None else run(become(*child)))

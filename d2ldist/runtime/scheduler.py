@@ -276,6 +276,7 @@ class Scheduler:
         for other in workers + [node]:   # (the lost one too: if it is only cut off,
             self.van.send(other, protocol.MEMBERS, {    # it learns it is out, and ends)
                 'round': self.round, 'workers': workers, 'lost': node, 'reason': reason})
+        self.van.give_up_on(node)        # (at the end, nobody waits for it to take that)
         self.tell_servers()
         return True
 
@@ -354,6 +355,7 @@ class Scheduler:
         for other in self.nodes:
             if other != node and other not in self.finished:
                 self.van.send(other, protocol.FAILED, {'node': node, 'reason': reason})
+        self.van.give_up_on(node)
         self.finished.add(node)
         self.failed.add(node)
 

@@ -92,24 +92,26 @@ def test_what_the_interpreter_reads_at_start_gets_a_fresh_python(a_starter, tmp_
     r = guard(a_starter, [sys.executable, str(script)], a_starter.tag, **env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)['forked'] is False
-    assert starter.refusal({'argv': [sys.executable, str(script)],
+    assert starter.refusal({'argv': [sys.executable, str(script)], 'cwd': os.getcwd(),
                             'env': dict(os.environ, **env)}, dict(os.environ),
                            sys.executable) == why
 
 
-def test_refusals():
-    env, py = {'OMP_NUM_THREADS': '1', 'A': '1'}, '/usr/bin/python3'
-    assert starter.refusal({'argv': ['/other/python', 'x.py'], 'env': env}, env, py) == \
-        'not run by /usr/bin/python3'
-    assert starter.refusal({'argv': [py, '-u', 'x.py'], 'env': env}, env, py) == \
-        'interpreter option -u'
-    assert starter.refusal({'argv': [py, '-m'], 'env': env}, env, py) == \
-        'interpreter option -m'
-    late = {'OMP_NUM_THREADS': '2', 'A': '2', 'D2L_RANK': '1'}   # read after the start
-    assert starter.refusal({'argv': [py, 'x.py'], 'env': late}, env, py) is None
-    assert starter.refusal({'argv': [py, '-m', 'x', '--y'], 'env': env}, env, py) is None
-    assert starter.refusal({'argv': [py, 'x.py'], 'env': {}}, {'LANG': 'C'}, py) == \
-        'LANG differs from the starter'
+def test_refusals(tmp_path):
+    env, py = {'OMP_NUM_THREADS': '1', 'A': '1', 'PATH': '/usr/bin'}, '/usr/bin/python3'
+
+    def why(argv, env=env, own=env, cwd='/tmp'):
+        return starter.refusal({'argv': argv, 'env': env, 'cwd': cwd}, own, py)
+    assert why(['/other/python', 'x.py']) == 'not run by /usr/bin/python3'
+    assert why([py, '-u', 'x.py']) == 'interpreter option -u'
+    assert why([py, '-m']) == 'interpreter option -m'
+    late = dict(env, OMP_NUM_THREADS='2', A='2', D2L_RANK='1')   # read after the start
+    assert why([py, 'x.py'], env=late) is None
+    assert why([py, '-m', 'x', '--y']) is None
+    assert why(['python3', 'x.py']) is None                  # found on the PATH
+    assert why(['../usr/bin/python3', 'x.py'], cwd='/tmp') is None   # from the cwd
+    assert why([py, 'x.py'], env={'PATH': '/usr/bin'}, own={'LANG': 'C', 'PATH': '/usr/bin'}) \
+        == 'LANG differs from the starter'
 
 
 def test_a_malformed_request_is_refused_and_the_starter_keeps_serving(a_starter, tmp_path):
@@ -161,3 +163,31 @@ def test_jobs_are_forked_unless_preload_is_off(write_script):
                 if line.startswith('[worker') and '{' in line]
         assert [s['forked'] for s in seen] == [forked, forked]
         assert {s['argv'][0] for s in seen} == {str(script)}
+
+
+ENDING = r'''
+import atexit, sys, threading, time
+out = open(sys.argv[1], 'w')                  # never closed: the end must flush it
+out.write('written, not closed\n')
+atexit.register(lambda: print('atexit ran', flush=True))
+def late():
+    time.sleep(0.3)
+    print('the thread ended', flush=True)
+threading.Thread(target=late).start()         # not a daemon: the end waits for it
+sys.exit('said on the way out')
+'''
+
+
+def test_a_forked_process_ends_as_python_ends_one(a_starter, tmp_path):
+    """It leaves without tearing torch down (os._exit), but after what python's end does:
+    threads joined, atexit run, files flushed, sys.exit's message and code."""
+    script = tmp_path / 'ending.py'
+    script.write_text(ENDING)
+    fresh = subprocess.run([sys.executable, str(script), str(tmp_path / 'fresh.txt')],
+                           capture_output=True, text=True)
+    forked = guard(a_starter, [sys.executable, str(script), str(tmp_path / 'forked.txt')],
+                   a_starter.tag)
+    assert (forked.returncode, forked.stdout, forked.stderr) == \
+        (fresh.returncode, fresh.stdout, fresh.stderr) == \
+        (1, 'the thread ended\natexit ran\n', 'said on the way out\n')
+    assert (tmp_path / 'forked.txt').read_text() == 'written, not closed\n'

@@ -8,10 +8,13 @@ class FakeVan:
     """Keeps every (peer, kind, header) sent."""
 
     def __init__(self):
-        self.sent = []
+        self.sent, self.given_up = [], []
 
     def send(self, peer, kind, header=None, frames=()):
         self.sent.append((peer, kind, header))
+
+    def give_up_on(self, peer):
+        self.given_up.append(peer)
 
 
 def scheduler(workers=3):

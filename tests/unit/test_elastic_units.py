@@ -65,6 +65,7 @@ def test_a_lost_worker_leaves_the_others_a_new_membership_in_rank_order():
                                ('worker:2', 1, ['worker:0', 'worker:2'], 'worker:1'),
                                ('worker:1', 1, ['worker:0', 'worker:2'], 'worker:1')]
     assert s.members('worker') == ['worker:2', 'worker:0'] and s.round == 1
+    assert s.van.given_up == ['worker:1']        # (its queue is not waited for at the end)
     assert not [k for _, k, _ in s.van.sent if k == protocol.FAILED]
 
 
