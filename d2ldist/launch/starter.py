@@ -11,9 +11,9 @@ waits; each guard, instead of starting ``python train.py``, asks the starter for
              cwd, and runs train.py as python would ("__main__", sys.argv, sys.path)
     starter --{"pid": N}, later {"exit": code}--> guard
 
-The child is a real process in its own session, as before; the guard stops it by its
-process group and learns its exit code from the starter. Python's multiprocessing
-``forkserver`` works the same way.
+The child is a real process in its own process group, as before; the guard stops it
+by that group and learns its exit code from the starter. Python's multiprocessing
+``forkserver`` works the same way, and the child ends as multiprocessing's do (``leave``).
 
 What an interpreter reads only when it starts (``PYTHON*``, ``LD_*``, the locale, the
 variables of torch, OpenMP, MKL and oneDNN) cannot change after the fork, so a process
