@@ -48,7 +48,7 @@ ROOT = HERE.parent
 TITLE = 'Multi-Machine Training, Taught by Code That Runs'
 CHAPTERS = ['multi_machine_training', 'parameter_server_scratch', 'ring_allreduce_scratch',
             'multimachine_resnet18', 'scaling', 'concise', 'inside_a_job',
-            'communication_efficiency', 'large_batches', 'sharding',
+            'communication_efficiency', 'large_batches', 'sharding', 'fault_tolerance',
             'answers']      # the book's order (README's list); the exercises' answers last
 EXTERNAL = {'sec_resnet': ('the ResNet section of Dive into Deep Learning',
                            'https://d2l.ai/chapter_convolutional-modern/resnet.html')}

@@ -123,7 +123,7 @@ def test_the_wheel_installs_and_runs_a_job_and_a_chapter_outside_the_tree(tmp_pa
         # 3. the commands: d2l-book, the examples' list, a 2-worker job with d2l-launch
         out = run([bin_ / 'd2l-book', 'book'], tmp_path / 'book.log', timeout=60,
                   cwd=work, env=env)
-        assert out == 'd2l-book: 11 chapters, 5 figures and 1 data file in book; ' \
+        assert out == 'd2l-book: 12 chapters, 5 figures and 1 data file in book; ' \
                       'open them with:  jupyter lab book\n'
         again = subprocess.run([bin_ / 'd2l-book', 'book'], capture_output=True, text=True,
                                cwd=work, env=env, timeout=60)

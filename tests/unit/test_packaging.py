@@ -46,7 +46,7 @@ def test_chapters_and_figures_are_copied(tmp_path):
     chapters = sorted(p.name for p in (ROOT / 'notebooks').glob('*.ipynb'))
     figures = sorted(f'figures/{p.name}' for p in (ROOT / 'notebooks' / 'figures').glob('*.svg'))
     data = sorted(f'data/{p.name}' for p in (ROOT / 'notebooks' / 'data').glob('*.json'))
-    assert names == sorted(chapters + figures + data) and len(chapters) == 11
+    assert names == sorted(chapters + figures + data) and len(chapters) == 12
     assert data == ['data/gpu_h200.json']                      # the scaling chapter reads it
     first = tmp_path / 'book' / book.FIRST
     assert first.read_bytes() == (ROOT / 'notebooks' / book.FIRST).read_bytes()
@@ -56,7 +56,7 @@ def test_nothing_is_overwritten_unless_asked(tmp_path):
     d2ldist.download_chapters(tmp_path)
     mine = tmp_path / 'scaling.ipynb'
     mine.write_text('my notes')
-    with pytest.raises(FileExistsError, match=r" already holds 17 of the chapters' 17 files "
+    with pytest.raises(FileExistsError, match=r" already holds 18 of the chapters' 18 files "
                                               r'\(answers.ipynb, communication_efficiency.ipynb, '
                                               r'...\): nothing copied; .* d2l-book --overwrite'):
         d2ldist.download_chapters(tmp_path)
@@ -68,11 +68,11 @@ def test_nothing_is_overwritten_unless_asked(tmp_path):
 def test_the_command_says_what_it_did_or_why_not_in_one_line(tmp_path, capsys):
     assert book.main([str(tmp_path / 'b')]) == 0
     out = capsys.readouterr().out
-    assert out == f'd2l-book: 11 chapters, 5 figures and 1 data file in {tmp_path / "b"}; ' \
+    assert out == f'd2l-book: 12 chapters, 5 figures and 1 data file in {tmp_path / "b"}; ' \
                   f'open them with:  jupyter lab {tmp_path / "b"}\n'
     assert book.main([str(tmp_path / 'b')]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f'd2l-book: {tmp_path / "b"} already holds 17 of the chapters')
+    assert err.startswith(f'd2l-book: {tmp_path / "b"} already holds 18 of the chapters')
     assert err.count('\n') == 1
     (tmp_path / 'f').write_text('')
     assert book.main([str(tmp_path / 'f')]) == 1
