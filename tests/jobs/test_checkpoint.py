@@ -45,18 +45,25 @@ def uninterrupted(kvstore, compression=False):
 
 
 def stopped(kvstore, servers, folder, fail='worker:1@step=25', flags=()):
-    """The job, killed by --fail after its checkpoints of steps 10 and 20."""
+    """The job, killed by --fail after its checkpoints of steps 10 and 20; the step of the
+    newest checkpoint whose files are all whole, which a job started again must resume
+    from. (A checkpoint is written on a thread while training goes on, so the kill may
+    cut off the write of step 20 on a slow disk: then step 10 is the newest.)"""
     r = job(kvstore, servers, '--fail', fail, folder=folder, flags=flags)
     assert r.returncode != 0 and 'fails on purpose' in r.stdout + r.stderr
     if '--own-disk' in flags:
-        return r
+        return None
     names = sorted(p.name for p in folder.iterdir())
     if kvstore == 'dist_async':         # worker 0 went on alone until the job was stopped
         assert names[:2] == ['step-00000010', 'step-00000020'], names
         assert not list(folder.glob('step-0000003*/worker-1-*')), 'worker 1 died at step 25'
     else:
-        assert names == ['step-00000010', 'step-00000020']
-    return r
+        assert names in (['step-00000010'], ['step-00000010', 'step-00000020']), names
+    whole = [step for step in (10, 20)
+             if all((folder / f'step-{step:08d}' / f'worker-{w}-of-2.ckpt').exists()
+                    for w in (0, 1))]
+    assert whole and whole[0] == 10, names
+    return whole[-1]
 
 
 @pytest.mark.parametrize('kvstore,servers,again,fail', [
@@ -64,17 +71,18 @@ def stopped(kvstore, servers, folder, fail='worker:1@step=25', flags=()):
     ('dist_sync', 2, 1, 'worker:0@step=25'),     # resumed with 1 server: states re-cut
     ('ring', 0, 0, 'worker:1@step=25')])
 def test_a_stopped_job_resumes_bit_for_bit(tmp_path, kvstore, servers, again, fail):
-    stopped(kvstore, servers, tmp_path, fail)
+    step = stopped(kvstore, servers, tmp_path, fail)
     r = job(kvstore, again, folder=tmp_path)
-    assert f'resumed from {tmp_path}/step-00000020 (step 20: epoch 1, batch 20)' in r.stdout
+    assert f'resumed from {tmp_path}/step-{step:08d} (step {step}: epoch 1, batch {step})' \
+        in r.stdout
     assert {f['sha256'] for f in finals(r).values()} == {uninterrupted(kvstore)}
 
 
 def test_2bit_compression_resumes_bit_for_bit_with_what_it_kept_back(tmp_path):
     """Each worker's residuals (what 2-bit compression has not sent yet) are in its file."""
-    stopped('dist_sync', 2, tmp_path, flags=('--2bit',))
+    step = stopped('dist_sync', 2, tmp_path, flags=('--2bit',))
     r = job('dist_sync', 2, folder=tmp_path, flags=('--2bit',))
-    assert f'resumed from {tmp_path}/step-00000020 (step 20' in r.stdout
+    assert f'resumed from {tmp_path}/step-{step:08d} (step {step}' in r.stdout
     assert {f['sha256'] for f in finals(r).values()} == {uninterrupted('dist_sync', True)}
 
 
@@ -84,12 +92,12 @@ def test_workers_on_their_own_disks_agree_on_the_newest_step_all_hold(tmp_path, 
     was cut off (its file is gone), so both resume from step 10, bit for bit."""
     own = ('--own-disk',)
     stopped(kvstore, servers, tmp_path, flags=own)
-    for rank in (0, 1):
+    for rank in (0, 1):               # (the kill may have cut worker 1's write of step 20)
         names = sorted(p.name for p in (tmp_path / f'host-{rank}').iterdir())
-        assert names == ['step-00000010', 'step-00000020'], names
+        assert names[0] == 'step-00000010' and names[1:] in ([], ['step-00000020']), names
         assert [p.name for p in (tmp_path / f'host-{rank}' / 'step-00000010').iterdir()] \
             == [f'worker-{rank}-of-2.ckpt']
-    (tmp_path / 'host-1' / 'step-00000020' / 'worker-1-of-2.ckpt').unlink()
+    (tmp_path / 'host-1' / 'step-00000020' / 'worker-1-of-2.ckpt').unlink(missing_ok=True)
     r = job(kvstore, servers, folder=tmp_path, flags=own)
     assert f'resumed from {tmp_path}/host-0/step-00000010 (step 10: epoch 1, batch 10)' \
         in r.stdout
@@ -97,7 +105,8 @@ def test_workers_on_their_own_disks_agree_on_the_newest_step_all_hold(tmp_path, 
 
 
 def test_a_damaged_newest_checkpoint_is_passed_over_in_one_line(tmp_path):
-    stopped('dist_sync', 2, tmp_path)
+    if stopped('dist_sync', 2, tmp_path) != 20:
+        pytest.skip('the kill cut off the write of step 20: nothing to damage')   # (rare)
     newest = tmp_path / 'step-00000020' / 'worker-1-of-2.ckpt'
     raw = bytearray(newest.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
@@ -110,12 +119,12 @@ def test_a_damaged_newest_checkpoint_is_passed_over_in_one_line(tmp_path):
 
 
 def test_another_number_of_workers_is_refused_in_one_line(tmp_path):
-    stopped('ring', 0, tmp_path)
+    step = stopped('ring', 0, tmp_path)
     r = run_launch('-n', 3, '-s', 0, '--timeout', 60, sys.executable, JOB, 'ring', EPOCHS,
                    env={'D2L_CHECKPOINT_DIR': str(tmp_path)}, timeout=120)
     assert r.returncode != 0
-    assert re.search(r'step-00000020 was saved by 2 workers and this job has 3: start it with '
-                     r'-n 2, or give it another checkpoint folder', r.stdout + r.stderr)
+    assert re.search(rf'step-{step:08d} was saved by 2 workers and this job has 3: start it '
+                     r'with -n 2, or give it another checkpoint folder', r.stdout + r.stderr)
     assert 'Traceback' not in r.stdout + r.stderr
     assert wait_no_survivors(r.tag) == []
 
@@ -123,9 +132,9 @@ def test_another_number_of_workers_is_refused_in_one_line(tmp_path):
 def test_dist_async_resumes_each_worker_at_its_own_step(tmp_path):
     """In dist_async a checkpoint is each worker at its step 20 and the servers' weights
     when worker 0 was there: not bit for bit, but the job finishes every step, and learns."""
-    stopped('dist_async', 2, tmp_path)
+    step = stopped('dist_async', 2, tmp_path)
     r = job('dist_async', 2, folder=tmp_path)
-    assert f'resumed from {tmp_path}/step-00000020' in r.stdout
+    assert f'resumed from {tmp_path}/step-{step:08d}' in r.stdout
     assert all(f['test_acc'] > 0.85 for f in finals(r).values())
     assert len(re.findall(r'\[worker [01]\] epoch 2, loss', r.stdout)) == 2
 
