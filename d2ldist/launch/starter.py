@@ -169,9 +169,12 @@ def serve(listener):
                 sel.unregister(conn)
                 try:
                     data, fds, _, _ = socket.recv_fds(conn, LIMIT, 2)
+                except OSError:
+                    data, fds = b'', []
+                try:
                     request = json.loads(data)
-                except (OSError, ValueError):
-                    data, fds, request = b'', [], None
+                except ValueError:        # (its descriptors are closed below all the same)
+                    request = None
                 why = 'malformed request' if not (valid(request) and len(fds) == 2) \
                     else refusal(request, own_env, python)
                 if why:

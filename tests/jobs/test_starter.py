@@ -115,13 +115,17 @@ def test_refusals(tmp_path):
 
 
 def test_a_malformed_request_is_refused_and_the_starter_keeps_serving(a_starter, tmp_path):
-    for data, fds in [(b'not json', [1, 2]), (b'{"argv": "x"}', [1, 2]), (b'[]', []),
+    open_fds = lambda: len(os.listdir(f'/proc/{a_starter.popen.pid}/fd'))   # noqa: E731
+    before = None
+    for data, fds in [(b'[]', []), (b'not json', [1, 2]), (b'{"argv": "x"}', [1, 2]),
                       (json.dumps({'argv': [sys.executable, 'x.py'], 'env': {},
                                    'cwd': '/'}).encode(), [1])]:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
             sock.connect('\0' + a_starter.address)
             socket.send_fds(sock, [data], fds)
             assert json.loads(sock.recv(4096)) == {'refused': 'malformed request'}
+        before = before or open_fds()            # (once it serves)
+    assert open_fds() == before                  # what they carried was closed
     script = tmp_path / 'me.py'
     script.write_text(SELF)
     r = guard(a_starter, [sys.executable, str(script)], a_starter.tag)
