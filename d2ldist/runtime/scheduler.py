@@ -88,8 +88,7 @@ class Scheduler:
             self.van.send(msg.sender, protocol.CLOCK, {'id': msg.get('id'), 'time': time.time()})
         elif msg.kind == protocol.FAILED and msg.sender in self.nodes \
                 and msg.sender not in self.lost:      # (one left out says so as it ends)
-            if not self.reform(msg.sender, str(msg.get('reason', 'failed'))[:200]):
-                self.fail(msg.sender, str(msg.get('reason', 'failed'))[:200])
+            self.lose(msg.sender, str(msg.get('reason', 'failed'))[:200])
         elif msg.kind == protocol.ENDED and msg.sender == 'launcher':
             self.ended(msg.get('node'), msg.get('start'), str(msg.get('how'))[:200])
         elif msg.kind == protocol.JOIN and msg.sender in self.members('worker'):
@@ -342,9 +341,11 @@ class Scheduler:
         """The launcher saw the process of ``node`` end (elastic): it is lost now, not
         after its heartbeats have been missed for seconds. Not if ``start`` (which of its
         processes ended: 1, or 2 if started again) is not the one registered now."""
-        if node not in self.nodes or node in self.finished or self.starts.get(node) != start:
-            return
-        reason = f'its process ended, {how}'
+        if node in self.nodes and node not in self.finished and self.starts.get(node) == start:
+            self.lose(node, f'its process ended, {how}')
+
+    def lose(self, node, reason):
+        """``node`` is gone: the others go on without it (reform), or are told it failed."""
         if not self.reform(node, reason):
             self.fail(node, reason)
 

@@ -64,6 +64,19 @@ VAN_FIELDS = frozenset({'kind', 'from', 'seq', 'session', 'sizes', 'shm', 'sent'
 LINGER_SECONDS = 2.0           # how long close() lets queued messages leave
 
 
+def encoded(head):
+    """A message's header as it goes on the wire: compact JSON."""
+    return json.dumps(head, separators=(',', ':')).encode()
+
+
+def mac_of(key, head_bytes, frames=()):
+    """The MAC of a message: HMAC-SHA256 of its header (and of ``frames``, if given)."""
+    mac = hmac.new(key, head_bytes, hashlib.sha256)
+    for f in frames:
+        mac.update(f)
+    return mac.digest()
+
+
 _kept = False   # keep_freed_memory() has run in this process
 
 
@@ -225,7 +238,7 @@ class Van:
                 sent = time.time()
                 due, wait = self.pacer.book(sum(head['sizes']) + HEADER_ON_WIRE, sent)
                 head.update(sent=sent, delay=due - sent)
-            head_bytes = json.dumps(head, separators=(',', ':')).encode()
+            head_bytes = encoded(head)
             sock = self._peers[peer_id]
             sock.send(self._mac(head_bytes, frames), zmq.SNDMORE)
             sock.send(head_bytes, zmq.SNDMORE if frames else 0)
@@ -250,11 +263,7 @@ class Van:
         return out, where
 
     def _mac(self, head_bytes, frames):
-        mac = hmac.new(self.mac_key, head_bytes, hashlib.sha256)
-        if self.mac_payload:
-            for f in frames:
-                mac.update(f)
-        return mac.digest()
+        return mac_of(self.mac_key, head_bytes, frames if self.mac_payload else ())
 
     # -- receiving -------------------------------------------------------------
     def recv(self, timeout=None):
@@ -424,9 +433,8 @@ class Notice:
     def send(self, kind, header):
         head = dict(header, kind=kind, seq=next(self._seq), session=self._session, sizes=[])
         head['from'] = self.sender
-        head_bytes = json.dumps(head, separators=(',', ':')).encode()
-        self._sock.send_multipart(
-            [hmac.new(self.mac_key, head_bytes, hashlib.sha256).digest(), head_bytes])
+        head_bytes = encoded(head)
+        self._sock.send_multipart([mac_of(self.mac_key, head_bytes), head_bytes])
 
     def close(self):
         self._sock.close()
