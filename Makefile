@@ -74,6 +74,7 @@ benchmarks: venv
 	$(PY) benchmarks/allreduce.py
 	$(PY) benchmarks/train_throughput.py
 	$(PY) benchmarks/scaling.py
+	$(PY) benchmarks/replicas.py
 
 # on a machine with a GPU: the tests' CUDA cases and the Trainer against DDP there
 gpu: venv

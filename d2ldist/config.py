@@ -256,7 +256,8 @@ class Config:
         '(`--slow`, for the worker it names)')
     fail: tuple | None = _setting(
         None, parse_fail, '`step=N` or `30s`: die (SIGKILL) after compute step N (a server: '
-        'its N-th sync round), or that long after joining (`--fail`, for the process it names)')
+        'its N-th sync round, or push in dist_async), or that long after joining (`--fail`, '
+        'for the process it names)')
     restart: int = _setting(
         0, _whole, "which attempt of the job this is: 0 the first, then 1, 2, ... "
         '(d2l-launch `--max-restarts`; `--fail` and `--slow` act in attempt 0 only)', job=True)
@@ -264,6 +265,9 @@ class Config:
         None, _positive_whole, 'set: elastic workers: the scheduler re-forms the ring '
         'without a lost worker, or tells the servers whom their rounds wait for, while at '
         'least this many remain (`--min-workers`)')
+    server_replicas: int = _setting(
+        0, _whole, "each server's keys are also held by the next R servers, which take "
+        'over when it is lost (`--server-replicas`; 0: no replicas)')
     checkpoint_dir: str | None = _setting(
         None, _text, "a folder every worker can read, for the job's checkpoints; set: "
         "`d2ldist.train` saves them and resumes from the newest (`--checkpoint-dir`)")

@@ -42,6 +42,12 @@ VALUES = 'kv_values'        # server -> worker: parts + frames: the values asked
 ERROR = 'kv_error'          # server -> worker: {error}: the request was refused
 LINK = 'kv_link'            # worker -> server: {offer}: send your VALUES on this stream
 HELLO = 'kv_hello'          # worker -> server: {address, host_id}: I join a running job
+REPLICATE = 'kv_replicate'  # holder -> the next in its shard's chain: {shard, number,
+                            #   change: a kind below or of REQUESTS, its fields} + frames
+REPLICATED = 'kv_replicated'  # holder -> the one before: {shard, number}: I, and all
+                            #   after me, have every change up to number
+UPDATE = 'kv_update'        # a change: parts + their sums (+ row positions), {numbers:
+                            #   [[worker, n]] the pushes counted, accumulate}: a round closed
 REQUESTS = (INIT, PUSH, PULL, OPTIMIZER, LEARNING_RATE, INFO, GET_STATE, SET_STATE,
             PUSH_ROWS, PULL_ROWS)
 ANSWERS = (ACK, VALUES, ERROR)

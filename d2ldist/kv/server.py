@@ -17,6 +17,15 @@ without it if not; the rounds after count the workers left. A worker that joins 
 where it listens (``HELLO``), pulls the current values, and its pushes join the round
 open when they arrive.
 
+Replicated servers (``d2l-launch --server-replicas R``): a server holds its own shard
+and replicas of the R shards before it, each a ``KVServer`` of its own; the loop hands
+each message to the shard it names. A replica only applies the changes its chain sends
+(``replication.py``) until the scheduler makes it the head, when it answers the workers.
+Every change goes down the chain before the answer that shows it; so a push is answered
+only after its round has closed and reached the last holder. A worker sends what was
+unanswered again to the new head, and pushes are numbered: one already counted there
+is not counted twice (``Slot.counted``).
+
 One thread does everything, so each key changes atomically; the van receives the next
 messages in its own I/O thread while we add tensors up.
 """
@@ -25,9 +34,11 @@ from collections import deque
 
 import torch
 
-from ..runtime import faults, protocol, spans, stream
+from .. import config
+from ..runtime import faults, protocol, replicas, spans, stream
 from . import messages as M
 from .optimizers import Updater
+from .replication import CHAIN_FIELDS, Chain
 
 
 class Slot:
@@ -36,6 +47,8 @@ class Slot:
     def __init__(self, dtype, shape, start, stop, value, optimizer=True):
         self.dtype, self.shape, self.start, self.stop, self.value = dtype, shape, start, stop, value
         self.optimizer = optimizer     # False: the optimizer never updates this key
+        self.changed = 0               # the chain's number of its last change (replicas)
+        self.counted = {}              # worker -> the number of its last push in the value
 
 
 class Round:
@@ -44,6 +57,7 @@ class Round:
 
     def __init__(self):
         self.sum, self.pushed, self.touched = None, set(), None
+        self.numbers = {}              # worker -> the number of its push in this round
 
     def add(self, part, like):
         """Add a pushed part to the sum: all its elements, or a sparse key's rows (into
@@ -65,6 +79,15 @@ class Round:
 
 class Answered(Exception):
     """A request refused, its error already sent."""
+
+
+class Waiting:
+    """A request answered later: once the rounds it pushed into have closed (``keys``),
+    and the last holder of the shard has every change the answer shows (``after``)."""
+
+    def __init__(self, worker, rid, parts, keys, values=True, after=0):
+        self.worker, self.rid, self.parts, self.keys = worker, rid, parts, keys
+        self.values, self.after = values, after     # values: VALUES, else an ACK
 
 
 def apply_update(updater, key, value, grad, positions=None, accumulate=False):
@@ -94,42 +117,78 @@ def apply_update(updater, key, value, grad, positions=None, accumulate=False):
 
 
 class KVServer:
-    """The parameter server's state and its loop."""
+    """The parameter server's state of one shard, and the server's loop."""
 
-    def __init__(self, node):
+    def __init__(self, node, shard=None, links=None):
         self.node = node
+        self.shard = int(node.id.split(':')[1]) if shard is None else shard
         self.store = {}        # key -> Slot
         self.rounds = {}       # key -> Round still open (sync mode)
-        self.waiting = []      # [worker, request id, parts, keys whose round must close]
+        self.waiting = []      # [Waiting]: requests answered once their rounds close
         self.deferred = {}     # worker -> deque of its requests that must wait for a round
         self.updater = None    # the optimizer, once a worker sets one
         self.lent = {}         # key -> [sent(), ...]: its value went out without a copy
         self.nth = {}          # n -> (first worker, its keys, workers seen): sync push n
-        self.links = {}        # worker -> the stream its VALUES go on (M.LINK)
-        self.closed = 0        # sync rounds closed on the first key held (--fail step=N)
+        self.links = {} if links is None else links   # worker -> the stream its VALUES
+        self.closed = 0        # rounds closed (async: pushes) on the first key (--fail)
         self.workers = set(node.peers('worker'))   # whom a sync round waits for
         self.numbered = set(self.workers)          # whose push numbers agree() compares
+        r = config.get().server_replicas           # this shard's chain of holders
+        self.chain = Chain(node, self.shard, replicas.chains(node.num_servers, r)[self.shard]
+                           if r else [node.id])
+        self.updates = []      # [(key, sum, positions, accumulate, numbers)]: to replicate
+        self.shards = {self.shard: self}   # and the replicas this server holds (serve)
 
     def serve(self):
         """Answer requests until the scheduler says the job is over."""
-        while True:
-            msg = self.node.recv()                     # raises PeerFailed if a node died
-            if msg.kind == protocol.SHUTDOWN:
-                return
-            if msg.kind == protocol.WHO:               # a worker has waited long (hang.py)
-                self.who(msg)
-                continue
-            if msg.kind == M.LINK:                     # a worker offers a stream
-                self.link(msg)
-                continue
-            if msg.kind == protocol.WORKERS and msg.sender == 'scheduler':
-                self.workers_changed(msg.get('workers'))
-                continue
-            if msg.kind == M.HELLO:                    # a worker joins the running job
-                self.hello(msg)
-                continue
-            if msg.kind not in M.REQUESTS:
-                continue
+        self.hold_replicas()
+        while self.dispatch(self.node.recv()):         # raises PeerFailed if a node died
+            pass
+
+    def hold_replicas(self):
+        """Replicated servers: a KVServer for each shard this server holds a replica of."""
+        r, me = config.get().server_replicas, self.node.id
+        for shard, holders in enumerate(replicas.chains(self.node.num_servers, r) if r else []):
+            if me in holders[1:]:
+                self.shards[shard] = KVServer(self.node, shard, self.links)
+
+    def dispatch(self, msg):
+        """Hand a message to the shard it names (this server's own, or a replica it
+        holds), or act on it for all; False once the job is over."""
+        if msg.kind == protocol.SHUTDOWN:
+            return False
+        if msg.sender == 'scheduler' and msg.kind in (protocol.WORKERS, protocol.SERVERS):
+            for shard in self.shards.values():         # the workers left; the chains now
+                shard.news(msg)
+        elif msg.kind == M.LINK:                       # a worker offers a stream
+            self.link(msg)
+        elif msg.kind == M.HELLO:                      # a worker joins the running job
+            if self.hello(msg):
+                for shard in self.shards.values():
+                    shard is self or shard.forget(msg.sender)
+        else:
+            question = msg.get('question') if msg.kind == protocol.WHO else None
+            shard = (question if isinstance(question, dict) else msg.header).get(
+                'shard', self.shard)
+            if isinstance(shard, int) and shard in self.shards:
+                self.shards[shard].receive(msg)
+        return True
+
+    def receive(self, msg):
+        """A message for this shard: a request, a question, or a change of its chain."""
+        if msg.kind == protocol.WHO:                   # a worker has waited long (hang.py)
+            self.who(msg)
+        elif msg.kind == M.REPLICATE:                  # a change from the holder before
+            try:
+                self.chain.received(msg, self.apply)
+            except (M.KVError, KeyError, TypeError, ValueError, StopIteration) as e:
+                print(f'd2ldist: {self.node.id.replace(":", " ")}: a change of shard '
+                      f'{self.shard} could not be applied ({e!r}); it no longer follows '
+                      'its head'[:300], flush=True)
+        elif msg.kind == M.REPLICATED:                 # the holders after have changes
+            self.chain.acknowledged(msg)
+            self.answer_ready()
+        elif msg.kind in M.REQUESTS:
             queue = self.deferred.setdefault(msg.sender, deque())
             with spans.span(msg.kind[3:], 'server', worker=msg.sender,
                                bytes=sum(memoryview(f).nbytes for f in msg.frames)):
@@ -139,7 +198,10 @@ class KVServer:
             spans.tick()
 
     def handle(self, msg):
-        """Answer one request; False if it must wait until a round closes."""
+        """Answer one request; False if it must wait until a round closes (or until
+        this replica becomes the shard's head)."""
+        if not self.chain.is_head:
+            return False
         try:
             if msg.kind == M.PUSH:
                 return self.push(msg, M.read_parts(msg, with_frames=True))
@@ -149,20 +211,20 @@ class KVServer:
                 self.pull(msg, M.read_parts(msg, with_frames=False))
             elif msg.kind == M.PULL_ROWS:
                 self.pull(msg, M.read_row_parts(msg, with_values=False))
-            elif msg.kind == M.INIT:
-                self.init(msg, M.read_parts(msg, with_frames=True))
-            elif msg.kind == M.OPTIMIZER:
-                self.set_optimizer(msg)
-            elif msg.kind == M.LEARNING_RATE:
-                self.set_learning_rate(msg)
+            elif msg.kind in (M.INIT, M.OPTIMIZER, M.LEARNING_RATE, M.SET_STATE):
+                self.apply(msg.kind, msg)              # raises KVError if refused
+                self.replicate(msg.kind, {k: v for k, v in msg.header.items()
+                                          if k not in CHAIN_FIELDS and k != 'id'}, msg.frames)
+                self.answer_later(Waiting(msg.sender, msg.get('id'), [], set(), False,
+                                          self.chain.number))
+                self.answer_ready()
             elif msg.kind == M.INFO:
                 self.ack(msg, keys=[M.Part(k, s.dtype, s.shape, s.start, s.stop).head()
                                     for k, s in self.store.items()],
-                         pid=os.getpid(), optimizer=self.updater and self.updater.name)
+                         pid=os.getpid(), optimizer=self.updater and self.updater.name,
+                         shard=self.shard, replicated=self.chain.bytes_sent)
             elif msg.kind == M.GET_STATE:
                 self.get_state(msg)
-            elif msg.kind == M.SET_STATE:
-                self.set_state(msg)
         except Answered:
             pass
         except (M.KVError, KeyError, TypeError, ValueError) as e:   # refuse it, go on serving
@@ -175,25 +237,31 @@ class KVServer:
         """Aggregate (sync) or apply (async) the pushed values -- of a sparse key, only
         the rows pushed; answer or ack."""
         self.check(parts, 'pushed')
-        sync, worker = msg.get('sync') is not False, msg.sender
+        sync, worker, n = msg.get('sync') is not False, msg.sender, msg.get('n')
         if sync and any(worker in self.rounds.get(p.key, Round()).pushed for p in parts):
             return False                                 # its second push waits for the round
         if sync:
             self.agree(msg, parts)
         closed = []
         for p in parts:
+            if isinstance(n, int) and n <= self.store[p.key].counted.get(worker, 0):
+                continue                                 # sent again: counted already
             if not sync:                                 # async: apply on arrival
-                self.update(p.key, p.value, p.positions, accumulate=True)
+                self.update(p.key, p.value, p.positions, accumulate=True, numbers={worker: n})
+                self.served(p.key, 'push')
                 continue
             r = self.rounds.setdefault(p.key, Round())
             r.add(p, self.store[p.key].value)
+            r.numbers[worker] = n
             if self.pushed(p.key, r, worker):
                 closed.append(p.key)
-        if msg.get('pull'):
-            self.answer_after_round(worker, msg['id'], parts)
+        self.replicate_updates()
+        if msg.get('pull') or self.chain.holders[1:]:    # (replicas: once it is theirs)
+            self.answer_later(Waiting(worker, msg['id'], parts, self.open_rounds(worker, parts),
+                                      values=bool(msg.get('pull'))))
         else:
             self.ack(msg)
-        self.round_closed(closed)
+        self.answer_ready(closed)
         return True
 
     def pushed(self, key, r, worker):
@@ -207,42 +275,82 @@ class KVServer:
     def close(self, key, r):
         """Every worker has pushed into the key's round: update the key once."""
         if r.touched is None:
-            self.update(key, r.sum)
+            self.update(key, r.sum, numbers=r.numbers)
         else:                                        # only rows: update only them
             positions = r.touched.nonzero().view(-1)
-            self.update(key, r.sum[positions], positions)
+            self.update(key, r.sum[positions], positions, numbers=r.numbers)
         del self.rounds[key]
-        if key == next(iter(self.store)):
-            self.closed += 1
-            faults.served(self.closed)               # d2l-launch --fail server:R@step=N
+        self.served(key, 'sync round')
 
-    def update(self, key, grad, positions=None, accumulate=False):
+    def served(self, key, what):
+        """A round of ``key`` closed (async: a push applied): count those of the first key
+        of this server's own shard, for d2l-launch --fail server:R@step=N."""
+        if key == next(iter(self.store)) and self.node.id == f'server:{self.shard}':
+            self.closed += 1
+            faults.served(self.closed, what)
+
+    def update(self, key, grad, positions=None, accumulate=False, numbers=None):
         """Update the key from a sum of pushes (``apply_update``), on a copy of its value
-        if that may still be on its way to a worker (``writable``)."""
+        if that may still be on its way to a worker (``writable``); and keep the update
+        for the shard's replicas (``numbers``: the pushes it counts)."""
         slot = self.store[key]
         slot.value = apply_update(self.updater if slot.optimizer else None, key,
                                   self.writable(key), grad, positions, accumulate)
+        slot.counted.update(numbers or {})
+        if self.chain.is_head and self.chain.holders[1:]:
+            self.updates.append((key, grad, positions, accumulate, numbers or {}))
+
+    def replicate_updates(self):
+        """Send the updates made since the last call down the chain, as one change."""
+        if not self.updates:
+            return
+        entries, frames = [], []
+        for key, grad, positions, accumulate, numbers in self.updates:
+            entries.append([key, None if positions is None else int(positions.numel()),
+                            accumulate, [[w, n] for w, n in numbers.items()
+                                         if isinstance(n, int)]])
+            frames.append(_data([grad.contiguous()])[0])
+            if positions is not None:
+                frames.append(_data([positions.contiguous()])[0])
+        keys, self.updates = [u[0] for u in self.updates], []
+        self.replicate(M.UPDATE, {'updates': entries}, frames, keys)
+
+    def replicate(self, kind, header, frames, keys=()):
+        """A change made here goes down the chain (at once done, without replicas); the
+        keys it changed are answered only once the last holder has it."""
+        number, trackers = self.chain.change(kind, header, frames)
+        for key in keys:
+            self.store[key].changed = number
+        self.lend(keys, lambda: all(t.done for t in trackers))
 
     def pull(self, msg, parts):
         """Send the values asked for, once the rounds this worker pushed into have closed."""
         self.check(parts, 'pulled')
-        self.answer_after_round(msg.sender, msg['id'], parts)
+        self.answer_later(Waiting(msg.sender, msg['id'], parts,
+                                  self.open_rounds(msg.sender, parts)))
+        self.answer_ready()
 
-    def answer_after_round(self, worker, rid, parts):
-        """Send the values now, or once every round this worker pushed into has closed."""
-        keys = {p.key for p in parts if worker in getattr(self.rounds.get(p.key), 'pushed', ())}
-        if keys:
-            self.waiting.append([worker, rid, parts, keys])
-        else:
-            self.send_values(worker, rid, parts)
+    def open_rounds(self, worker, parts):
+        """The keys of ``parts`` whose open round this worker has pushed into."""
+        return {p.key for p in parts if worker in getattr(self.rounds.get(p.key), 'pushed', ())}
 
-    def round_closed(self, keys):
-        """Answer the pulls that waited for these keys."""
+    def answer_later(self, waiting):
+        """Answer a request once its rounds have closed and its changes are replicated."""
+        self.waiting.append(waiting)
+
+    def answer_ready(self, closed=()):
+        """The rounds of keys ``closed`` have closed: answer the requests that now wait
+        for nothing (no round open, every change they show at the last holder)."""
         for w in list(self.waiting):
-            w[3].difference_update(keys)
-            if not w[3]:
-                self.waiting.remove(w)
-                self.send_values(*w[:3])
+            w.keys.difference_update(closed)
+            if w.keys or max([w.after] + [self.store[p.key].changed for p in w.parts]) \
+                    > self.chain.done:
+                continue
+            self.waiting.remove(w)
+            if w.values:
+                self.send_values(w.worker, w.rid, w.parts)
+            else:
+                self.node.send(w.worker, M.ACK, {'id': w.rid})
 
     def retry_deferred(self):
         """Handle deferred requests whose turn has come (a round they waited for closed)."""
@@ -270,14 +378,25 @@ class KVServer:
             error = (f'push {n} of {a.replace(":", " ")} carried keys {keys_a!r}, push {n} '
                      f'of {b.replace(":", " ")} keys {keys_b!r}; in dist_sync every worker '
                      'must push the same keys in the same order')[:600]
-            for worker, rid, *_ in self.waiting + [[msg.sender, msg.get('id')]]:
+            for worker, rid in [(w.worker, w.rid) for w in self.waiting] + [
+                    (msg.sender, msg.get('id'))]:
                 self.node.send(worker, M.ERROR, {'id': rid, 'error': error, 'disagree': True})
             self.waiting.clear()
             raise Answered()
         if seen >= self.numbered:
             del self.nth[n]
 
-    # -- elastic workers: lost, joined, finished ----------------------------------------------
+    # -- the scheduler's news: elastic workers, replicated servers --------------------------
+    def news(self, msg):
+        """The workers left (elastic), or the chains of holders after a server's loss."""
+        if msg.kind == protocol.WORKERS:
+            self.workers_changed(msg.get('workers'))
+        elif self.node.chains is not None and self.chain.changed(self.node.chains[self.shard]):
+            print(f'd2ldist: {self.node.id.replace(":", " ")} answers for shard {self.shard} '
+                  f'now: its replica has every change up to {self.chain.number}', flush=True)
+        self.retry_deferred()
+        self.answer_ready()
+
     def workers_changed(self, workers):
         """The workers left are ``workers``: close the rounds that now have every push
         they wait for, and forget the requests of the workers gone."""
@@ -286,29 +405,36 @@ class KVServer:
         self.workers, self.numbered = set(workers), self.numbered & set(workers)
         for gone in set(self.deferred) - self.workers:
             self.deferred.pop(gone)
-        self.waiting = [w for w in self.waiting if w[0] in self.workers]
+        self.waiting = [w for w in self.waiting if w.worker in self.workers]
         self.nth = {n: entry for n, entry in self.nth.items() if not entry[2] >= self.numbered}
         closed = [key for key, r in self.rounds.items() if self.workers <= r.pushed]
         for key in closed:
             self.close(key, self.rounds[key])
-        self.round_closed(closed)
-        self.retry_deferred()
+        self.replicate_updates()
+        self.answer_ready(closed)
 
     def hello(self, msg):
         """A worker joins the running job (a lost one started again, say): answer it at
-        its new address, on a new stream if it offers one."""
+        its new address, on a new stream if it offers one; True if it was met."""
         worker, address, host = msg.sender, msg.get('address'), msg.get('host_id')
         if not isinstance(address, str) or not worker.startswith('worker:'):
-            return
+            return False
         try:
             self.node.meet([worker, address, host if isinstance(host, str) else None])
         except ValueError as e:                       # refuse it, go on serving
             self.node.send(worker, M.ERROR, {'id': msg.get('id'), 'error': str(e)})
-            return
+            return False
+        self.forget(worker)
+        self.ack(msg)
+        return True
+
+    def forget(self, worker):
+        """A worker starts anew: its stream, its requests and its pushes' numbers go."""
         self.links.pop(worker, None)
         self.deferred.pop(worker, None)
-        self.waiting = [w for w in self.waiting if w[0] != worker]
-        self.ack(msg)
+        self.waiting = [w for w in self.waiting if w.worker != worker]
+        for slot in self.store.values():
+            slot.counted.pop(worker, None)
 
     def who(self, msg):
         """Answer a worker that has waited long: who has not pushed into the rounds
@@ -316,9 +442,9 @@ class KVServer:
         question = msg.get('question')
         rid = question.get('request') if isinstance(question, dict) else None
         keys = set()
-        for worker, r, _, waits in self.waiting:
-            if worker == msg.sender and r == rid:
-                keys |= waits
+        for w in self.waiting:
+            if w.worker == msg.sender and w.rid == rid:
+                keys |= w.keys
         for m in self.deferred.get(msg.sender, ()):
             if m.get('id') == rid and isinstance(m.get('parts'), list):
                 keys |= {k for k in M.keys_of(m['parts'])
@@ -401,21 +527,27 @@ class KVServer:
     def ack(self, msg, **fields):
         self.node.send(msg.sender, M.ACK, dict(fields, id=msg.get('id')))
 
-    def init(self, msg, parts):
+    # -- the changes of a shard's state: made on its head, applied on its replicas ---------
+    def apply(self, kind, msg):
+        """Change this shard as a request (or its replicated copy) says; KVError if not."""
+        {M.INIT: self.init, M.OPTIMIZER: self.set_optimizer, M.SET_STATE: self.set_state,
+         M.LEARNING_RATE: self.set_learning_rate, M.UPDATE: self.apply_updates}[kind](msg)
+
+    def init(self, msg):
+        parts = M.read_parts(msg, with_frames=True)
         for p in parts:
             if p.key in self.store:
                 raise M.KVError(f'key {p.key!r} is already initialised')
         optimizer = msg.get('optimizer') is not False
-        for p in parts:
-            self.store[p.key] = Slot(p.dtype, p.shape, p.start, p.stop, p.value, optimizer)
-        self.ack(msg)
+        for p in parts:        # (a copy: the message's memory may still go down the chain)
+            self.store[p.key] = Slot(p.dtype, p.shape, p.start, p.stop, p.value.clone(),
+                                     optimizer)
 
     def set_optimizer(self, msg):
         try:
             self.updater = Updater(str(msg.get('name')), **dict(msg.get('hyper') or {}))
         except (ValueError, TypeError) as e:
             raise M.KVError(str(e)) from None
-        self.ack(msg)
 
     def set_learning_rate(self, msg):
         """A new learning rate for the optimizer; its states (momentum, ...) stay."""
@@ -425,7 +557,6 @@ class KVServer:
         if isinstance(lr, bool) or not isinstance(lr, (int, float)):
             raise M.KVError(f'the learning rate must be a number, got {lr!r}'[:200])
         self.updater.opt.hyper['lr'] = lr
-        self.ack(msg)
 
     def get_state(self, msg):
         """Send the optimizer state of every key held: a checkpoint of this server."""
@@ -438,8 +569,8 @@ class KVServer:
                 if is_tensor:
                     frames.append(v.numpy().data)
         self.node.send(msg.sender, M.ACK, {'id': msg.get('id'), 'entries': entries,
-                                           'optimizer': self.updater and self.updater.name},
-                       frames)
+                                           'optimizer': self.updater and self.updater.name,
+                                           'shard': self.shard}, frames)
 
     def set_state(self, msg):
         """Restore optimizer states sent by a worker (tensors come as raw frames)."""
@@ -467,7 +598,19 @@ class KVServer:
         for key, state in states.items():
             slot = self.store[key]
             self.updater.load_state(key, state, slot.stop - slot.start)
-        self.ack(msg)
+
+    def apply_updates(self, msg):
+        """(a replica) The updates its head made: the same sums through the same
+        optimizer, so its copy and the optimizer's state end with the head's bits."""
+        frames = iter(msg.frames)
+        for key, rows, accumulate, numbers in msg.get('updates'):
+            slot = self.store[key]
+            count = rows if isinstance(rows, int) else slot.stop - slot.start
+            grad = M.wire.unpack({'dtype': slot.dtype, 'shape': [count]}, next(frames)).clone()
+            positions = M.wire.unpack({'dtype': 'int64', 'shape': [count]}, next(frames)) \
+                if isinstance(rows, int) else None
+            self.update(key, grad, positions, accumulate is True,
+                        {str(w): n for w, n in numbers if isinstance(n, int)})
 
 
 def _data(frames):

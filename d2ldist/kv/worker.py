@@ -13,6 +13,11 @@ changes nothing here: the servers count the pushes of the workers left (server.p
 worker that joins a running job (``kv.is_recovery``, ps-lite's name) finds the keys
 on the servers: its ``init`` and ``set_optimizer`` send nothing and wait for nobody, and
 its first pull brings the current values.
+
+With replicated servers (``--server-replicas``) a request goes to the head of its
+shard's chain (``node.head``). When a server is lost, what it has not answered is sent
+again, as it was, to the replica that answers for its shard now; the numbers pushes
+carry let that one count each push once (``server.py``).
 """
 import itertools
 import numbers
@@ -21,7 +26,7 @@ import warnings
 
 import torch
 
-from ..runtime import compression, hang, shm, spans, staging, stream
+from ..runtime import compression, hang, protocol, shm, spans, staging, stream
 from ..runtime.node import WorkersChanged
 from . import messages as M
 from .optimizers import Updater, torch_names
@@ -386,10 +391,10 @@ class DistKVStore(KVStore):
         self.rank, self.num_workers = node.rank, node.num_workers
         self.is_recovery = node.is_recovery     # joined a running job (elastic)
         self._sync = kind != 'dist_async'
-        self._pushes = {}        # server -> sync pushes sent to it (it checks they agree)
+        self._pushes = {}        # shard -> pushes sent to it (sync: it checks they agree)
         if self.is_recovery:     # the servers knew a worker of this rank elsewhere
             self._ask([(s, M.HELLO, {'address': node.van.address, 'host_id': shm.identity()},
-                        []) for s in node.peers('server')], what='hello')
+                        []) for s in self._servers()], what='hello')
         self._offer_streams()
 
     def _offer_streams(self):
@@ -404,6 +409,16 @@ class DistKVStore(KVStore):
     def _num_servers(self):
         return self._node.num_servers
 
+    def _shards(self):
+        """The shards of the store, one per server (each asked of its chain's head)."""
+        return range(self._node.num_servers)
+
+    def _servers(self):
+        """The server processes still in the job."""
+        chains = self._node.chains
+        return self._node.peers('server') if chains is None else sorted(
+            {holder for chain in chains for holder in chain}, key=lambda s: int(s[7:]))
+
     def _set_optimizer(self, name, hyper):
         """Let the servers update the weights with this optimizer (chosen by name)."""
         Updater(name, **hyper)                  # bad names fail here, on every worker
@@ -411,7 +426,7 @@ class DistKVStore(KVStore):
             return
         if self.rank == 0:
             self._ask([(s, M.OPTIMIZER, {'name': name, 'hyper': hyper}, [])
-                       for s in self._node.peers('server')])
+                       for s in self._shards()])
         self.barrier('kv.set_optimizer')
 
     def set_learning_rate(self, lr):
@@ -424,7 +439,7 @@ class DistKVStore(KVStore):
         if isinstance(lr, bool) or not isinstance(lr, (int, float)):
             raise ValueError(f'the learning rate must be a number, got {lr!r}')
         if self.rank == 0:
-            self._ask([(s, M.LEARNING_RATE, {'lr': lr}, []) for s in self._node.peers('server')])
+            self._ask([(s, M.LEARNING_RATE, {'lr': lr}, []) for s in self._shards()])
 
     def barrier(self, what='barrier()'):
         """Wait until every worker has reached this point (elastic: every worker left)."""
@@ -459,11 +474,11 @@ class DistKVStore(KVStore):
                                                     sync=self._sync)), what='push rows')
 
     def _numbered(self, msgs):
-        """Sync pushes carry their number per server, which checks that every worker's
-        n-th push to it carries the same keys (server.agree)."""
-        if self._sync:
-            for server, _, header, _ in msgs:
-                header['n'] = self._pushes[server] = self._pushes.get(server, 0) + 1
+        """Pushes carry their number per shard: a sync server checks that every worker's
+        n-th push to it carries the same keys (server.agree), and a replica that takes
+        over counts a push sent again only once."""
+        for shard, _, header, _ in msgs:
+            header['n'] = self._pushes[shard] = self._pushes.get(shard, 0) + 1
         return msgs
 
     def _pull_rows(self, key, out, rows):
@@ -494,7 +509,7 @@ class DistKVStore(KVStore):
             frames = [_bytes(mine)] + ([_bytes(flat[mask].contiguous())] if flat is not None
                                        else [])
             part = M.RowPart(key, M.wire.dtype_name(dtype), shape, start, stop, positions)
-            msgs.append((f'server:{s}', kind, dict(header, parts=[part.head()]), frames))
+            msgs.append((s, kind, dict(header, parts=[part.head()]), frames))
         return msgs
 
     def _messages(self, kind, keys, values=None, coded=False, **header):
@@ -520,7 +535,7 @@ class DistKVStore(KVStore):
                 mine = [i - c for i in codes if c <= i < c + M.MAX_PARTS]
                 if mine:                                     # which parts, and how
                     head.update(codec=self._codec.params, coded=mine)
-                msgs.append((f'server:{s}', kind, head, frames[c:c + M.MAX_PARTS]))
+                msgs.append((s, kind, head, frames[c:c + M.MAX_PARTS]))
         return msgs
 
     def _receiver(self, keys, outs):
@@ -560,24 +575,33 @@ class DistKVStore(KVStore):
     def _ask(self, msgs, on_values=None, what='request'):
         """Send the requests and wait for every answer; raise the first error a server sends.
 
-        ``on_values(msg)`` takes each VALUES answer; what it returns, if anything, is
-        called once every answer has come (``_receiver``'s reads in place end there)."""
+        Each request goes to a shard's head (``msgs``: [(shard, kind, header, frames)]; a
+        server's id instead of a shard: to that server). ``on_values(msg)`` takes each
+        VALUES answer; what it returns, if anything, is called once every answer has
+        come (``_receiver``'s reads in place end there)."""
         keys = _keys([k for _, _, header, _ in msgs for k in M.keys_of(header.get('parts', []))])
-        start, waiting = time.time(), {}
-        for server, kind, header, frames in msgs:
+        start, waiting, sent = time.time(), {}, {}
+        for to, kind, header, frames in msgs:
             rid = next(self._ids)
-            self._node.send(server, kind, dict(header, id=rid), frames)
-            waiting[rid] = server
+            sent[rid] = (to, kind, dict(header, id=rid, **(
+                {'shard': to} if isinstance(to, int) else {})), frames)
+            waiting[rid] = self._send(*sent[rid])
         answers, ends, reading = [], [], {}     # reading: server -> rids read in place
         while waiting:                   # (a long wait: ask the servers who is missing)
             servers = sorted(set(waiting.values()))
             wait = hang.Wait(f'for the answer to {what} of {keys} from '
                              f'{", ".join(s.replace(":", " ") for s in servers)}',
-                             [(s, {'request': rid}) for rid, s in waiting.items()],
-                             span='wait for servers')
+                             [(s, {'request': rid, 'shard': sent[rid][0]})
+                              for rid, s in waiting.items()], span='wait for servers')
             try:
-                msg = self._node.recv([M.ACK, M.VALUES, M.ERROR, stream.READ], wait=wait)
+                msg = self._node.recv([M.ACK, M.VALUES, M.ERROR, stream.READ,
+                                       protocol.SERVERS], wait=wait)
             except WorkersChanged:      # elastic: the servers count the workers left
+                continue
+            if msg.kind == protocol.SERVERS:            # a server lost: ask its replica
+                for rid, server in waiting.items():
+                    if isinstance(sent[rid][0], int) and server != self._node.head(sent[rid][0]):
+                        waiting[rid] = self._send(*sent[rid])
                 continue
             if msg.kind == stream.READ:                 # an answer's values are in place
                 if reading.get(msg.sender):
@@ -604,17 +628,26 @@ class DistKVStore(KVStore):
                         received=sum(f.nbytes for m in answers for f in m.frames))
         return answers
 
+    def _send(self, to, kind, header, frames):
+        """Send one request to the head of its shard (or to a server named); to whom."""
+        server = self._node.head(to) if isinstance(to, int) else to
+        self._node.send(server, kind, header, frames)
+        return server
+
     # -- looking inside the servers -----------------------------------------------------------
     def server_info(self):
-        """What each server holds: {server: {'keys': [[key, dtype, shape, start, stop]], 'pid'}}."""
-        answers = self._ask([(s, M.INFO, {}, []) for s in self._node.peers('server')])
-        return {m.sender: {'keys': m['keys'], 'pid': m['pid'], 'optimizer': m['optimizer']}
-                for m in answers}
+        """What each shard holds, by the server whose shard it is: {'server:0': {'keys':
+        [[key, dtype, shape, start, stop]], 'pid' of the process answering for it,
+        'optimizer', 'replicated': the bytes of its changes sent to its replicas}}."""
+        answers = self._ask([(s, M.INFO, {}, []) for s in self._shards()])
+        return {f'server:{m["shard"]}': {'keys': m['keys'], 'pid': m['pid'],
+                                         'optimizer': m['optimizer'],
+                                         'replicated': m['replicated']} for m in answers}
 
     def optimizer_states(self):
         """The servers' optimizer states, gathered key by key as optimizer_states() of a
         'local' store gives them: whole tensors, whatever the number of servers."""
-        answers = self._ask([(s, M.GET_STATE, {}, []) for s in self._node.peers('server')])
+        answers = self._ask([(s, M.GET_STATE, {}, []) for s in self._shards()])
         states = {}
         for msg in answers:
             frames = iter(msg.frames)
@@ -626,7 +659,7 @@ class DistKVStore(KVStore):
                     continue
                 shape, kdtype = self._meta[key]
                 full = entry.setdefault(name, torch.empty(shape, dtype=kdtype))
-                start, stop = held.setdefault(key, self._slice_on(key, msg.sender))
+                start, stop = held.setdefault(key, self._slice_on(key, msg.get('shard')))
                 full.view(-1)[start:stop].copy_(M.wire.unpack(
                     {'dtype': dtype, 'shape': [stop - start]}, next(frames)))
         optimizer = next((m['optimizer'] for m in answers if m['optimizer']), None)
@@ -644,7 +677,7 @@ class DistKVStore(KVStore):
             for key, state in data['states'].items():
                 shape, _ = self._meta[key]
                 for s, start, stop in place(key, _numel(shape), self._node.num_servers):
-                    entries, frames = msgs.setdefault(f'server:{s}', ([], []))
+                    entries, frames = msgs.setdefault(s, ([], []))
                     for name, v in state.items():
                         if isinstance(v, torch.Tensor):
                             entries.append([key, name, M.wire.dtype_name(v.dtype), None])
@@ -654,12 +687,12 @@ class DistKVStore(KVStore):
             self._ask([(s, M.SET_STATE, {'entries': e}, f) for s, (e, f) in msgs.items()])
         self.barrier('kv.set_optimizer_states')
 
-    def _slice_on(self, key, server):
+    def _slice_on(self, key, shard):
         shape, _ = self._meta[key]
         for s, start, stop in place(key, _numel(shape), self._node.num_servers):
-            if f'server:{s}' == server:
+            if s == shard:
                 return start, stop
-        raise M.KVError(f'{server} sent state for key {key!r} it should not hold')
+        raise M.KVError(f'shard {shard} sent state for key {key!r} it should not hold')
 
 
 # -- small helpers ---------------------------------------------------------------------------

@@ -93,8 +93,9 @@ def build_parser(prog='d2l-launch'):
                    '(3x) or longer by a time (+200ms); repeatable')
     p.add_argument('--fail', action='append', default=[], metavar='ROLE:R@WHEN',
                    help='kill a process (SIGKILL, as a crash): worker R after its compute '
-                   'step N (worker:1@step=40), server R after its N-th sync round '
-                   '(server:0@step=3), or either, or the scheduler, a time after it '
+                   'step N (worker:1@step=40), server R after its N-th sync round (in '
+                   'dist_async: push) (server:0@step=3), or either, or the scheduler, a '
+                   'time after it '
                    'joined (server:0@30s, scheduler@5s); repeatable')
     p.add_argument('--max-restarts', type=int, default=0, metavar='K',
                    help='when a process fails, stop the job and start every process again, '
@@ -107,6 +108,10 @@ def build_parser(prog='d2l-launch'):
     p.add_argument('--max-workers', '--max-np', type=int, default=None, metavar='B',
                    help='with --min-workers: a lost worker is started again, once, and '
                    'joins the job, while fewer than B run (B at least -n)')
+    p.add_argument('--server-replicas', type=int, default=0, metavar='R',
+                   help="each server's keys are also held by the next R servers (chain "
+                   'replication): a lost server does not stop the job, its replica answers '
+                   'for it (default: 0)')
     p.add_argument('--checkpoint-dir', default=None, metavar='DIR',
                    help="a folder every worker can read, for the job's checkpoints: "
                    'd2ldist.train saves them there and resumes from the newest')
@@ -164,10 +169,12 @@ def parse(argv, prog='d2l-launch'):
         raise UsageError('--sync-dst-dir needs hosts to sync to: -H hostfile')
     if args.host_discovery_script is not None:
         _check_discovery(args)
-    if args.launcher in ('slurm', 'mpi') and args.min_workers is not None:
-        raise UsageError(f'--min-workers needs --launcher local or ssh: '
-                         f'{"srun" if args.launcher == "slurm" else "mpirun"} ends every '
-                         'process when one fails')
+    for name, value in (('--min-workers', args.min_workers),
+                        ('--server-replicas', args.server_replicas or None)):
+        if args.launcher in ('slurm', 'mpi') and value is not None:
+            raise UsageError(f'{name} needs --launcher local or ssh: '
+                             f'{"srun" if args.launcher == "slurm" else "mpirun"} ends every '
+                             'process when one fails')
     if args.launcher != 'slurm' and (args.partition or args.nodes):
         raise UsageError(f'{"--partition" if args.partition else "--nodes"} needs '
                          '--launcher slurm')
@@ -206,6 +213,7 @@ def parse(argv, prog='d2l-launch'):
     args.env.update(_watch_env(args))
     args.env.update(_checkpoint_env(args))
     args.env.update(_elastic_env(args))
+    args.env.update(_replicas_env(args))
     try:               # what every process will read: a bad --env value fails here, once
         config.Config.from_env(args.env)
     except ValueError as e:
@@ -352,6 +360,19 @@ def _elastic_env(args):
                          'torch.distributed cannot change its workers (use torchrun '
                          '--nnodes MIN:MAX)')
     return config.env(min_workers=low)
+
+
+def _replicas_env(args):
+    """--server-replicas R, checked: a replica must be another server (R < -s)."""
+    r, s = args.server_replicas, args.num_servers
+    if r == 0:
+        return {}
+    if r < 0:
+        raise UsageError(f'--server-replicas must be 0 or more, got {r}')
+    if r >= s:
+        raise UsageError(f'--server-replicas {r} needs at least {r + 1} servers (-s '
+                         f'{r + 1}): a replica is another server; got -s {s}')
+    return config.env(server_replicas=r)
 
 
 def _network_env(bandwidth, latency):

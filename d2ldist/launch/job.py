@@ -21,7 +21,9 @@ With ``min_workers=A`` (``--min-workers``, elastic workers on the ring) a worker
 fails is only lost: one line says so, and the job goes on while at least A workers
 remain (the scheduler re-forms the ring); it succeeds when the others have finished.
 With ``max_workers=B`` too, a lost worker is started again, once, as a new process that
-joins the job (without its ``--fail`` and ``--slow``), while fewer than B run.
+joins the job (without its ``--fail`` and ``--slow``), while fewer than B run. With
+replicated servers (``--server-replicas R``) a server that fails is only lost too: its
+replicas answer for it (the scheduler fails the job if a shard has no holder left).
 
 Each process runs under the guard (``guard.py``) in its own session, with a stdin
 pipe from us: if we die, the pipe closes and the guards end their process groups.
@@ -346,8 +348,14 @@ class Job:
                 self.failure = self.failure or p
 
     def _lost(self, p):
-        """Elastic: whether the failed worker ``p`` is only lost (enough others remain);
-        if so, say it in one line."""
+        """Elastic: whether the failed worker ``p`` is only lost (enough others remain),
+        or a failed server whose shards have replicas; if so, say it in one line."""
+        replicas = p.spec.env.get(config.variable('server_replicas'), '0')
+        if p.spec.role == 'server' and replicas not in ('', '0'):
+            self._say(f'{what_failed(p)}; its replicas take over (--server-replicas '
+                      f'{replicas})')
+            self._tell_scheduler(p)
+            return True
         if self.min_workers is None or p.spec.role != 'worker':
             return False
         left = [q for q in self.procs if q.spec.role == 'worker' and q is not p
@@ -360,16 +368,16 @@ class Job:
         return True
 
     def _tell_scheduler(self, p):
-        """Elastic: tell the scheduler that the lost worker ``p``'s process has ended, so
-        that the others go on now, not once its heartbeats have been missed for seconds
-        (an authenticated message, as the nodes' are: runtime/van.py's Notice)."""
+        """Tell the scheduler that the lost worker's or server's process ``p`` has ended,
+        so that the others go on now, not once its heartbeats have been missed for
+        seconds (an authenticated message, as the nodes' are: runtime/van.py's Notice)."""
         if self.scheduler_address is None:
             return
         if self.notice is None:
             from ..runtime.van import Notice
             self.notice = Notice('launcher', p.spec.env[config.variable('job_secret')],
                                  self.scheduler_address)
-        self.notice.send(protocol.ENDED, {'node': f'worker:{p.spec.rank}',
+        self.notice.send(protocol.ENDED, {'node': f'{p.spec.role}:{p.spec.rank}',
                                           'start': 2 if p.spec.rank in self.again else 1,
                                           'how': describe_exit(p.code)})
 

@@ -6,8 +6,8 @@ worker's pace, and what a failure looks like. The launcher gives the process it 
 * ``D2L_SLOW``: ``3x`` (each compute step takes 3 times as long) or ``+200ms`` (200 ms
   longer): the process sleeps after its real work, so the others wait for it;
 * ``D2L_FAIL``: ``step=40`` (it dies after its 40th compute step; a server after the
-  40th sync round it closed on the first key it holds) or ``30s`` (30 s after it joined
-  the job; servers and the scheduler too).
+  40th sync round it closed on the first key it holds, in dist_async the 40th push it
+  applied there) or ``30s`` (30 s after it joined the job; servers and the scheduler too).
 
 (``config.py`` reads both; the steps are the timeline's count, ``spans.step()``.) Both
 act in the job's first attempt only (``D2L_RESTART=0``): a restart (``d2l-launch
@@ -41,11 +41,12 @@ def computed(seconds):
         die(f'after its compute step {spans.step()}')
 
 
-def served(rounds):
-    """A server has closed ``rounds`` sync rounds of its first key: die if D2L_FAIL names it."""
+def served(rounds, what='sync round'):
+    """A server has closed ``rounds`` sync rounds of its first key (dist_async: applied
+    that many pushes, ``what='push'``): die if D2L_FAIL names it."""
     cfg = config.get()
     if cfg.restart == 0 and cfg.fail == ('step', rounds):
-        die(f'after its sync round {rounds}')
+        die(f'after its {what} {rounds}')
 
 
 def arm():

@@ -6,7 +6,9 @@ and waits for the address book; from then on the node can send to any peer by id
 sends the scheduler a heartbeat every second (with what the node is waiting for, for
 the hang detector); if the scheduler announces that a peer failed, the next ``recv``
 raises ``PeerFailed`` instead of waiting forever, and a wait that lasts too long says
-who is missing (``hang.py``).
+who is missing (``hang.py``). With replicated servers (``--server-replicas``) the
+scheduler may say that another server answers for a lost one's shard (``SERVERS``):
+the node takes the new chains, and ``head(shard)`` names whom to ask from then on.
 """
 import atexit
 import itertools
@@ -89,6 +91,7 @@ class Node:
         self.members = None       # the live workers in rank order, after a membership change
         self.round = 0            # which membership (elastic: the scheduler's MEMBERS)
         self.is_recovery = False  # joined a job already running (ps-lite's name)
+        self.chains = None        # replicated servers, after a loss: each shard's holders
 
     @classmethod
     def from_env(cls, role=None):
@@ -122,6 +125,7 @@ class Node:
             raise started.StartError(f'{self.id}: {msg["error"]}')
         self.van.node_id = msg['you']
         self.rank = int(msg['you'].split(':')[1])
+        self._take_chains(msg.get('chains'))
         if isinstance(msg.get('members'), list) and isinstance(msg.get('round'), int):
             self.members, self.round = [str(w) for w in msg['members']], msg['round']  # joins
             self.is_recovery = True
@@ -163,6 +167,11 @@ class Node:
         """The ids of the nodes with ``role``, in rank order."""
         count = self.num_workers if role == 'worker' else self.num_servers
         return [f'{role}:{r}' for r in range(count)]
+
+    def head(self, shard):
+        """The server that answers for ``shard`` (server ``shard``, unless it was lost and
+        a replica took over)."""
+        return self.chains[shard][0] if self.chains is not None else f'server:{shard}'
 
     def workers(self):
         """The ids of the workers of the current membership, in rank order."""
@@ -259,6 +268,8 @@ class Node:
                                  f'({msg.get("reason")}); {self.id.replace(":", " ")} gives up')
             if msg.kind == protocol.MEMBERS and msg.sender == 'scheduler':
                 self._new_members(msg)
+            if msg.kind == protocol.SERVERS and msg.sender == 'scheduler':
+                self._take_chains(msg.get('chains'), msg.get('lost'))
             if kinds is None or msg.kind in kinds:
                 return msg
             self._stash.append(msg)
@@ -281,6 +292,15 @@ class Node:
         said = reason if joined else f'{str(lost).replace(":", " ")} was lost ({reason})'
         raise WorkersChanged(f'{said}; {len(workers)} workers go on (round {rnd})',
                              lost if isinstance(lost, str) else None, rnd)
+
+    def _take_chains(self, chains, lost=None):
+        """The scheduler's chains of holders (replicated servers), checked: one per shard."""
+        if isinstance(chains, list) and len(chains) == self.num_servers and all(
+                isinstance(c, list) and c and all(isinstance(h, str) and h.startswith(
+                    'server:') for h in c) for c in chains):
+            self.chains = [list(c) for c in chains]
+            if isinstance(lost, str):
+                self.van.give_up_on(lost)
 
     def meet(self, joined):
         """A worker joins the job (elastic): [its id, its address, its host's identity];

@@ -23,3 +23,4 @@ JOIN_DONE = 'join_done'        # scheduler -> workers: {last, calls} (all have j
 MEMBERS = 'members'            # scheduler -> workers: {round, workers, lost, reason} (elastic)
 WORKERS = 'workers'            # scheduler -> servers: {workers}: whom sync rounds wait for (elastic)
 ENDED = 'ended'                # launcher -> scheduler: {node, start, how}: its process ended (elastic)
+SERVERS = 'servers'            # scheduler -> nodes: {chains, lost, reason}: who holds each shard (replicas)

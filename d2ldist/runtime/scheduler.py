@@ -12,7 +12,9 @@ It does four things and nothing else (and tells the time, for the timeline):
    can ask who is missing (``hang.py``);
 4. the end: when every worker has said goodbye, the servers are told to shut down;
 5. elastic workers (``--min-workers``): a lost worker is left out of a new membership
-   (``reform``), while enough remain; the servers learn whom their rounds wait for.
+   (``reform``), while enough remain; the servers learn whom their rounds wait for;
+6. replicated servers (``--server-replicas``): a lost server leaves the chains of the
+   shards it held, and the next holder of each answers for it (``promote``).
 
 Run as ``python -m d2ldist.runtime.scheduler`` by the launcher; the environment says the job's
 shape (see ARCHITECTURE.md). It prints ``d2ldist: scheduler ready at <address>`` once
@@ -22,7 +24,7 @@ import sys
 import time
 
 from .. import config
-from . import faults, protocol
+from . import faults, protocol, replicas
 from .van import Van
 
 GROUPS = ('worker', 'server', 'all')
@@ -33,7 +35,7 @@ class Scheduler:
     """Registration, address book, barriers and liveness of one job."""
 
     def __init__(self, van, num_workers, num_servers, heartbeat_timeout=5.0,
-                 min_workers=None):
+                 min_workers=None, server_replicas=0):
         self.van, self.num_workers, self.num_servers = van, num_workers, num_servers
         self.heartbeat_timeout = heartbeat_timeout
         self.nodes = {}          # node id -> address, in registration order
@@ -50,6 +52,8 @@ class Scheduler:
         self.lost = set()        # workers left out of the membership
         self.round = 0           # memberships formed since the first
         self.starts = {}         # node id -> its registrations: 1, then 2 if started again
+        self.chains = replicas.chains(num_servers, server_replicas) if server_replicas \
+            else None            # replicated servers: the holders of each shard, head first
 
     def members(self, group):
         return [n for n in self.nodes if n not in self.lost
@@ -66,10 +70,11 @@ class Scheduler:
                 if done:
                     return 0
             dead = self.silent_node()
-            if dead and self.reform(dead, f'no heartbeat for {self.heartbeat_timeout:g} s'):
+            reason = f'no heartbeat for {self.heartbeat_timeout:g} s'
+            if dead and self.survive(dead, reason):
                 continue
             if dead:
-                self.fail(dead, f'no heartbeat for {self.heartbeat_timeout:g} s')
+                self.fail(dead, reason)
                 return 1
 
     def handle(self, msg):
@@ -329,7 +334,7 @@ class Scheduler:
         print(f'd2ldist: {reason}; {self.going_on(workers)}', flush=True)
         self.van.send(node, protocol.ADDRESS_BOOK, {
             'nodes': self.nodes, 'host_ids': self.host_ids, 'you': node,
-            'members': workers, 'round': self.round})
+            'members': workers, 'round': self.round, 'chains': self.chains})
         for other in workers:
             if other != node:
                 self.van.send(other, protocol.MEMBERS, {
@@ -345,9 +350,38 @@ class Scheduler:
             self.lose(node, f'its process ended, {how}')
 
     def lose(self, node, reason):
-        """``node`` is gone: the others go on without it (reform), or are told it failed."""
-        if not self.reform(node, reason):
+        """``node`` is gone: the others go on without it, or are told it failed."""
+        if not self.survive(node, reason):
             self.fail(node, reason)
+
+    def survive(self, node, reason):
+        """Go on without ``node``: a worker left out (reform), a server's shards taken
+        over by their replicas (promote); False where the job cannot."""
+        return self.reform(node, reason) or self.promote(node, reason)
+
+    def promote(self, node, reason):
+        """Replicated servers: the lost server ``node`` leaves every chain, and the next
+        holder of each of its shards answers for it; False if a shard has no holder left.
+        Everybody hears the new chains: the workers send what is unanswered again, to
+        the new heads; a holder whose next one was lost sends what it had forwarded on."""
+        if self.chains is None or not node.startswith('server:') or node in self.lost \
+                or not self.book_sent:
+            return False
+        left = replicas.without(self.chains, node)
+        if left is None:
+            return False
+        chains, self.chains = self.chains, left
+        self.lost.add(node)
+        self.finished.add(node)
+        self.failed.add(node)
+        print(f'd2ldist: {node.replace(":", " ")} failed: {reason}; '
+              f'{replicas.takes_over(chains, left, node)}', flush=True)
+        for other in self.nodes:
+            if other not in self.finished:
+                self.van.send(other, protocol.SERVERS, {'chains': left, 'lost': node,
+                                                        'reason': reason})
+        self.van.give_up_on(node)
+        return True
 
     def fail(self, node, reason):
         """Tell every other node that ``node`` is gone, so that nobody waits for it."""
@@ -382,7 +416,7 @@ def main():
     print(f'd2ldist: scheduler ready at {van.address}', flush=True)
     faults.arm()                 # d2l-launch --fail scheduler@5s
     code = Scheduler(van, cfg.num_worker, cfg.num_server, cfg.heartbeat_timeout,
-                     cfg.min_workers).serve()
+                     cfg.min_workers, cfg.server_replicas).serve()
     if van.dropped:
         print(f'd2ldist: the scheduler dropped {van.dropped} invalid messages', flush=True)
     van.close()

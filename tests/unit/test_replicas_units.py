@@ -1,0 +1,231 @@
+"""Replicated servers in one process: the option, the chains, the scheduler promoting a
+replica, a chain sending on after a loss, and two servers that lose one in the middle
+of a round (tests/jobs/test_replicas.py runs jobs)."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from d2ldist.kv import messages as M
+from d2ldist.kv.replication import Chain
+from d2ldist.kv.server import KVServer
+from d2ldist.launch import cli
+from d2ldist.runtime import protocol, replicas
+from d2ldist.runtime.van import Message
+from fakes import FakeVan, message, scheduler
+
+
+# -- the option ---------------------------------------------------------------------------
+@pytest.mark.parametrize('options,error', [
+    (['-s', '2', '--server-replicas', '2'], '--server-replicas 2 needs at least 3 servers '
+     '(-s 3): a replica is another server; got -s 2'),
+    (['-s', '0', '--server-replicas', '1'], '--server-replicas 1 needs at least 2 servers '
+     '(-s 2): a replica is another server; got -s 0'),
+    (['-s', '2', '--server-replicas', '-1'], '--server-replicas must be 0 or more, got -1'),
+])
+def test_bad_replica_options_are_one_line_errors(options, error):
+    with pytest.raises(cli.UsageError) as e:
+        cli.parse(['-n', '2', *options, 'python', '-c', 'pass'])
+    assert str(e.value) == error
+
+
+def test_the_option_reaches_every_process():
+    args = cli.parse(['-n', '2', '-s', '3', '--server-replicas', '2', 'python', '-c', 'pass'])
+    assert args.env['D2L_SERVER_REPLICAS'] == '2'
+    assert 'D2L_SERVER_REPLICAS' not in cli.parse(['-n', '2', 'python', '-c', 'pass']).env
+
+
+# -- the chains -----------------------------------------------------------------------------
+def test_each_shard_is_held_by_its_server_and_the_next_r_around_the_ring():
+    assert replicas.chains(3, 1) == [['server:0', 'server:1'], ['server:1', 'server:2'],
+                                     ['server:2', 'server:0']]
+    assert replicas.chains(2, 0) == [['server:0'], ['server:1']]
+    left = replicas.without(replicas.chains(3, 1), 'server:1')
+    assert left == [['server:0'], ['server:2'], ['server:2', 'server:0']]
+    assert replicas.takes_over(replicas.chains(3, 1), left, 'server:1') == \
+        'server 2 answers for shard 1'
+    assert replicas.without(left, 'server:2') is None           # shard 1 has nobody left
+
+
+# -- the scheduler ------------------------------------------------------------------------
+def replicated_scheduler(servers=2, r=1):
+    s = scheduler(2)
+    s.num_servers, s.chains = servers, replicas.chains(servers, r)
+    s.nodes.update({f'server:{i}': f'tcp://s{i}' for i in range(servers)})
+    s.starts.update({f'server:{i}': 1 for i in range(servers)})
+    return s
+
+
+def test_the_scheduler_makes_the_replica_the_head_and_tells_everybody(capsys):
+    s = replicated_scheduler()
+    s.handle(message(protocol.ENDED, 'launcher', node='server:0', start=1, how='killed'))
+    sent = [(peer, h['chains'], h['lost']) for peer, kind, h in s.van.sent
+            if kind == protocol.SERVERS]
+    chains = [['server:1'], ['server:1']]
+    assert sorted(sent) == [('server:1', chains, 'server:0'), ('worker:0', chains, 'server:0'),
+                            ('worker:1', chains, 'server:0')]
+    assert not [k for _, k, _ in s.van.sent if k == protocol.FAILED]
+    assert s.van.given_up == ['server:0'] and s.members('server') == ['server:1']
+    assert capsys.readouterr().out == ('d2ldist: server 0 failed: its process ended, killed; '
+                                       'server 1 answers for shard 0\n')
+    s.handle(message(protocol.ENDED, 'launcher', node='server:1', start=1, how='killed'))
+    assert {peer for peer, kind, _ in s.van.sent if kind == protocol.FAILED} == {
+        'worker:0', 'worker:1'}                  # shard 0 and 1 have nobody left: the job fails
+
+
+def test_without_replicas_a_lost_server_still_fails_the_job():
+    s = replicated_scheduler()
+    s.chains = None
+    s.handle(message(protocol.ENDED, 'launcher', node='server:0', start=1, how='killed'))
+    assert {peer for peer, kind, _ in s.van.sent if kind == protocol.FAILED} == {
+        'server:1', 'worker:0', 'worker:1'}
+
+
+# -- a chain of three holders ---------------------------------------------------------------
+class Net:
+    """Nodes that hand their messages to each other's inboxes."""
+
+    def __init__(self):
+        self.inbox = {}
+
+    def node(self, node_id, **more):
+        self.inbox[node_id] = []
+
+        def send(peer, kind, header=None, frames=(), track=False):
+            self.inbox.setdefault(peer, []).append(Message(kind, node_id, dict(header or {}),
+                                                           [bytearray(f) for f in frames]))
+            return []
+        return SimpleNamespace(id=node_id, send=send, **more)
+
+    def take(self, node_id):
+        msgs, self.inbox[node_id] = self.inbox.get(node_id, []), []
+        return msgs
+
+
+def test_a_chain_sends_on_after_its_middle_holder_is_lost():
+    net, holders = Net(), ['server:0', 'server:1', 'server:2']
+    head, middle, tail = (Chain(net.node(h), 0, holders) for h in holders)
+    applied = {1: [], 2: []}
+    for n in (1, 2):
+        head.change('kv_update', {'what': n}, [b'x'])
+    assert (head.number, head.done, list(head.in_flight)) == (2, 0, [1, 2])
+    for msg in net.take('server:1'):                   # the middle applies both, sends on
+        middle.received(msg, lambda kind, m: applied[1].append(m['what']))
+    tail_has = net.take('server:2')
+    tail.received(tail_has[0], lambda kind, m: applied[2].append(m['what']))   # only 1
+    middle.acknowledged(net.take('server:1')[0])       # the tail has 1: so does the head
+    head.acknowledged(net.take('server:0')[0])
+    assert (head.done, list(head.in_flight), applied) == (1, [2], {1: [1, 2], 2: [1]})
+    # the middle is lost with change 2 on its way: the head sends 2 on to the tail
+    for chain in (head, tail):
+        assert chain.changed(['server:0', 'server:2']) is False
+    again = net.take('server:2')
+    assert [m['number'] for m in again] == [2]
+    for msg in again:
+        tail.received(msg, lambda kind, m: applied[2].append(m['what']))
+    for msg in net.take('server:0'):
+        head.acknowledged(msg)
+    assert (head.done, list(head.in_flight), applied[2]) == (2, [], [1, 2])
+    # a change sent twice (the tail had it) is applied once and said done again
+    tail.received(again[0], lambda kind, m: applied[2].append(m['what']))
+    assert applied[2] == [1, 2] and [m['number'] for m in net.take('server:0')] == [2]
+    # the head is lost: the tail answers now, and has every change
+    assert tail.changed(['server:2']) is True and (tail.is_head, tail.done) == (True, 2)
+
+
+# -- two servers, a loss in the middle of a round -----------------------------------------
+def two_servers(net, use_config):
+    use_config({'D2L_SERVER_REPLICAS': '1'})
+    servers = []
+    for i in (0, 1):
+        node = net.node(f'server:{i}', num_servers=2, chains=None,
+                        peers=lambda role: [f'{role}:0', f'{role}:1'])
+        server = KVServer(node)
+        server.hold_replicas()
+        servers.append(server)
+    return servers
+
+
+def request(kind, worker, rid, shard=0, frames=(), **header):
+    return Message(kind, worker, dict(header, id=rid, shard=shard),
+                   [bytearray(f) for f in frames])
+
+
+def deliver(net, servers, rounds=10):
+    """Hand every server its messages until none are left (``rounds`` at most)."""
+    for _ in range(rounds):
+        for server in servers:
+            for msg in net.take(server.node.id):
+                server.dispatch(msg)
+
+
+def answers(net, worker):
+    out = []
+    for msg in net.take(worker):
+        value = torch.frombuffer(msg.frames[0], dtype=torch.float64).item() \
+            if msg.kind == M.VALUES else None
+        out.append((msg.kind, msg['id'], value))
+    return out
+
+
+X = [['x', 'float64', [1], 0, 1]]
+
+
+def push(worker, n):
+    """Worker r's n-th push of 1000**r to 'x', asking for the round's value."""
+    value = torch.tensor([1000.0 ** int(worker[-1])], dtype=torch.float64)
+    return request(M.PUSH, worker, 100 + n, frames=[value.numpy().tobytes()], parts=X,
+                   sync=True, pull=True, n=n)
+
+
+def started(net, servers):
+    """'x' on shard 0, SGD with a learning rate of -1 (the value adds each round's sum)."""
+    servers[0].dispatch(request(M.INIT, 'worker:0', 1, parts=X, frames=[bytes(8)]))
+    assert answers(net, 'worker:0') == []              # not before its replica has it
+    deliver(net, servers)
+    servers[0].dispatch(request(M.OPTIMIZER, 'worker:0', 2, name='sgd', hyper={'lr': -1.0}))
+    deliver(net, servers)
+    assert answers(net, 'worker:0') == [(M.ACK, 1, None), (M.ACK, 2, None)]
+    for w in ('worker:0', 'worker:1'):
+        servers[0].dispatch(push(w, 1))
+    assert answers(net, 'worker:1') == []              # the round closed; not replicated yet
+    deliver(net, servers)
+    assert answers(net, 'worker:1') == [(M.VALUES, 101, 1001.0)]
+    assert answers(net, 'worker:0') == [(M.VALUES, 101, 1001.0)]
+
+
+@pytest.mark.parametrize('replica_had_it', [True, False], ids=['update-applied', 'update-lost'])
+def test_the_round_in_flight_at_a_loss_is_counted_once_by_the_replica(use_config,
+                                                                      replica_had_it):
+    net = Net()
+    servers = two_servers(net, use_config)
+    started(net, servers)
+    for w in ('worker:0', 'worker:1'):                 # round 2 closes on server 0 ...
+        servers[0].dispatch(push(w, 2))
+    update = net.take('server:1')
+    assert [m['change'] for m in update] == [M.UPDATE]
+    if replica_had_it:                                 # ... its replica applies it, and
+        servers[1].dispatch(update[0])                 # server 0 dies before the answers
+    net.take('server:0')
+    replica = servers[1].shards[0]
+    replica.node.chains = [['server:1'], ['server:1']]
+    servers[1].dispatch(message(protocol.SERVERS, 'scheduler'))
+    assert replica.chain.is_head
+    for w in ('worker:0', 'worker:1'):                 # the workers send round 2 again
+        servers[1].dispatch(push(w, 2))
+    assert answers(net, 'worker:0') == [(M.VALUES, 102, 2002.0)]   # once, not 3003
+    assert answers(net, 'worker:1') == [(M.VALUES, 102, 2002.0)]
+    for w in ('worker:0', 'worker:1'):
+        servers[1].dispatch(push(w, 3))
+    assert answers(net, 'worker:0') == [(M.VALUES, 103, 3003.0)]
+
+
+def test_a_request_to_a_replica_not_yet_head_waits_until_it_is(use_config):
+    net = Net()
+    servers = two_servers(net, use_config)
+    started(net, servers)
+    servers[1].dispatch(request(M.PULL, 'worker:0', 7, parts=X))   # (the news is late)
+    assert answers(net, 'worker:0') == []
+    servers[1].shards[0].node.chains = [['server:1'], ['server:1']]
+    servers[1].dispatch(message(protocol.SERVERS, 'scheduler'))
+    assert answers(net, 'worker:0') == [(M.VALUES, 7, 1001.0)]
