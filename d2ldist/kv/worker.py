@@ -583,15 +583,14 @@ class DistKVStore(KVStore):
         start, waiting, sent = time.time(), {}, {}
         for to, kind, header, frames in msgs:
             rid = next(self._ids)
-            sent[rid] = (to, kind, dict(header, id=rid, **(
-                {'shard': to} if isinstance(to, int) else {})), frames)
+            sent[rid] = (to, kind, dict(header, id=rid, **_shard_of(to)), frames)
             waiting[rid] = self._send(*sent[rid])
         answers, ends, reading = [], [], {}     # reading: server -> rids read in place
         while waiting:                   # (a long wait: ask the servers who is missing)
             servers = sorted(set(waiting.values()))
             wait = hang.Wait(f'for the answer to {what} of {keys} from '
                              f'{", ".join(s.replace(":", " ") for s in servers)}',
-                             [(s, {'request': rid, 'shard': sent[rid][0]})
+                             [(s, {'request': rid, **_shard_of(sent[rid][0])})
                               for rid, s in waiting.items()], span='wait for servers')
             try:
                 msg = self._node.recv([M.ACK, M.VALUES, M.ERROR, stream.READ,
@@ -705,6 +704,11 @@ def _lists(key, value):
             raise ValueError(f'a key appears twice in {list(key)!r}'[:200])
         return [M.check_key(k) for k in key], list(value)
     return [M.check_key(key)], [value]
+
+
+def _shard_of(to):
+    """The header field that names a request's shard (none for a request to a server)."""
+    return {'shard': to} if isinstance(to, int) else {}
 
 
 def _check_priority(priority, hint=''):
