@@ -6,6 +6,7 @@ network namespaces) is in d2ldist/testing/.
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,3 +33,24 @@ def worker0_lines(stdout):
     """What worker 0 printed, without the launcher's ``[worker 0] `` prefix."""
     return [line[len('[worker 0] '):] for line in stdout.splitlines()
             if line.startswith('[worker 0] ')]
+
+
+def pushpull_and_all_reduce(kv, keys, grads, weights, flat, steps, warmup):
+    """Inside a job: each step, ``kv.pushpull`` of ``grads`` and then gloo's all_reduce of
+    ``flat`` (the same bytes), each started together on every worker; the seconds of
+    each after ``warmup`` steps, as two lists."""
+    import torch.distributed as dist
+    t_kv, t_gloo = [], []
+    for step in range(warmup + steps):
+        kv.barrier()
+        t0 = time.perf_counter()
+        kv.pushpull(keys, grads, out=weights)
+        t1 = time.perf_counter()
+        dist.barrier()
+        t2 = time.perf_counter()
+        dist.all_reduce(flat)
+        t3 = time.perf_counter()
+        if step >= warmup:
+            t_kv.append(t1 - t0)
+            t_gloo.append(t3 - t2)
+    return t_kv, t_gloo

@@ -20,9 +20,8 @@ import json
 import os
 import statistics
 import sys
-import time
 
-from common import launch, worker_command   # benchmarks/common.py
+from common import launch, pushpull_and_all_reduce, worker_command   # benchmarks/common.py
 from d2ldist.testing.comm_step import resnet18_shapes
 
 
@@ -55,19 +54,8 @@ def worker(args):
     kv.init(keys, weights)
     dist.init_process_group('gloo')
     flat = torch.ones(sum(g.numel() for g in grads))
-    t_kv, t_gloo = [], []
-    for step in range(args.warmup + args.steps):
-        kv.barrier()
-        t0 = time.perf_counter()
-        kv.pushpull(keys, grads, out=weights)
-        t1 = time.perf_counter()
-        dist.barrier()
-        t2 = time.perf_counter()
-        dist.all_reduce(flat)
-        t3 = time.perf_counter()
-        if step >= args.warmup:
-            t_kv.append(t1 - t0)
-            t_gloo.append(t3 - t2)
+    t_kv, t_gloo = pushpull_and_all_reduce(kv, keys, grads, weights, flat, args.steps,
+                                           args.warmup)
     assert all(bool((w == kv.num_workers).all()) for w in weights), 'wrong sums'
     if kv.rank == 0:
         nbytes = 4 * flat.numel()

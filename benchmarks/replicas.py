@@ -15,9 +15,8 @@ import argparse
 import json
 import statistics
 import sys
-import time
 
-from common import launch, worker_command   # benchmarks/common.py
+from common import launch, pushpull_and_all_reduce, worker_command   # benchmarks/common.py
 from d2ldist.testing.comm_step import resnet18_shapes
 
 
@@ -35,20 +34,9 @@ def worker(args):
     kv.set_optimizer('sgd', lr=0.01, momentum=0.9)
     dist.init_process_group('gloo')
     flat = torch.ones(sum(g.numel() for g in grads))
-    t_kv, t_gloo = [], []
     before = sum(v['replicated'] for v in kv.server_info().values())
-    for step in range(args.warmup + args.steps):
-        kv.barrier()
-        t0 = time.perf_counter()
-        kv.pushpull(keys, grads, out=weights)
-        t1 = time.perf_counter()
-        dist.barrier()
-        t2 = time.perf_counter()
-        dist.all_reduce(flat)
-        t3 = time.perf_counter()
-        if step >= args.warmup:
-            t_kv.append(t1 - t0)
-            t_gloo.append(t3 - t2)
+    t_kv, t_gloo = pushpull_and_all_reduce(kv, keys, grads, weights, flat, args.steps,
+                                           args.warmup)
     replicated = sum(v['replicated'] for v in kv.server_info().values()) - before
     if kv.rank == 0:
         print('RESULT ' + json.dumps({
