@@ -271,9 +271,7 @@ class Scheduler:
         if self.min_workers is None or not node.startswith('worker:') or not self.book_sent \
                 or node in self.lost or len(left) < self.min_workers:
             return False
-        self.lost.add(node)
-        self.finished.add(node)
-        self.failed.add(node)
+        self.leave_out(node)
         workers = self.next_round()
         print(f'd2ldist: {node.replace(":", " ")} failed: {reason}; {self.going_on(workers)}',
               flush=True)
@@ -283,6 +281,12 @@ class Scheduler:
         self.van.give_up_on(node)        # (at the end, nobody waits for it to take that)
         self.tell_servers()
         return True
+
+    def leave_out(self, node):
+        """``node`` is lost and the job goes on: no membership, barrier or end waits for it."""
+        self.lost.add(node)
+        self.finished.add(node)
+        self.failed.add(node)
 
     def going_on(self, workers):
         """How the job goes on with ``workers``, in words."""
@@ -371,9 +375,7 @@ class Scheduler:
         if left is None:
             return False
         chains, self.chains = self.chains, left
-        self.lost.add(node)
-        self.finished.add(node)
-        self.failed.add(node)
+        self.leave_out(node)
         print(f'd2ldist: {node.replace(":", " ")} failed: {reason}; '
               f'{replicas.takes_over(chains, left, node)}', flush=True)
         for other in self.nodes:
