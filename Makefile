@@ -30,11 +30,21 @@ lab: venv
 wheel: venv
 	$(PY) -m build --outdir dist .
 
+# Two test files at a time (pytest-xdist): most tests wait on processes, so two share the
+# 2 cores. A file's tests stay in one worker (a module's fixtures start once, a chapter's
+# cells share one kernel); each file of tests/system names its hosts and namespaces apart.
+# The chapters that fit and compare measured times run alone, after.
+TWO      = -n 2 --dist loadfile
+TIMED    = notebooks/communication_efficiency.ipynb notebooks/inside_a_job.ipynb notebooks/scaling.ipynb
+CHAPTERS = $(filter-out $(TIMED),$(wildcard notebooks/*.ipynb))
+
 # every test, then every chapter re-executed and compared with its committed outputs,
 # on this CPU's kernels and again as on another CPU
 test: venv
-	$(PY) -m pytest tests notebooks/*.ipynb $(NBVAL)
-	$(OTHER_CPU) $(PY) -m pytest notebooks/*.ipynb $(NBVAL)
+	$(PY) -m pytest $(TWO) tests $(CHAPTERS) $(NBVAL)
+	$(PY) -m pytest $(TIMED) $(NBVAL)
+	$(OTHER_CPU) $(PY) -m pytest $(TWO) $(CHAPTERS) $(NBVAL)
+	$(OTHER_CPU) $(PY) -m pytest $(TIMED) $(NBVAL)
 
 # the job tests and the chapters on a busy machine: two processes spin beside them, so a
 # check on a time, a rate or a fit that only holds on a quiet machine shows up here
