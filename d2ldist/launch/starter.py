@@ -177,11 +177,11 @@ def serve(listener):
                     request = None
                 why = 'malformed request' if not (valid(request) and len(fds) == 2) \
                     else refusal(request, own_env, python)
-                if why:
-                    _send(conn, {'refused': why})
-                    conn.close()
+                if why:                   # what it carried is closed before the answer
                     for fd in fds:
                         os.close(fd)
+                    _send(conn, {'refused': why})
+                    conn.close()
                     continue
                 sys.stdout.flush()
                 sys.stderr.flush()

@@ -124,6 +124,7 @@ def test_a_malformed_request_is_refused_and_the_starter_keeps_serving(a_starter,
             sock.connect('\0' + a_starter.address)
             socket.send_fds(sock, [data], fds)
             assert json.loads(sock.recv(4096)) == {'refused': 'malformed request'}
+            assert sock.recv(4096) == b''        # the starter has closed the connection
         before = before or open_fds()            # (once it serves)
     assert open_fds() == before                  # what they carried was closed
     script = tmp_path / 'me.py'
