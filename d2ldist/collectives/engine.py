@@ -12,6 +12,7 @@ workers still run the collectives in the same order: Horovod's background thread
 """
 import queue
 import threading
+import time
 
 from ..runtime import spans
 
@@ -73,9 +74,11 @@ class Engine:
         torch.set_num_threads(1)
         while (item := self.queue.get()) is not None:
             handle, fn, args = item
+            start = time.time()
             try:
-                with spans.span(fn.__name__.strip('_'), 'comm', bytes=sum(
-                        a.nbytes for a in args if isinstance(a, torch.Tensor))):
-                    handle._finish(fn(*args))
+                handle._finish(fn(*args))
             except BaseException as e:   # the caller's wait() raises it
                 handle._finish(error=e)
+            if spans.recording():        # (nothing to compute when the timeline is off)
+                spans.record(fn.__name__.strip('_'), 'comm', start, time.time(), bytes=sum(
+                    a.nbytes for a in args if isinstance(a, torch.Tensor)))

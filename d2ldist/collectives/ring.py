@@ -26,7 +26,8 @@ a new Ring is made, and what the old ring's workers still send is dropped.
 
 A worker out of data calls ``join()`` (Horovod's): it has no collective of its own
 to call, so it learns each one the others call from the first chunk that reaches it
--- every chunk describes its call -- and takes part with zeros, until all have joined.
+-- a call's first chunk on each link describes it -- and takes part with zeros, until
+all have joined.
 """
 import time
 
@@ -93,8 +94,9 @@ class Ring:
     def allreduce_(self, flat, op, call='allreduce', replay=None):
         """Reduce the 1-D contiguous CPU tensor ``flat`` across all workers, in place.
 
-        ``call`` says what the caller asked for (op, dtype, shape): every chunk carries
-        it, and a worker that receives another call than its own stops the job. Every
+        ``call`` says what the caller asked for (op, dtype, shape): a call's first chunk
+        to the right carries it (the later ones, on the same ordered link, only their
+        place), and a worker that receives another call than its own stops the job. That
         chunk also carries ``replay``: what a worker in join() needs to take part."""
         N, r = self.size, self.rank
         seg = self._begin(flat, even_slices(flat.numel(), N), call, replay)  # first n%N longer
@@ -197,9 +199,11 @@ class Ring:
 
     def _send(self, x, phase, j, k):
         frame = x.view(torch.uint8).numpy()
-        head = {'n': self.calls, 'failed': self._last_failed, 'call': self._call,
-                'numel': self._numel, 'phase': phase, 'seg': j, 'k': k,
-                'replay': self._replay, 'joins': self.joins, 'membership': self.round}
+        head = {'n': self.calls, 'failed': self._last_failed, 'numel': self._numel,
+                'phase': phase, 'seg': j, 'k': k, 'joins': self.joins, 'membership': self.round}
+        if not self._described:     # the call's description rides on its first chunk only:
+            head.update(call=self._call, replay=self._replay)    # the link keeps the order
+            self._described = True
         if self._out is not None:
             try:
                 self._out.send(RING, head, [frame])
@@ -234,21 +238,24 @@ class Ring:
         if msg.kind == DISAGREE:              # another worker saw two different calls
             self._fail(f'{self.node.id.replace(":", " ")} stops: '
                        f'{str(msg.get("error"))[:600]}')
-        mine, theirs = self._call, str(msg.get('call'))[:200]
-        if msg.sender == self.left and theirs != mine:
-            _drain(msg)
-            self._disagree(f'{self.node.id} and {self.left} called different collectives '
-                           f'as call {self.calls}: {mine} on {self.node.id}, {theirs} on '
-                           f'{self.left}; the workers must call the same collectives in '
-                           'the same order on tensors of the same shape and dtype')
+        h, mine = msg.header, self._call
+        if msg.sender == self.left and 'call' in h:      # the first chunk of the left's call
+            theirs, self._heard = str(h['call'])[:200], True
+            if theirs != mine:
+                _drain(msg)
+                self._disagree(f'{self.node.id} and {self.left} called different collectives '
+                               f'as call {self.calls}: {mine} on {self.node.id}, {theirs} on '
+                               f'{self.left}; the workers must call the same collectives in '
+                               'the same order on tensors of the same shape and dtype')
         want = (self.calls, self._numel, phase, j, k)
-        got = tuple(msg.get(f) for f in ('n', 'numel', 'phase', 'seg', 'k'))
-        if msg.sender != self.left or got != want or len(msg.frames) != 1 \
+        got = (h.get('n'), h.get('numel'), h.get('phase'), h.get('seg'), h.get('k'))
+        if msg.sender != self.left or got != want or not self._heard or len(msg.frames) != 1 \
                 or msg.frames[0].nbytes != numel * self._itemsize:
             _drain(msg)
             self._disagree(
                 f'{self.node.id}: expected chunk (call, numel, phase, segment, chunk) '
-                f'{want} of {mine} from {self.left}, got {got} from {msg.sender}: the '
+                f'{want} of {mine} from {self.left}, got {got} from {msg.sender}'
+                f'{"" if self._heard else " before the description of its call"}: the '
                 'workers must call the same collectives in the same order on tensors '
                 'of the same size')
         return msg.frames[0]
@@ -349,7 +356,7 @@ class Ring:
                                              'ring', round=self.node.round)
         self.calls += 1
         self._numel, self._itemsize, self._segs = flat.numel(), flat.element_size(), segs
-        self._call = call
+        self._call, self._described, self._heard = call, False, False
         self._replay, self._root = replay, None       # (for join(); broadcast_ sets root)
         self.node.counters['ring'] = self.calls       # the heartbeats tell the scheduler
         left = self.left.replace(':', ' ')

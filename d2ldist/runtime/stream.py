@@ -47,7 +47,7 @@ import socket
 import struct
 import threading
 
-from .van import Message
+from .van import Message, encoded
 
 PREFIX = struct.Struct('!IQ')     # header length, payload length
 MAC_BYTES = 32
@@ -74,7 +74,14 @@ def _hello_mac(key, nonce, sender, receiver):
 
 
 def _message_mac(key, nonce, number, prefix, head_bytes):
+    """The MAC of a message's first part, to be fed its payload next (D2L_MAC_PAYLOAD)."""
     return _mac(key, nonce, number.to_bytes(8, 'big'), prefix, head_bytes)
+
+
+def _head_digest(key, nonce, number, prefix, head_bytes):
+    """The MAC of a message's first part when the payload is not covered: one call."""
+    return hmac.digest(key, b''.join((nonce, number.to_bytes(8, 'big'), prefix, head_bytes)),
+                       'sha256')
 
 
 def _named(peer):
@@ -264,8 +271,13 @@ class Receiver:
         except StreamBroken as e:
             return self._lost(str(e))
         self._number += 1
-        self._mac = _message_mac(self.van.mac_key, self.nonce, self._number, prefix, head_bytes)
-        if not hmac.compare_digest(mac, self._mac.digest()):
+        key, number = self.van.mac_key, self._number
+        if self.van.mac_payload:                  # (the payload's MAC goes on from here)
+            self._mac = _message_mac(key, self.nonce, number, prefix, head_bytes)
+            expected = self._mac.digest()
+        else:
+            expected = _head_digest(key, self.nonce, number, prefix, head_bytes)
+        if not hmac.compare_digest(mac, expected):
             return self._lost('bad MAC (wrong job secret?)')
         try:
             head = json.loads(head_bytes)
@@ -417,15 +429,18 @@ class Sender:
             raise ValueError("header fields 'kind' and 'sizes' are the stream's own")
         payload = [_as_bytes(f) for f in frames]
         sizes = [f.nbytes for f in payload]
-        head_bytes = json.dumps(dict(header, kind=kind, sizes=sizes),
-                                separators=(',', ':')).encode()
+        head_bytes = encoded(dict(header, kind=kind, sizes=sizes))
         prefix = PREFIX.pack(len(head_bytes), sum(sizes))
         self._number += 1
-        mac = _message_mac(self.van.mac_key, self.nonce, self._number, prefix, head_bytes)
+        key, number = self.van.mac_key, self._number
+        if self.van.mac_payload:          # the thread feeds it the payload, then sends it
+            mac = _message_mac(key, self.nonce, number, prefix, head_bytes)
+            digest = mac.digest()
+        else:
+            digest = _head_digest(key, self.nonce, number, prefix, head_bytes)
         with self.van.send_lock:
             self.van.bytes_sent += sum(sizes)
-        parts = [prefix + mac.digest() + head_bytes, *payload]
-        number = self._number
+        parts = [prefix + digest + head_bytes, *payload]
         sent = lambda: self._written >= number or self.error is not None  # noqa: E731
         if self.van.mac_payload:          # hashing the payload is the thread's work
             self._queue.put((parts, mac))

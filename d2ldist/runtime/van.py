@@ -64,13 +64,18 @@ VAN_FIELDS = frozenset({'kind', 'from', 'seq', 'session', 'sizes', 'shm', 'sent'
 LINGER_SECONDS = 2.0           # how long close() lets queued messages leave
 
 
+_compact = json.JSONEncoder(separators=(',', ':')).encode   # (made once, not per message)
+
+
 def encoded(head):
     """A message's header as it goes on the wire: compact JSON."""
-    return json.dumps(head, separators=(',', ':')).encode()
+    return _compact(head).encode()
 
 
 def mac_of(key, head_bytes, frames=()):
     """The MAC of a message: HMAC-SHA256 of its header (and of ``frames``, if given)."""
+    if not frames:                          # one call into OpenSSL
+        return hmac.digest(key, head_bytes, 'sha256')
     mac = hmac.new(key, head_bytes, hashlib.sha256)
     for f in frames:
         mac.update(f)
