@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-from common import ROOT, launch, worker0_lines, worker_command   # benchmarks/common.py
+from common import ROOT, launch, show, worker_command   # benchmarks/common.py
 
 KB, MB = 1024, 1024 * 1024
 
@@ -159,11 +159,9 @@ def main(argv=None):
     own = [a for a in (argv if argv is not None else sys.argv[1:]) if a != '--worker']
     for n in args.workers:
         print(f'\n# {n} workers')
-        proc = launch(['-n', n, '-s', 0], worker_command(__file__, own))
-        print('\n'.join(worker0_lines(proc.stdout)))
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-2000:])
-            return proc.returncode
+        returncode = show(launch(['-n', n, '-s', 0], worker_command(__file__, own)))
+        if returncode != 0:
+            return returncode
     return 0
 
 

@@ -17,16 +17,26 @@ def worker_command(script, worker_args=()):
     return [sys.executable, str(Path(script).resolve()), '--worker', *map(str, worker_args)]
 
 
-def launch(launcher_args, command, timeout=None):
-    """Run command as a d2l-launch job with launcher_args ('-n', 2, '-s', 0, ...).
+def launch(launcher_args, command, timeout=None, env=None):
+    """Run command as a d2l-launch job with launcher_args ('-n', 2, '-s', 0, ...), and the
+    variables ``env`` on top of this process's.
 
     The job imports this checkout's d2ldist (its root goes first on PYTHONPATH).
     Returns the CompletedProcess.
     """
     cmd = [sys.executable, '-m', 'd2ldist.launch', *map(str, launcher_args), *command]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    env = dict(os.environ, **(env or {}), PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def show(proc):
+    """Print what worker 0 of a finished job printed (and, if the job failed, the end of
+    its output on stderr); the job's exit code."""
+    print('\n'.join(worker0_lines(proc.stdout)))
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-2000:])
+    return proc.returncode
 
 
 def worker0_lines(stdout):

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 
-from common import ROOT, launch, worker0_lines, worker_command   # benchmarks/common.py
+from common import ROOT, launch, show, worker_command   # benchmarks/common.py
 
 
 def parse(argv=None):
@@ -208,18 +208,10 @@ def main(argv=None):
         print(f'\n# {args.bytes} B all-reduced by {args.workers} workers: '
               f'{2 * (args.workers - 1)} messages of {args.bytes // args.workers} B each '
               f'per worker per call; chunks through {where}; {os.cpu_count()} CPUs')
-        env_shm = os.environ.get('D2L_SHM')
-        if path == 'stream':
-            os.environ['D2L_SHM'] = '0'
-        proc = launch(['-n', args.workers, '-s', 0], worker_command(__file__, own))
-        if env_shm is None:
-            os.environ.pop('D2L_SHM', None)
-        else:
-            os.environ['D2L_SHM'] = env_shm
-        print('\n'.join(worker0_lines(proc.stdout)))
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-2000:])
-            return proc.returncode
+        returncode = show(launch(['-n', args.workers, '-s', 0], worker_command(__file__, own),
+                                 env={'D2L_SHM': '0'} if path == 'stream' else None))
+        if returncode != 0:
+            return returncode
     return 0
 
 

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from common import launch, worker0_lines, worker_command   # benchmarks/common.py
+from common import launch, show, worker_command   # benchmarks/common.py
 
 KB, MB = 1024, 1024 * 1024
 
@@ -108,10 +108,7 @@ def main():
           f'load {os.getloadavg()[0]:.1f}')
     proc = launch(['-n', 2, '-s', 0, '--timeout', 600], worker_command(__file__, [
         '--min-bytes', args.min_bytes, '--max-bytes', args.max_bytes, '--seconds', args.seconds]))
-    print('\n'.join(worker0_lines(proc.stdout)))
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-2000:])
-    return proc.returncode
+    return show(proc)
 
 
 if __name__ == '__main__':
