@@ -14,8 +14,12 @@ then waits for those only. Which pushes count: every push that has **arrived** i
 round's sum, and counts once (a worker's second push waits for the next round). So the
 round open when a worker dies counts its push if it came before the death, and closes
 without it if not; the rounds after count the workers left. A worker that joins says
-where it listens (``HELLO``), pulls the current values, and its pushes join the round
-open when they arrive.
+where it listens (``HELLO``) and pulls the current values. Its pushes must count from
+the same round on every server, yet the scheduler's word reaches each server at its own
+moment; so the pushes decide: each carries the newest membership its sender knew, and
+a round waits for the joiner from the first round where one of the others' pushes knew
+of it (``waits_for``). Until then the joiner's push waits; a push that knows more than
+this server waits for the scheduler's word.
 
 Replicated servers (``d2l-launch --server-replicas R``): a server holds its own shard
 and replicas of the R shards before it, each a ``KVServer`` of its own; the loop hands
@@ -58,6 +62,7 @@ class Round:
     def __init__(self):
         self.sum, self.pushed, self.touched = None, set(), None
         self.numbers = {}              # worker -> the number of its push in this round
+        self.membership = 0            # the newest membership its pushes knew (elastic)
 
     def add(self, part, like):
         """Add a pushed part to the sum: all its elements, or a sparse key's rows (into
@@ -132,6 +137,8 @@ class KVServer:
         self.links = {} if links is None else links   # worker -> the stream its VALUES
         self.closed = 0        # rounds closed (async: pushes) on the first key (--fail)
         self.workers = set(node.peers('worker'))   # whom a sync round waits for
+        self.membership = 0    # the scheduler's number of that membership (elastic)
+        self.joining = {}      # worker that joined -> (membership it joined in, keys entered)
         self.numbered = set(self.workers)          # whose push numbers agree() compares
         r = config.get().server_replicas           # this shard's chain of holders
         self.chain = Chain(node, self.shard, replicas.chains(node.num_servers, r)[self.shard]
@@ -240,6 +247,9 @@ class KVServer:
         sync, worker, n = msg.get('sync') is not False, msg.sender, msg.get('n')
         if sync and any(worker in self.rounds.get(p.key, Round()).pushed for p in parts):
             return False                                 # its second push waits for the round
+        knew = msg.get('membership') if isinstance(msg.get('membership'), int) else 0
+        if sync and not self.may_count(worker, knew, parts):
+            return False                                 # (elastic: not its round yet)
         if sync:
             self.agree(msg, parts)
         closed = []
@@ -252,7 +262,9 @@ class KVServer:
                 continue
             r = self.rounds.setdefault(p.key, Round())
             r.add(p, self.store[p.key].value)
-            r.numbers[worker] = n
+            r.numbers[worker], r.membership = n, max(r.membership, knew)
+            if worker in self.joining:
+                self.joining[worker][1].add(p.key)
             if self.pushed(p.key, r, worker):
                 closed.append(p.key)
         self.replicate_updates()
@@ -267,10 +279,32 @@ class KVServer:
     def pushed(self, key, r, worker):
         """Count the worker's push in the round; when all have pushed, update, True."""
         r.pushed.add(worker)
-        if not self.workers <= r.pushed:
+        if not self.waits_for(key, r) <= r.pushed:
             return False
         self.close(key, r)
         return True
+
+    # Elastic: which round a worker that joined pushes into first. Every server must
+    # choose the same one, and only the pushes reach them all alike: each push says which
+    # membership its sender knew. The first round of a key where a push knew of the
+    # joiner waits for it, and so do all after; its pushes wait until then.
+    def waits_for(self, key, r):
+        """The workers the round ``r`` of ``key`` waits for: the workers left, a worker
+        that joined only once it entered the key's rounds or a push knew of it."""
+        return {w for w in self.workers if w not in self.joining or key in self.joining[w][1]
+                or r.membership >= self.joining[w][0]}
+
+    def may_count(self, worker, knew, parts):
+        """May this sync push count now? Not if it knew a newer membership than this
+        server (the scheduler's word is on its way); from a worker that joined, only
+        into rounds that wait for it (or with no one else left to decide)."""
+        if knew > self.membership:
+            return False
+        if worker not in self.joining or not self.workers - set(self.joining):
+            return True
+        since, entered = self.joining[worker]
+        return all(p.key in entered or getattr(self.rounds.get(p.key), 'membership', 0) >= since
+                   for p in parts)
 
     def close(self, key, r):
         """Every worker has pushed into the key's round: update the key once."""
@@ -390,24 +424,29 @@ class KVServer:
     def news(self, msg):
         """The workers left (elastic), or the chains of holders after a server's loss."""
         if msg.kind == protocol.WORKERS:
-            self.workers_changed(msg.get('workers'))
+            self.workers_changed(msg.get('workers'), msg.get('round'))
         elif self.node.chains is not None and self.chain.changed(self.node.chains[self.shard]):
             print(f'd2ldist: {self.node.id.replace(":", " ")} answers for shard {self.shard} '
                   f'now: its replica has every change up to {self.chain.number}', flush=True)
         self.retry_deferred()
         self.answer_ready()
 
-    def workers_changed(self, workers):
-        """The workers left are ``workers``: close the rounds that now have every push
-        they wait for, and forget the requests of the workers gone."""
-        if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers):
+    def workers_changed(self, workers, membership):
+        """The workers left are ``workers`` (membership number ``membership``): close the
+        rounds that now have every push they wait for, and forget the requests of the
+        workers gone; a worker new here joined (``waits_for``)."""
+        if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers) \
+                or not isinstance(membership, int):
             return
+        self.joining = {w: j for w, j in self.joining.items() if w in workers}
+        self.joining.update({w: (membership, set()) for w in set(workers) - self.workers})
+        self.membership = max(self.membership, membership)
         self.workers, self.numbered = set(workers), self.numbered & set(workers)
         for gone in set(self.deferred) - self.workers:
             self.deferred.pop(gone)
         self.waiting = [w for w in self.waiting if w.worker in self.workers]
         self.nth = {n: entry for n, entry in self.nth.items() if not entry[2] >= self.numbered}
-        closed = [key for key, r in self.rounds.items() if self.workers <= r.pushed]
+        closed = [key for key, r in self.rounds.items() if self.waits_for(key, r) <= r.pushed]
         for key in closed:
             self.close(key, self.rounds[key])
         self.replicate_updates()
@@ -451,9 +490,10 @@ class KVServer:
                          if msg.sender in getattr(self.rounds.get(k), 'pushed', ())}
         missing = {}
         for key in sorted(keys, key=str):
-            for w in sorted(self.workers, key=lambda w: int(w.split(':')[1])):
-                if w not in getattr(self.rounds.get(key), 'pushed', {w}):
-                    missing.setdefault(w, []).append(key)
+            r = self.rounds.get(key)
+            for w in sorted(self.waits_for(key, r) - r.pushed if r else (),
+                            key=lambda w: int(w.split(':')[1])):
+                missing.setdefault(w, []).append(key)
         self.node.send(msg.sender, protocol.WHO_ANSWER, {'id': msg.get('id'), 'missing': [
             [w, {'note': f'has not pushed {", ".join(map(repr, ks[:3]))} to '
                          f'{self.node.id.replace(":", " ")}'}] for w, ks in missing.items()]})

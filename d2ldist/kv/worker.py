@@ -476,9 +476,12 @@ class DistKVStore(KVStore):
     def _numbered(self, msgs):
         """Pushes carry their number per shard: a sync server checks that every worker's
         n-th push to it carries the same keys (server.agree), and a replica that takes
-        over counts a push sent again only once."""
+        over counts a push sent again only once. And the membership this worker knows,
+        the same to every server (elastic: from which round a worker that joined counts,
+        server.waits_for)."""
         for shard, _, header, _ in msgs:
             header['n'] = self._pushes[shard] = self._pushes.get(shard, 0) + 1
+            header['membership'] = self._node.round
         return msgs
 
     def _pull_rows(self, key, out, rows):

@@ -21,6 +21,6 @@ JOIN = 'join'                  # worker -> scheduler: {calls}: it called hvd.joi
 JOIN_NOTED = 'join_noted'      # scheduler -> worker: its join is counted (now tell the others)
 JOIN_DONE = 'join_done'        # scheduler -> workers: {last, calls} (all have joined) or {error}
 MEMBERS = 'members'            # scheduler -> workers: {round, workers, lost, reason} (elastic)
-WORKERS = 'workers'            # scheduler -> servers: {workers}: whom sync rounds wait for (elastic)
+WORKERS = 'workers'            # scheduler -> servers: {workers, round}: whom sync rounds wait for
 ENDED = 'ended'                # launcher -> scheduler: {node, start, how}: its process ended (elastic)
 SERVERS = 'servers'            # scheduler -> nodes: {chains, lost, reason}: who holds each shard (replicas)

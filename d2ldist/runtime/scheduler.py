@@ -300,7 +300,8 @@ class Scheduler:
         them where it listens itself: kv HELLO)."""
         if self.min_workers is not None and self.book_sent:
             for server in self.members('server'):
-                self.van.send(server, protocol.WORKERS, {'workers': self.live_workers()})
+                self.van.send(server, protocol.WORKERS, {'workers': self.live_workers(),
+                                                         'round': self.round})
 
     def live_workers(self):
         """The workers of the membership that have not finished, in rank order."""

@@ -360,34 +360,30 @@ class ServerNode(SimpleNamespace):
         self.met.append(joined)
 
 
-def push(worker, n):
+def push(worker, n, membership=0):
     """Worker r pushes 1000**r to 'x' and asks for the round's value: a value's digits
-    in base 1000 say whose pushes the round counted (a 2 would be one counted twice)."""
+    in base 1000 say whose pushes the round counted (a 2 would be one counted twice).
+    ``membership``: the scheduler's membership the worker knew as it pushed."""
     from d2ldist.runtime.van import Message
     r = int(worker.split(':')[1])
     value = torch.tensor([1000.0 ** r], dtype=torch.float64)
     return Message('kv_push', worker, {'id': n, 'n': n, 'sync': True, 'pull': True,
+                                       'membership': membership,
                                        'parts': [['x', 'float64', [1], 0, 1]]},
                    [bytearray(value.numpy().tobytes())])
 
 
-def test_a_sync_round_counts_every_push_that_arrived_once_and_waits_for_the_workers_left():
+def left(*ranks, membership):
+    """The scheduler tells a server the workers left, and the membership's number."""
+    return message(protocol.WORKERS, 'scheduler', workers=[f'worker:{r}' for r in ranks],
+                   round=membership)
+
+
+def served(queue):
+    """A server of the key 'x' that handles ``queue``: the values each worker was sent."""
     from d2ldist.kv import messages as M
     from d2ldist.kv.server import KVServer, Slot
-    left = lambda *ranks: message(protocol.WORKERS, 'scheduler',            # noqa: E731
-                                  workers=[f'worker:{r}' for r in ranks])
-    node = ServerNode(id='server:0', sent=[], met=[], queue=[
-        push('worker:0', 1), push('worker:1', 1), push('worker:2', 1),     # round 1: all
-        push('worker:0', 2), push('worker:1', 2),
-        left(0, 2),                                # worker 1 lost after its push 2 came
-        push('worker:2', 2),                       # round 2 closes: its push counts
-        push('worker:0', 3), push('worker:2', 3),  # round 3: the two left
-        message(M.HELLO, 'worker:1', id=9, address='tcp://new:4000', host_id='h'),
-        left(0, 1, 2),                             # started again, it joins ...
-        push('worker:1', 1),                       # ... numbering its pushes from 1
-        push('worker:0', 4), push('worker:2', 4),  # round 4: the three
-        push('worker:0', 5), left(0, 2),           # worker 1 done: round 5 closes ...
-        push('worker:2', 5)])                      # ... when worker 2 pushes
+    node = ServerNode(id='server:0', sent=[], met=[], queue=list(queue))
     server = KVServer(node)
     server.store['x'] = Slot('float64', [1], 0, 1, torch.zeros(1, dtype=torch.float64))
     server.serve()
@@ -396,12 +392,55 @@ def test_a_sync_round_counts_every_push_that_arrived_once_and_waits_for_the_work
         if kind == M.VALUES:
             values.setdefault(peer, []).append(int(torch.frombuffer(
                 bytearray(frames[0]), dtype=torch.float64).item()))
+    return node, server, values
+
+
+def test_a_sync_round_counts_every_push_that_arrived_once_and_waits_for_the_workers_left():
+    from d2ldist.kv import messages as M
+    node, server, values = served([
+        push('worker:0', 1), push('worker:1', 1), push('worker:2', 1),     # round 1: all
+        push('worker:0', 2), push('worker:1', 2),
+        left(0, 2, membership=1),                  # worker 1 lost after its push 2 came
+        push('worker:2', 2),                       # round 2 closes: its push counts
+        push('worker:0', 3, 1), push('worker:2', 3, 1),   # round 3: the two left
+        message(M.HELLO, 'worker:1', id=9, address='tcp://new:4000', host_id='h'),
+        left(0, 1, 2, membership=2),               # started again, it joins ...
+        push('worker:1', 1, 2),                    # ... numbering its pushes from 1
+        push('worker:0', 4, 2), push('worker:2', 4, 2),   # round 4: the three
+        push('worker:0', 5, 2), left(0, 2, membership=2),  # worker 1 done: round 5 closes
+        push('worker:2', 5, 2)])                   # ... when worker 2 pushes
     assert [kind for _, kind, _, _ in node.sent if kind not in (M.VALUES,)] == [M.ACK]
     assert node.met == [['worker:1', 'tcp://new:4000', 'h']]
     assert values == {'worker:0': [1001001, 1001001, 1000001, 1001001, 1000001],
                       'worker:1': [1001001, 1001001],        # (its 2nd answer: round 4)
                       'worker:2': [1001001, 1001001, 1000001, 1001001, 1000001]}
     assert server.rounds == {} and server.waiting == [] and server.nth == {}
+
+
+def test_every_server_counts_a_joiners_first_push_in_the_same_round_whatever_the_order():
+    """Worker 1 was lost (membership 1) and joins (membership 2). Each server hears the
+    scheduler and the three workers in its own order; every order gives the same values:
+    round 1's pushes knew only membership 1, so it counts worker 0 and 2; worker 2's push
+    of round 2 knew of the joiner, so from round 2 on the rounds wait for worker 1 too."""
+    import random
+    from d2ldist.kv import messages as M
+    def streams():                   # (new messages: a round adds into the first push's)
+        return [[left(0, 1, 2, membership=2)],
+                [push('worker:0', n, m) for n, m in [(1, 1), (2, 1), (3, 2), (4, 2)]],
+                [push('worker:2', n, m) for n, m in [(1, 1), (2, 2), (3, 2), (4, 2)]],
+                [message(M.HELLO, 'worker:1', id=9, address='tcp://new:4000', host_id='h')]
+                + [push('worker:1', n, 2) for n in (1, 2, 3)]]
+    two, three = 1_000_001, 1_001_001         # (no optimizer: a round's sum is the value)
+    want = {'worker:0': [two, three, three, three], 'worker:1': [three, three, three],
+            'worker:2': [two, three, three, three]}
+    orders = random.Random(0)
+    for _ in range(200):             # each sender's messages in order, interleaved at random
+        queue, rest = [left(0, 2, membership=1)], streams()
+        while any(rest):
+            queue.append(orders.choice([s for s in rest if s]).pop(0))
+        node, server, values = served(queue)
+        assert values == want, [(m.sender, m.kind, m.get('membership')) for m in queue]
+        assert server.rounds == {} and server.waiting == [] and not any(server.deferred.values())
 
 
 def test_the_servers_hear_of_every_worker_lost_or_done_and_barriers_stop_waiting_for_them():
