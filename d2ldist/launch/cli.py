@@ -473,7 +473,8 @@ def main(argv=None):
     try:
         args = parse(argv)
         job = make_job(args, out=progress, on_line=progress.on_line,
-                       on_state=progress.model.on_state, on_restart=progress.on_restart)
+                       on_state=progress.model.on_state, on_restart=progress.on_restart,
+                       on_change=progress.model.on_change)
         return job.run()
     except UsageError as e:
         print(f'd2l-launch: error: {e}', file=sys.stderr)

@@ -119,8 +119,8 @@ class Job:
     process's last lines (%launch: they are in the cell's log just above)."""
 
     def __init__(self, specs, timeout=None, max_restarts=0, out=None, on_line=None,
-                 on_state=None, on_tick=None, on_restart=None, last_lines=True,
-                 log_dir=None, min_workers=None, max_workers=None):
+                 on_state=None, on_tick=None, on_restart=None, on_change=None,
+                 last_lines=True, log_dir=None, min_workers=None, max_workers=None):
         self.procs = [Proc(s) for s in specs]
         self.log_dir = log_dir            # --log-dir: each process's lines in a file too
         self.last_lines = last_lines
@@ -134,6 +134,7 @@ class Job:
         self.on_state = on_state or (lambda proc: None)       # state or exit code changed
         self.on_tick = on_tick or (lambda: None)              # about every 0.1 s
         self.on_restart = on_restart or (lambda attempt, why: None)   # before it starts
+        self.on_change = on_change or (lambda what: None)   # elastic: one lost, one again
         self.log = []                     # the merged output: (label, line)
         self.failure = None               # the first process that failed
         self.code = None
@@ -355,6 +356,7 @@ class Job:
             self._say(f'{what_failed(p)}; its replicas take over (--server-replicas '
                       f'{replicas})')
             self._tell_scheduler(p)
+            self.on_change(f'{p.label} lost')
             return True
         if self.min_workers is None or p.spec.role != 'worker':
             return False
@@ -365,6 +367,7 @@ class Job:
         self._say(f'{what_failed(p)}; {len(left)} workers go on (--min-workers '
                   f'{self.min_workers})')
         self._tell_scheduler(p)
+        self.on_change(f'{p.label} lost')
         return True
 
     def _tell_scheduler(self, p):
@@ -402,6 +405,7 @@ class Job:
             p.file.close()
         self._say(f'starting {p.label} again, to join the job (--max-workers '
                   f'{self.max_workers})')
+        self.on_change(f'{p.label} started again')
         self._start(again)
 
     def _drain(self, p):

@@ -186,6 +186,11 @@ class JobModel:
         self.trace.mark(attempt, self.attempts[-1].title)
         self.version += 1
 
+    def on_change(self, what):
+        """Job's on_change hook: an elastic job lost a process or started one again."""
+        self.trace.note(what)
+        self.version += 1
+
     def _meet(self, proc):
         """Add the row of a process the model has not heard of yet."""
         if proc.label not in self.rows:

@@ -7,7 +7,8 @@ it per thread (the training loop, the communication thread), times in microsecon
 from the first span, on the scheduler's clock. The lines come from the job's
 processes, over ssh too: they are parsed as JSON, and whatever is not a well-formed
 span is dropped. Each restart of the job (``--max-restarts``) is an instant across all
-lanes, named after the step it resumed from, at the launcher's time.
+lanes, named after the step it resumed from, at the launcher's time; so is each change
+of an elastic job's processes (a worker lost, one started again: ``note``).
 """
 import json
 import math
@@ -26,7 +27,7 @@ class Trace:
         self.spans = {}           # process label -> [span dict]
         self.clock_error = {}     # process label -> microseconds
         self.count = 0
-        self.marks = {}           # restart number -> [unix microseconds, name]
+        self.marks = {}           # restart number (or a note's key) -> [unix us, name, cat]
 
     def on_line(self, label, line):
         """Take a timeline line of process ``label``; False if it is not one."""
@@ -49,7 +50,11 @@ class Trace:
 
     def mark(self, restart, name):
         """Mark restart number ``restart`` (now, the first time) with ``name``."""
-        self.marks.setdefault(restart, [time.time() * 1e6, name])[1] = name
+        self.marks.setdefault(restart, [time.time() * 1e6, name, 'restart'])[1] = name
+
+    def note(self, name):
+        """Mark now with ``name``: an elastic job's processes changed ('worker 1 lost')."""
+        self.marks[('note', len(self.marks))] = [time.time() * 1e6, name, 'change']
 
     def window(self):
         """(first, last) microsecond of the workers' spans: servers are cut to it."""
@@ -65,7 +70,7 @@ class Trace:
                          label.startswith('worker') or window[0] <= e['ts'] <= window[1]]
                  for label in labels}
         start = min([e['ts'] for s in spans.values() for e in s]
-                    + [ts for ts, _ in self.marks.values()], default=0.0)
+                    + [ts for ts, *_ in self.marks.values()], default=0.0)
         out = []
         for pid, label in enumerate(labels, 1):
             out.append({'ph': 'M', 'name': 'process_name', 'pid': pid, 'tid': 0,
@@ -82,8 +87,8 @@ class Trace:
                 name = 'serving' if label.startswith('server') else THREADS.get(thread, thread)
                 out.append({'ph': 'M', 'name': 'thread_name', 'pid': pid, 'tid': tid,
                             'args': {'name': name}})
-        for ts, name in self.marks.values():      # global instants: a line across all lanes
-            out.append({'name': name, 'cat': 'restart', 'ph': 'i', 's': 'g', 'pid': 0,
+        for ts, name, cat in self.marks.values():  # global instants: a line across all lanes
+            out.append({'name': name, 'cat': cat, 'ph': 'i', 's': 'g', 'pid': 0,
                         'tid': 0, 'ts': round(ts - start, 1)})
         return out, start
 

@@ -241,6 +241,8 @@ def outputs(model, timeline=None):
 
 
 def _timeline(path):
-    """The last steps of a timeline file, drawn (``d2ldist/timeline.py``)."""
-    from .timeline_view import plot
-    return plot(path, steps=3)
+    """The last steps of a timeline file, drawn (``d2ldist/timeline.py``); if the job
+    restarted or lost a worker, every step recorded, to show what that cost."""
+    from .timeline_view import JOB, load, plot
+    spans = load(path)
+    return plot(spans, steps=None if any(s.lane == JOB for s in spans) else 3)

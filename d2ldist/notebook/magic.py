@@ -135,6 +135,7 @@ class LaunchMagics(Magics):
                                on_line=lambda p, t: on_line(p, t),
                                on_state=lambda p: on_state(p),
                                on_restart=lambda n, why: on_restart(n, why),
+                               on_change=lambda what: model.on_change(what),
                                on_tick=lambda: view.refresh(), last_lines=False)
         except cli.UsageError as e:
             raise UsageError(f'%launch: {e}') from None

@@ -11,7 +11,9 @@ worker and server (``launch/trace.py`` writes it, ``runtime/spans.py`` records
 it). Categories: ``step`` (the seven steps, or a Horovod script's compute, synchronize
 and update), ``comm`` (a collective, a push or a pull), ``wait`` (for a ring neighbour,
 the servers' sync round, a barrier), ``data`` (between two steps: the next batch, a
-report, an epoch's evaluation) and ``server`` (a request a server handles).
+report, an epoch's evaluation) and ``server`` (a request a server handles). A job's
+instants, a restart or an elastic change ('worker 1 lost'), are spans of no duration in
+the lane ``job`` (categories ``restart`` and ``change``), drawn as lines across all lanes.
 """
 import io
 import json
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 COLOURS = {'step': '#1976d2', 'comm': '#2e7d32', 'wait': '#c62828', 'data': '#9e9e9e',
            'server': '#ef6c00'}
+JOB = 'job'                # the lane of the job's instants: restarts, elastic changes
 
 
 @dataclass
@@ -45,16 +48,20 @@ def load(source):
                   e['name'], e['cat'], e['ts'] / 1e6, e['dur'] / 1e6,
                   int(e['args'].get('step', 0)), e['args'])
              for e in data['traceEvents'] if e.get('ph') == 'X']
+    spans += [Span(JOB, e['name'], e['cat'], e['ts'] / 1e6, 0.0, 0, {})
+              for e in data['traceEvents'] if e.get('ph') == 'i']
     return sorted(spans, key=lambda s: s.start)
 
 
 def last_steps(spans, steps):
-    """The spans of every lane during the workers' last ``steps`` steps (all if None)."""
+    """The spans of every lane during the workers' last ``steps`` steps (all if None;
+    a pair (first, last): from the first step to the last)."""
     spans = load(spans) if not isinstance(spans, list) else spans
     done = sorted({s.step for s in spans if s.cat == 'step'})
     if steps is None or not done:
         return spans
-    chosen = set(done[-steps:])
+    chosen = set(range(steps[0], steps[1] + 1)) if isinstance(steps, tuple) \
+        else set(done[-steps:])
     mine = [s for s in spans if s.cat == 'step' and s.step in chosen]
     t0, t1 = min(s.start for s in mine), max(s.start + s.dur for s in mine)
     return [s for s in spans if s.start + s.dur > t0 and s.start < t1]
@@ -65,6 +72,8 @@ def breakdown(spans, steps=None):
     collective counts in both)."""
     table = {}
     for s in last_steps(spans, steps):
+        if s.lane == JOB:
+            continue
         lane = table.setdefault(s.lane, {})
         lane[s.cat] = lane.get(s.cat, 0.0) + s.dur
     return table
@@ -86,12 +95,14 @@ class Plot:
 
 
 def plot(spans, steps=3, width=10):
-    """Draw every lane's spans in the last ``steps`` steps: one row per lane, nested
-    spans thinner on top of the span they are in, waits in red."""
+    """Draw every lane's spans in the last ``steps`` steps (or steps (first, last)): one
+    row per lane, nested spans thinner on top of the span they are in, waits in red;
+    the job's instants (a restart, a worker lost) a dashed line across, named."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
     spans = last_steps(spans, steps)
+    marks, spans = [s for s in spans if s.lane == JOB], [s for s in spans if s.lane != JOB]
     lanes = list(dict.fromkeys(s.lane for s in sorted(spans, key=_lane_key)))
     fig = Figure(figsize=(width, 0.45 * len(lanes) + 1.2), dpi=90)
     FigureCanvasAgg(fig)
@@ -103,6 +114,11 @@ def plot(spans, steps=3, width=10):
             ax.broken_barh([((s.start - t0) * 1e3, s.dur * 1e3)], (row - height / 2, height),
                            color=COLOURS.get(s.cat, '#607d8b'), alpha=0.85 if depth else 0.6,
                            edgecolor='white', linewidth=0.3)
+    for m in marks:
+        x = (m.start - t0) * 1e3
+        ax.axvline(x, color='#424242', linestyle='--', linewidth=0.8)
+        ax.annotate(m.name, (x, -0.5), xytext=(3, 2), textcoords='offset points',
+                    fontsize=7, va='bottom', annotation_clip=False)
     ax.set_yticks(range(len(lanes)), lanes, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel('ms', fontsize=8)
@@ -111,8 +127,10 @@ def plot(spans, steps=3, width=10):
     ax.legend(handles=[Patch(color=COLOURS[c], label=c) for c in cats], fontsize=7,
               ncol=len(cats), loc='upper center', bbox_to_anchor=(0.5, -0.18 if lanes else 0))
     fig.tight_layout()
-    caption = (f'timeline: {len(lanes)} lanes, the last {steps} steps; '
-               'steps blue, communication green, waiting red')
+    which = f'steps {steps[0]} to {steps[1]}' if isinstance(steps, tuple) else \
+        'every step recorded' if steps is None else f'the last {steps} steps'
+    caption = (f'timeline: {len(lanes)} lanes, {which}; steps blue, communication green, '
+               'waiting red' + ''.join(f'; {m.name} (dashed)' for m in marks))
     return Plot(fig, caption)
 
 

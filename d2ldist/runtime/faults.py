@@ -59,9 +59,11 @@ def arm():
 
 
 def die(when):
-    """Fail on purpose, as a crash: one line, then SIGKILL (no goodbye, no clean-up)."""
+    """Fail on purpose, as a crash: one line, then SIGKILL (no goodbye, no clean-up;
+    only the timeline's spans so far are printed, so that it shows the steps done)."""
     cfg = config.get()
     rank = '' if cfg.rank is None or cfg.role == 'scheduler' else cfg.rank
     who = f"{cfg.role or 'process'} {rank}".strip()
     print(f'd2ldist: {who} fails on purpose {when} (--fail)', file=sys.stderr, flush=True)
+    spans.flush()
     os.kill(os.getpid(), signal.SIGKILL)

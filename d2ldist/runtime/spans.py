@@ -17,7 +17,13 @@ round trip (each lane's ``clock_error_us`` in the file).
 Steps: this module keeps the process's one count of training steps. ``train_batch``
 and ``DistributedOptimizer.step()`` say when a step has ended (``step_done``); the step
 in progress (``step()``) is one more, counted from 1. Every span carries it, and
-``--fail step=N`` (``faults.py``) dies at the end of step N's compute.
+``--fail step=N`` (``faults.py``) dies at the end of step N's compute. A job that
+resumes from a checkpoint counts on from the checkpoint's step (``resume``), so that
+a restart's timeline shows the steps computed again under their own numbers.
+
+A process the launcher stops (SIGTERM) has printed the spans of every step it ended,
+and one that fails on purpose (``--fail``) prints its spans before it dies: a timeline
+keeps the moments before a loss.
 
 Off unless ``D2L_TIMELINE=1`` (set by ``--timeline``); then a span costs two clock
 reads and a small dict. ``D2L_TIMELINE_STEPS=20-40`` records steps 20 to 40 only.
@@ -50,10 +56,17 @@ def step():
 
 
 def step_done():
-    """A training step has ended (train_batch; DistributedOptimizer.step)."""
+    """A training step has ended (train_batch; DistributedOptimizer.step): its spans go."""
     global _steps_done
     _steps_done += 1
-    tick()
+    if config.get().timeline:
+        flush()
+
+
+def resume(steps_done):
+    """The job resumed from the checkpoint taken after ``steps_done`` steps."""
+    global _steps_done
+    _steps_done = steps_done
 
 
 def recording():

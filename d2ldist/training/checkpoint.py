@@ -54,6 +54,7 @@ import torch
 
 from .. import config
 from ..report import report
+from ..runtime import spans
 
 FORMAT = 2        # what a file holds (1: before every worker kept its learning rate)
 HEADER = re.compile(rb'd2ldist-checkpoint (\d+) sha256=([0-9a-f]{64})')
@@ -281,6 +282,7 @@ class Checkpoint:
             print(f'd2ldist: resumed from {folder} (step {step}: epoch '
                   f'{mine["epoch"] + 1}, batch {mine["batch"]})', flush=True)
         report(resumed_from=step, step=step)
+        spans.resume(step)                    # (the timeline counts steps on from it)
         return {k: mine[k] for k in ('step', 'epoch', 'batch', 'loop')}
 
     def held(self):

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from conftest import IN_CI, ROOT, need, run_launch, run_torchrun, wait_no_survivors
+from d2ldist.timeline import load
 
 JOB = ROOT / 'tests' / 'jobs' / 'checkpoint_job.py'
 EPOCHS = 2                       # 2 x 23 steps of 2 workers on the digits
@@ -176,15 +177,25 @@ def test_a_restarted_job_ends_as_if_nothing_had_failed(tmp_path, fail):
     # The scheduler's fault comes at a time, and with a thread each the job may end within
     # 4 s: a worker slower by 100 ms a step (in attempt 0 only, as --fail) outlasts it.
     slow = ['--slow', 'worker:0=+100ms'] if fail.startswith('scheduler') else []
-    r = run_launch('-n', 2, '-s', 2, '--max-restarts', 1, '--checkpoint-dir', tmp_path,
-                   '--checkpoint-every', 10, '--fail', fail, *slow, '--timeout', 150,
+    folder, timeline = tmp_path / 'ckpt', tmp_path / 't.json'
+    r = run_launch('-n', 2, '-s', 2, '--max-restarts', 1, '--checkpoint-dir', folder,
+                   '--checkpoint-every', 10, '--fail', fail, *slow, '--timeline', timeline,
+                   '--timeline-steps', '16-30', '--timeout', 150,
                    sys.executable, JOB, 'dist_sync', EPOCHS, timeout=240)
     assert wait_no_survivors(r.tag) == []
     out = r.stdout + r.stderr
     assert 'fails on purpose' in out and 'restart 1 of 1' in out
     if 'step' in fail:                   # (the scheduler's time may come before step 10)
-        assert f'resumed from {tmp_path}/step-00000020 (step 20' in out
+        assert f'resumed from {folder}/step-00000020 (step 20' in out
     assert {f['sha256'] for f in finals(r).values()} == {uninterrupted('dist_sync')}
+    spans = load(timeline)               # the restart marked; its steps numbered on from 20
+    assert [s.cat for s in spans if s.lane == 'job'] == ['restart']
+    if fail.startswith('worker'):        # steps 21 to 24 or 25 computed twice: worker 1
+        for w in (0, 1):                 # died in step 25's compute, worker 0 was stopped
+            computed = sorted(s.step for s in spans if s.lane == f'worker {w} training'
+                              and s.name == '1 forward, backward')     # (spans that ended)
+            assert computed in [sorted([*range(16, last + 1), *range(21, 31)])
+                                for last in ((24, 25) if w == 0 else (24,))], computed
 
 
 def test_the_books_training_script_resumes_bit_for_bit(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_launch, wait_no_survivors
+from d2ldist.timeline import load
 from elastic_job import BATCH, LOCAL, STEPS, replay, replay_sampler
 
 JOB = ROOT / 'tests' / 'jobs' / 'elastic_job.py'
@@ -51,8 +52,10 @@ KILLED = 'killed by SIGKILL (exit code 137)'
     (1, ['--env', 'RAISE_ON=1'], 'exit code 1', (19, 20))],
     ids=['killed', 'killed-tcp', 'killed-rank-0', 'error'])
 def test_a_lost_worker_is_left_out_and_the_survivors_finish_as_the_replay(lost, fault, how,
-                                                                          commits):
-    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, *fault, '--timeout', 150,
+                                                                          commits, tmp_path):
+    timeline = ['--timeline', tmp_path / 't.json', '--timeline-steps', '36-44'] \
+        if fault is KILL else []
+    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, *fault, *timeline, '--timeout', 150,
                    sys.executable, JOB, timeout=200)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
@@ -80,6 +83,12 @@ def test_a_lost_worker_is_left_out_and_the_survivors_finish_as_the_replay(lost, 
     read = finals(out, 'read')
     assert sorted(read[a] + read[b]) == list(range(k * BATCH, STEPS * BATCH))
     assert wait_no_survivors(r.tag) == []
+    if timeline:          # the loss marked, the lost worker's steps up to its last compute
+        spans = load(tmp_path / 't.json')
+        assert [(s.name, s.cat) for s in spans if s.lane == 'job'] == [('worker 1 lost', 'change')]
+        steps = {w: {s.step for s in spans if s.lane == f'worker {w} training' and s.cat == 'step'}
+                 for w in (0, 1, 2)}
+        assert max(steps[1]) == 40 and steps[0] == steps[2] == set(range(36, 45))
 
 
 @pytest.mark.parametrize('elastic', [[], ['--min-workers', 3]], ids=['not-elastic', 'min-3'])

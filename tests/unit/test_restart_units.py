@@ -3,6 +3,7 @@ in attempt 0 only, and the job model's attempts (tests/jobs/test_restarts.py run
 import json
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -178,6 +179,41 @@ def test_the_timeline_marks_each_restart(tmp_path):
     model.trace.write(path)
     (mark,) = [e for e in json.loads(path.read_text())['traceEvents'] if e['ph'] == 'i']
     assert (mark['name'], mark['s'], mark['ts']) == ('restart 1 (resumed from step 40)', 'g', 0)
+
+
+def test_an_elastic_change_is_an_instant_the_drawing_names_and_the_sums_leave_out(tmp_path):
+    from d2ldist.timeline import breakdown, last_steps, load, plot
+    model = JobModel(local_specs(2, 0, ['true'], 'secret'), clock=Clock())
+    now = time.time() * 1e6                        # (an instant is marked at the launcher's now)
+    model.trace.on_line('worker 0', '@d2l/timeline ' + json.dumps({'events': [
+        {'name': '1 forward, backward', 'cat': 'step', 'tid': 'MainThread', 'dur': 1000.0,
+         'ts': now - 4000 + 1000 * k, 'args': {'step': k}} for k in (1, 2, 3)]}))
+    model.on_change('worker 1 lost')
+    path = tmp_path / 't.json'
+    model.trace.write(path)
+    (mark,) = [e for e in json.loads(path.read_text())['traceEvents'] if e['ph'] == 'i']
+    assert (mark['name'], mark['cat'], mark['s']) == ('worker 1 lost', 'change', 'g')
+    spans = load(path)
+    assert [(s.lane, s.name, s.dur) for s in spans if s.lane == 'job'] == [
+        ('job', 'worker 1 lost', 0.0)]
+    assert breakdown(spans) == {'worker 0 training': {'step': 3000e-6}}
+    assert [s.step for s in last_steps(spans, (2, 3)) if s.lane != 'job'] == [2, 3]
+    drawn = plot(spans, steps=None)
+    assert repr(drawn).endswith('every step recorded; steps blue, communication green, '
+                                'waiting red; worker 1 lost (dashed)')
+    assert drawn._repr_png_().startswith(b'\x89PNG')
+
+
+def test_a_resumed_job_counts_its_steps_on_from_the_checkpoint():
+    from d2ldist.runtime import spans
+    before = spans._steps_done
+    try:
+        spans.resume(20)
+        assert spans.step() == 21
+        spans.step_done()
+        assert spans.step() == 22
+    finally:
+        spans._steps_done = before
 
 
 def test_the_dashboard_lists_the_attempts_once_restarted():
