@@ -247,10 +247,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._computing_since = time.perf_counter()
 
     def forget_gradients(self):
-        """Forget the gradients of a step cut short (elastic: its collective failed)."""
+        """Forget the gradients of a step cut short (elastic: its collective failed); the
+        next step's compute is timed from here, not from the step before."""
         if self._buckets is not None:
             self._buckets._reset()
         self._synchronized = False
+        self._computing_since = time.perf_counter()
 
     def zero_grad(self, set_to_none=True):
         return self.optimizer.zero_grad(set_to_none=set_to_none)

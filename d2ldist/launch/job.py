@@ -176,7 +176,7 @@ class Job:
         self._start_all()
         code = None
         while code is None:
-            self._pump(0.1)
+            self._pump(0.01 if self._ending() else 0.1)
             self._reap()
             self.tick()
             self.on_tick()
@@ -185,6 +185,12 @@ class Job:
 
     def tick(self):
         """About every 0.1 s in the main loop (the ssh launcher looks for new hosts)."""
+
+    def _ending(self):
+        """Whether a process has closed its output and not yet been seen to end: look
+        again soon, so that an elastic job's survivors hear of a loss without waiting."""
+        reading = {key.fileobj for key in self._sel.get_map().values()}
+        return any(p.alive and p.popen.stdout not in reading for p in self.procs)
 
     def _restart(self):
         """After a failure: stop every process, say so in one line, make them anew."""
