@@ -27,9 +27,9 @@ What is measured (a loss, an accuracy, samples/s, milliseconds) stands only in t
 rows of the last two tables, in a form ``notebooks/sanitize.cfg`` masks, so nbval
 compares the rest: the states, the exit codes, how far every worker got.
 """
-import io
 
 from ..launch.progress import bar
+from . import images
 
 METRICS = (('loss', 'loss', '{:.4f}'), ('acc', 'train acc', '{:.3f}'),
            ('test_acc', 'test acc', '{:.3f}'))
@@ -217,10 +217,8 @@ def _figure(width, height):
 
 
 def _png(fig):
-    buf = io.BytesIO()
     fig.tight_layout()
-    fig.savefig(buf, format='png')
-    return buf.getvalue()
+    return images.png(fig)
 
 
 # -- into the notebook ---------------------------------------------------------------------

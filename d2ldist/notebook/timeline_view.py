@@ -15,9 +15,10 @@ report, an epoch's evaluation) and ``server`` (a request a server handles). A jo
 instants, a restart or an elastic change ('worker 1 lost'), are spans of no duration in
 the lane ``job`` (categories ``restart`` and ``change``), drawn as lines across all lanes.
 """
-import io
 import json
 from dataclasses import dataclass
+
+from . import images
 
 COLOURS = {'step': '#1976d2', 'comm': '#2e7d32', 'wait': '#c62828', 'data': '#9e9e9e',
            'server': '#ef6c00'}
@@ -86,9 +87,7 @@ class Plot:
         self.figure, self.caption = figure, caption
 
     def _repr_png_(self):
-        buf = io.BytesIO()
-        self.figure.savefig(buf, format='png')
-        return buf.getvalue()
+        return images.png(self.figure)
 
     def __repr__(self):
         return self.caption

@@ -319,3 +319,20 @@ def test_a_model_made_empty_meets_processes_through_the_hooks():
     row = model.rows['worker 0']
     assert (row.role, row.rank, row.state, row.code, row.metrics) == \
         ('worker', 0, 'failed', 3, {'epoch': 1})
+
+
+def test_a_finished_jobs_figure_is_a_png_of_64_colours_a_third_of_the_bytes():
+    pytest.importorskip('matplotlib')
+    from PIL import Image
+    from d2ldist.notebook import images
+    fig = final._figure(8, 2.5)
+    ax = fig.add_subplot()
+    for k in range(4):
+        ax.plot([x * x * k for x in range(50)], label=f'worker {k}')
+    ax.legend()
+    full = io.BytesIO()
+    fig.savefig(full, format='png')
+    light = images.png(fig)
+    image = Image.open(io.BytesIO(light))
+    assert image.mode == 'P' and len(image.getcolors()) <= 64
+    assert image.size == Image.open(full).size and len(light) < len(full.getvalue()) / 2
