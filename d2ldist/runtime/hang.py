@@ -18,6 +18,9 @@ and prints one line (and reports it to the dashboard)::
 
 After ``D2L_HANG_FAIL`` seconds (``--hang-fail``; off by default) it raises ``Hang``
 with that line instead of waiting on: the job fails with a reason, not a silence.
+One wait needs no threshold: after ``LOOK`` seconds a node asks once, and if every node
+it waits for has ended (its script returned: a worker that made fewer calls than the
+others), it raises ``Ended`` at once, for they will never come.
 
 Some hangs need no waiting to be seen: where nodes meet -- the ring's neighbours, a
 server's sync round, the scheduler's barriers -- each checks that both sides called
@@ -25,9 +28,15 @@ the same thing, and if not raises ``Disagree`` naming both, on every node concer
 """
 from dataclasses import dataclass, field
 
+LOOK = 1.0      # seconds of waiting after which a node asks whether those it waits for ended
+
 
 class Hang(RuntimeError):
     """A node waited longer than D2L_HANG_FAIL seconds (the message says for whom)."""
+
+
+class Ended(Hang):
+    """A node waits for others that have ended (their scripts returned) without coming."""
 
 
 class Disagree(RuntimeError):

@@ -201,7 +201,7 @@ class Node:
         start, wall = time.monotonic(), time.time()
         cfg = config.get()
         warn, fail = cfg.hang_warn, cfg.hang_fail
-        deadlines = sorted(t for t in (warn, fail) if t)
+        deadlines = sorted({t for t in (warn, fail) if t} | {hang.LOOK})
         self.doing, warned = (wait.what, start), False
         try:
             while True:
@@ -212,9 +212,16 @@ class Node:
                     if warned and self.role == 'worker':
                         report(waiting='')               # the dashboard's warning goes
                     return msg
-                waited = deadlines.pop(0)
+                waited, missing = deadlines.pop(0), self.missing(wait)
+                if missing and all(d.get('state') == 'ended' for _, d in missing):
+                    gone = ', '.join(n.replace(':', ' ') for n, _ in missing)
+                    raise hang.Ended(f'{self.id.replace(":", " ")} waits {wait.what}, but '
+                                     f'{gone} ended without coming: every worker must issue '
+                                     'the same calls, as many times')
+                if waited not in (warn, fail):
+                    continue                             # (the early look: nobody ended)
                 line = (f'{self.id.replace(":", " ")} has waited {waited:g} s '
-                        f'{wait.what}: {hang.sentence(self.missing(wait))}')
+                        f'{wait.what}: {hang.sentence(missing)}')
                 if waited == fail:
                     raise hang.Hang(line)
                 print(f'd2ldist: {line}', flush=True)
@@ -376,7 +383,7 @@ class Node:
             if _crashed and config.get().min_workers:   # elastic: the others go on
                 self.van.send('scheduler', protocol.FAILED, {'reason': _crashed})
                 return                  # (no goodbye: lost, the heartbeats' silence says it)
-            self.van.send('scheduler', protocol.GOODBYE)
+            self.van.send('scheduler', protocol.GOODBYE, {'counters': dict(self.counters)})
             # Workers wait: the scheduler counts their goodbyes. (Servers go when told
             # to shut down, by a scheduler that is gone by then.)
             if self.role == 'worker' and self._receiving == 0:

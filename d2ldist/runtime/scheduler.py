@@ -99,6 +99,9 @@ class Scheduler:
         elif msg.kind == protocol.JOIN and msg.sender in self.members('worker'):
             self.join(msg.sender, msg.get('calls'))
         elif msg.kind == protocol.GOODBYE and msg.sender in self.nodes:
+            counters = msg.get('counters')      # its final counts: a call it never made
+            if isinstance(counters, dict):      # is one a waiting node can be told of
+                self.doing.setdefault(msg.sender, {})['counters'] = counters
             self.finished.add(msg.sender)
             self.end_join()
             self.van.send(msg.sender, protocol.FAREWELL)

@@ -172,6 +172,45 @@ def test_parameter_server_and_barriers_name_who_is_missing_or_disagrees(write_sc
     assert wait_no_survivors(r.tag) == []
 
 
+ENDS = '''
+import sys, torch, d2ldist
+torch.set_num_threads(1)
+mode = sys.argv[1]
+if mode == 'ring':                # worker 1 makes three all-reduces, worker 0 four
+    d2ldist.init()
+    x = torch.ones(4)
+    for _ in range(3 if d2ldist.rank() == 1 else 4):
+        d2ldist.allreduce_(x)
+else:
+    kv = d2ldist.kv.create('dist_sync')
+    kv.init('w', torch.zeros(10))
+    if mode == 'push' and kv.rank == 0:       # worker 1 never pushes
+        kv.pushpull('w', torch.ones(10), out=torch.empty(10))
+    elif mode == 'barrier' and kv.rank == 0:  # worker 1 never comes to the barrier
+        kv.barrier()
+print('worker', d2ldist.rank() if mode == 'ring' else kv.rank, 'returns', flush=True)
+'''
+
+
+@pytest.mark.parametrize('mode,servers,waits', [
+    ('ring', 0, 'in allreduce(Average, float32, [4]) (collective 4) for worker 1'),
+    ('push', 1, "for the answer to pushpull of 'w' from server 0"),
+    ('barrier', 1, 'in worker barrier 2 (barrier())')])
+def test_a_worker_that_waits_for_one_that_has_ended_fails_at_once(write_script, mode,
+                                                                   servers, waits):
+    """Worker 1's script returns, one call short: worker 0 asks after a second, hears
+    it has ended, and fails in one line (no --hang-fail: it would have waited forever)."""
+    r = run_launch('-n', 2, '-s', servers, '--timeout', 60, sys.executable,
+                   write_script(ENDS), mode, timeout=90)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert '[worker 1] worker 1 returns' in out and 'worker 0 returns' not in out
+    assert (f'[worker 0] d2ldist: worker 0 waits {waits}, but worker 1 ended without coming: '
+            'every worker must issue the same calls, as many times') in out, out[-3000:]
+    assert 'Traceback' not in out and 'has waited' not in out
+    assert wait_no_survivors(r.tag) == []
+
+
 TORCH = '''
 import sys, time, torch, d2ldist
 torch.set_num_threads(1)
