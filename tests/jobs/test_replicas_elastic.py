@@ -3,13 +3,14 @@ in one job, kv_elastic_job.py on 3 workers and 2 servers, each shard also held b
 other server: a worker killed after step 40 leaves the rounds to the two left, on the
 heads and on their replicas; a server killed after its round 40 is answered for by its
 replica while all three workers go on; and a worker lost first, then a server, shows
-that the replica followed the rounds of the workers left. Each time the values count
-every push exactly once (in base 1000, per rank), and no process of the job is left."""
+that the replica followed the rounds of the workers left; in dist_async, a worker and
+then a server lost. Each time the values count every push exactly once (in base 1000,
+per rank), and no process of the job is left."""
 import re
 import sys
 
 from conftest import ROOT, run_launch, wait_no_survivors
-from test_elastic import KILL, KILLED, finals, rounds
+from test_elastic import KILL, KILLED, counted, finals, rounds
 
 KV_JOB = ROOT / 'tests' / 'jobs' / 'kv_elastic_job.py'
 WORKER_LOST = f'd2l-launch: worker 1 failed ({KILLED}); 2 workers go on (--min-workers 2)'
@@ -70,3 +71,15 @@ def test_a_worker_lost_then_a_server_the_replica_had_the_rounds_of_the_workers_l
     assert sorted(values) == [0, 2] and values[0] == values[2]
     assert rounds(values[0]) == [[1, 1, 1]] * 39 + [[1, 0, 1]] * 61
     assert final == {0: 100_039_100, 2: 100_039_100}
+
+
+def test_in_dist_async_a_worker_then_a_server_lost_each_push_is_added_once():
+    """dist_async, worker 1 killed after step 40, then server 0 after its 150th push
+    applied (about step 55): nobody waits, the pushes that server 0 left unanswered go
+    again to its replica, which counts a push it already has only once."""
+    out, values, final = kv_job(*KILL, '--fail', 'server:0@step=150', '--env', 'KV=dist_async')
+    assert WORKER_LOST in out and SERVER_LOST in out and TAKES_OVER in out
+    assert re.search(ANSWERS, out, re.M), out[-4000:]
+    assert final == {0: 100_039_100, 2: 100_039_100}     # 100, 39 and 100 pushes
+    for w in (0, 2):                   # each value came after the worker's own push
+        assert [counted(v)[w] for v in values[w]] == list(range(1, 101))
