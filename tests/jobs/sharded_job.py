@@ -2,7 +2,8 @@
 
     d2l-launch -n N -s 0 python sharded_job.py [STAGES] [STEPS]      (STAGES: 123, say)
 
-(and stage f, PyTorch's own fully_shard, FSDP2, under --env D2L_BACKEND=torch)
+(and under --env D2L_BACKEND=torch stage f, PyTorch's own fully_shard, FSDP2, and
+stage d, PyTorch's DistributedDataParallel: plain data parallelism, the reference)
 
 A small MLP in float64, Adam. Stages 1 and 2 (ShardedOptimizer) use buckets of 30
 values (three of them, two padded for N = 2 and 3); stage 3 (shard_module) one unit
@@ -48,6 +49,9 @@ def loss_of(net, X):
 def zero(stage):
     """The net and optimizer of a stage, and its flat vectors' padded lengths (stage 'f':
     PyTorch's own FSDP2, fully_shard, on the torch backend: each parameter's rows cut)."""
+    if stage == 'd':
+        net = nn.parallel.DistributedDataParallel(mlp())
+        return net, torch.optim.Adam(net.parameters(), lr=0.01), None
     if stage == 'f':
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -67,8 +71,8 @@ def zero(stage):
 
 def full_gone(net, stage):
     """After backward: no full ``.grad`` (stage 2); no full weights nor gradient (stage 3)."""
-    if stage == 'f':
-        return False                         # (FSDP2's are its own)
+    if stage in ('d', 'f'):
+        return False                         # (DDP keeps them; FSDP2's are its own)
     if stage == 3:
         return all(u.grad is None and u.full.untyped_storage().nbytes() == 0
                    for u in units_of(net))
@@ -94,7 +98,8 @@ for stage in stages:
         loss_of(whole, X).backward()
         plain.step()
 
-    weights = full_weights(net) if stage == 3 else dict(net.named_parameters())
+    weights = full_weights(net) if stage == 3 else dict(
+        (net.module if stage == 'd' else net).named_parameters())
     if stage == 'f':              # DTensors: the whole, and this worker's part
         weights = {name: p.full_tensor() for name, p in weights.items()}
     state = sum(t.numel() * t.element_size() for s in opt.state.values()

@@ -1,7 +1,8 @@
 """ZeRO in real jobs (issue 31): stages 1 and 2 (ShardedOptimizer) and 3 (shard_module),
 one after the other in one job, on the ring with 2 and 3 workers and on
-torch.distributed (gloo) with 2, where PyTorch's own fully_shard (FSDP2) follows; each
-against one process training on the whole global batch (tests/jobs/sharded_job.py).
+torch.distributed (gloo) with 2, where PyTorch's own fully_shard (FSDP2) and DDP follow;
+each against one process training on the whole global batch, and on gloo against DDP
+in the same job (tests/jobs/sharded_job.py).
 Values and byte counts, never times."""
 import json
 import sys
@@ -59,7 +60,7 @@ def check_fsdp2(got, n):
 @pytest.mark.parametrize('n, backend', [(2, 'ring'), (3, 'ring'), (2, 'torch')])
 def test_zero_is_adam_on_the_whole_batch_with_the_papers_bytes_and_memory(n, backend):
     env = ['--env', 'D2L_BACKEND=torch'] if backend == 'torch' else []
-    stages = '123f' if backend == 'torch' else '123'      # f: PyTorch's FSDP2 beside
+    stages = '123fd' if backend == 'torch' else '123'     # f: PyTorch's FSDP2, d: DDP
     r = run_launch('-n', n, '-s', 0, '--timeout', 150, *env, sys.executable, JOB, stages,
                    timeout=180)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -71,6 +72,18 @@ def test_zero_is_adam_on_the_whole_batch_with_the_papers_bytes_and_memory(n, bac
         if stage == 'f':
             check_fsdp2(got, n)
             continue
+        if stage == 'd':          # DDP: every worker the same, and the whole batch's
+            assert got['weights'] == found['d', 0]['weights']
+            for w, p in zip(got['weights'], got['plain']):
+                assert torch.allclose(torch.tensor(w, dtype=torch.float64),
+                                      torch.tensor(p, dtype=torch.float64), rtol=1e-10,
+                                      atol=1e-13)
+            continue
+        if backend == 'torch':    # each stage ends with DDP's weights, on the same workers
+            for w, d in zip(got['weights'], found['d', rank]['weights']):
+                assert torch.allclose(torch.tensor(w, dtype=torch.float64),
+                                      torch.tensor(d, dtype=torch.float64), rtol=1e-10,
+                                      atol=1e-13)
         padded = [-(-k // n) * n for k in NUMELS[stage]]
         assert got['backend'] == backend and got['size'] == n
         assert got['padded'] == padded
