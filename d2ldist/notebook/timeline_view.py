@@ -64,6 +64,9 @@ def last_steps(spans, steps):
     chosen = set(range(steps[0], steps[1] + 1)) if isinstance(steps, tuple) \
         else set(done[-steps:])
     mine = [s for s in spans if s.cat == 'step' and s.step in chosen]
+    if not mine:
+        raise ValueError(f'no step {steps[0]} to {steps[1]} in the timeline: it has steps '
+                         f'{done[0]} to {done[-1]}')
     t0, t1 = min(s.start for s in mine), max(s.start + s.dur for s in mine)
     return [s for s in spans if s.start + s.dur > t0 and s.start < t1]
 

@@ -198,6 +198,9 @@ def test_an_elastic_change_is_an_instant_the_drawing_names_and_the_sums_leave_ou
         ('job', 'worker 1 lost', 0.0)]
     assert breakdown(spans) == {'worker 0 training': {'step': 3000e-6}}
     assert [s.step for s in last_steps(spans, (2, 3)) if s.lane != 'job'] == [2, 3]
+    with pytest.raises(ValueError, match=r'^no step 7 to 9 in the timeline: it has steps 1 '
+                                         r'to 3$'):
+        last_steps(spans, (7, 9))
     drawn = plot(spans, steps=None)
     assert repr(drawn).endswith('every step recorded; steps blue, communication green, '
                                 'waiting red; worker 1 lost (dashed)')
