@@ -348,6 +348,7 @@ class Job:
                 self._set_state(p, 'finished')
             elif self._lost(p):
                 self.lost.append(p)
+                self.on_change(f'{p.label} lost')
                 self._set_state(p, 'failed')
                 self._start_again(p)
             else:
@@ -362,7 +363,6 @@ class Job:
             self._say(f'{what_failed(p)}; its replicas take over (--server-replicas '
                       f'{replicas})')
             self._tell_scheduler(p)
-            self.on_change(f'{p.label} lost')
             return True
         if self.min_workers is None or p.spec.role != 'worker':
             return False
@@ -373,7 +373,6 @@ class Job:
         self._say(f'{what_failed(p)}; {len(left)} workers go on (--min-workers '
                   f'{self.min_workers})')
         self._tell_scheduler(p)
-        self.on_change(f'{p.label} lost')
         return True
 
     def _tell_scheduler(self, p):
