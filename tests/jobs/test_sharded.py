@@ -27,6 +27,13 @@ def results(stdout):
     return {(v['stage'], v['rank']): v for v in found}
 
 
+def assert_close(weights, expected):
+    """Weights (lists, per parameter) equal to ``expected`` up to float64 rounding."""
+    for w, e in zip(weights, expected, strict=True):
+        assert torch.allclose(torch.tensor(w, dtype=torch.float64),
+                              torch.tensor(e, dtype=torch.float64), rtol=1e-10, atol=1e-13)
+
+
 def peak_memory(stage, n):
     """The last step's peak bytes by kind: the paper's formulas (in float64) plus what
     tests/unit/test_sharded_units.py names (stage 2: the collectives overlap backward, so
@@ -44,9 +51,7 @@ def check_fsdp2(got, n):
     parameter is cut by rows, ceil(rows / N) to a worker (the last ones may get fewer),
     its shard kept padded to that, and Adam's state made for the rows held. (The peak
     here is the start's and the end's: FSDP2's gathered weights are its own, unseen.)"""
-    for w, p in zip(got['weights'], got['plain']):
-        assert torch.allclose(torch.tensor(w, dtype=torch.float64),
-                              torch.tensor(p, dtype=torch.float64), rtol=1e-10, atol=1e-13)
+    assert_close(got['weights'], got['plain'])
     shapes = [(7, 5), (7, 1), (3, 7), (3, 1)]                 # (rows, columns)
     chunk = [-(-rows // n) for rows, _ in shapes]
     mine = [max(0, min(c, rows - got['rank'] * c)) for c, (rows, _) in zip(chunk, shapes)]
@@ -74,23 +79,15 @@ def test_zero_is_adam_on_the_whole_batch_with_the_papers_bytes_and_memory(n, bac
             continue
         if stage == 'd':          # DDP: every worker the same, and the whole batch's
             assert got['weights'] == found['d', 0]['weights']
-            for w, p in zip(got['weights'], got['plain']):
-                assert torch.allclose(torch.tensor(w, dtype=torch.float64),
-                                      torch.tensor(p, dtype=torch.float64), rtol=1e-10,
-                                      atol=1e-13)
+            assert_close(got['weights'], got['plain'])
             continue
         if backend == 'torch':    # each stage ends with DDP's weights, on the same workers
-            for w, d in zip(got['weights'], found['d', rank]['weights']):
-                assert torch.allclose(torch.tensor(w, dtype=torch.float64),
-                                      torch.tensor(d, dtype=torch.float64), rtol=1e-10,
-                                      atol=1e-13)
+            assert_close(got['weights'], found['d', rank]['weights'])
         padded = [-(-k // n) * n for k in NUMELS[stage]]
         assert got['backend'] == backend and got['size'] == n
         assert got['padded'] == padded
         assert got['weights'] == found[stage, 0]['weights']        # every worker the same
-        for w, p in zip(got['weights'], got['plain']):
-            assert torch.allclose(torch.tensor(w, dtype=torch.float64),
-                                  torch.tensor(p, dtype=torch.float64), rtol=1e-10, atol=1e-13)
+        assert_close(got['weights'], got['plain'])
         # Adam's two moments for this worker's 1/N of the padded buckets (or units)
         assert got['state_bytes'] == 2 * sum(padded) // n * ITEMSIZE
         assert got['grads_gone'] == (stage >= 2)
