@@ -18,6 +18,10 @@ HorovodInternalError), and ``run`` catches it: each survivor goes back to its la
 commit (``restore``), the ring is made anew (``world.reform``), the reset callbacks run
 (Horovod's idiom: scale the learning rate by ``hvd.size()``), every worker takes rank
 0's state (``sync``: by broadcast, nothing pickled) and ``train`` is called again.
+A worker that joins (``--max-workers``, a host discovery script) loses nobody a step:
+it waits until the next ``commit()``, where the workers agree to take it in (one small
+all-reduce at each commit of an elastic job), then ``HostsUpdatedInterrupt`` resets them
+from the commit just made, and the sync gives the newcomer rank 0's state.
 Which data a worker reads is the script's: a batch cut by ``hvd.rank()`` and
 ``hvd.size()`` from a position kept in the state (``state.batch``) is cut anew after
 a reset, so that from the commit on no sample is lost or read twice (``part``, or
@@ -32,7 +36,7 @@ from .. import config
 from ..runtime import node
 from ..runtime.node import WorkersChanged
 from ..runtime.split import even_slices
-from . import world
+from . import ops, world
 
 HorovodInternalError = WorkersChanged     # Horovod's name for a collective that failed
 
@@ -119,9 +123,14 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self):
-        """Raise HostsUpdatedInterrupt if the membership changed since the last sync."""
-        if world.size() == 1 and node.current() is not None:   # alone: no collective
-            node.current().take_news()                           # brings the news
+        """Raise HostsUpdatedInterrupt if the membership changed since the last sync, or
+        take in the workers waiting to join first (then it has changed)."""
+        me = node.current()
+        if me is not None and config.get().min_workers:
+            if world.size() == 1:                 # alone: no collective brings the news
+                me.take_news()
+            if _agreed_joins(me.joins_heard) > me.joins_taken:
+                me.take_newcomers()
         if world.membership() != self._membership:
             raise HostsUpdatedInterrupt()
 
@@ -190,6 +199,16 @@ def _broadcast(values, dtype):
     tensor = torch.tensor(values, dtype=dtype)
     world.run(world.backend().broadcast_, tensor, 0).wait()
     return tensor.tolist()
+
+
+def _agreed_joins(heard):
+    """The most joiners any worker has heard of (a Max all-reduce): every worker decides
+    alike, at the same commit, whether to take them in (Horovod broadcasts rank 0's)."""
+    if world.size() == 1:
+        return heard
+    tensor = torch.tensor([heard], dtype=torch.int64)
+    world.run(world.backend().allreduce_, tensor, ops.Max).wait()
+    return int(tensor[0])
 
 
 def _copy(state_dict):

@@ -90,6 +90,8 @@ class Node:
         self._count_lock = threading.Lock()   # thread-safe: stop() must not join them)
         self.members = None       # the live workers in rank order, after a membership change
         self.round = 0            # which membership (elastic: the scheduler's MEMBERS)
+        self.joins_heard = 0      # elastic ring: workers the scheduler said wait to join
+        self.joins_taken = 0      # ... of them, those the membership has taken in (or not)
         self.is_recovery = False  # joined a job already running (ps-lite's name)
         self.chains = None        # replicated servers, after a loss: each shard's holders
 
@@ -117,7 +119,10 @@ class Node:
         self.van.send('scheduler', protocol.REGISTER, {'role': self.role, 'rank': self.rank,
                                                        'address': self.van.address,
                                                        'host_id': me})
-        msg = self.recv([protocol.ADDRESS_BOOK, protocol.ERROR], timeout=timeout)
+        msg = self.recv([protocol.ADDRESS_BOOK, protocol.ERROR, protocol.JOINING],
+                        timeout=timeout)
+        while msg is not None and msg.kind == protocol.JOINING:   # elastic ring: the
+            msg = self.recv([protocol.ADDRESS_BOOK, protocol.ERROR])  # others' next commit
         if msg is None:                  # (both end the process in one line: ONE_LINE)
             raise started.StartError(f'{self.id}: no answer from the scheduler at '
                                      f'{self.scheduler} after {timeout:g} s')
@@ -129,6 +134,8 @@ class Node:
         if isinstance(msg.get('members'), list) and isinstance(msg.get('round'), int):
             self.members, self.round = [str(w) for w in msg['members']], msg['round']  # joins
             self.is_recovery = True
+            if isinstance(msg.get('joins'), int):
+                self.joins_heard = self.joins_taken = msg['joins']
         self.book, identities = dict(msg['nodes']), dict(msg.get('host_ids') or {})
         for peer, address in self.book.items():
             if peer != self.id:
@@ -275,6 +282,11 @@ class Node:
                                  f'({msg.get("reason")}); {self.id.replace(":", " ")} gives up')
             if msg.kind == protocol.MEMBERS and msg.sender == 'scheduler':
                 self._new_members(msg)
+            if msg.kind == protocol.JOINING and msg.sender == 'scheduler' \
+                    and (kinds is None or protocol.JOINING not in kinds):
+                if isinstance(msg.get('joins'), int):      # (noted: the next commit
+                    self.joins_heard = max(self.joins_heard, msg['joins'])   # asks)
+                continue
             if msg.kind == protocol.SERVERS and msg.sender == 'scheduler':
                 self._take_chains(msg.get('chains'), msg.get('lost'))
             if kinds is None or msg.kind in kinds:
@@ -292,11 +304,18 @@ class Node:
         self.members, self.round = [str(w) for w in workers], rnd
         self._barriers = {g: n for g, n in self._barriers.items() if g == 'server'}
         lost, joined, reason = msg.get('lost'), msg.get('joined'), msg.get('reason')
-        if isinstance(joined, list) and joined[:1] and joined[0] in workers:
-            self.meet(joined)
-        elif isinstance(lost, str):
+        if isinstance(msg.get('joins'), int):
+            self.joins_taken = msg['joins']
+            self.joins_heard = max(self.joins_heard, msg['joins'])
+        joined = [j for j in joined if isinstance(j, list) and j[:1] and j[0] in workers] \
+            if isinstance(joined, list) else []
+        for newcomer in joined:
+            self.meet(newcomer)
+        said = reason                  # (a worker joins, or is started again)
+        if isinstance(lost, str) and lost not in [j[0] for j in joined]:
             self.van.give_up_on(lost)
-        said = reason if joined else f'{str(lost).replace(":", " ")} was lost ({reason})'
+            said = f'{lost.replace(":", " ")} was lost ({reason})' + ''.join(
+                f', {j[0].replace(":", " ")} joins' for j in joined)
         raise WorkersChanged(f'{said}; {len(workers)} workers go on (round {rnd})',
                              lost if isinstance(lost, str) else None, rnd)
 
@@ -325,6 +344,16 @@ class Node:
         (elastic: a worker alone has no collective that would bring it)."""
         try:
             self._recv([protocol.MEMBERS], timeout=0.001)
+        except WorkersChanged:
+            pass                       # taken: self.round and self.members are the new ones
+
+    def take_newcomers(self):
+        """Elastic ring, at a commit that every worker agreed on: say READY, and wait
+        for the membership that takes in the workers waiting to join."""
+        self.send('scheduler', protocol.READY, {'round': self.round})
+        try:
+            while True:
+                self._recv([protocol.MEMBERS], None)    # (an older one: wait on)
         except WorkersChanged:
             pass                       # taken: self.round and self.members are the new ones
 

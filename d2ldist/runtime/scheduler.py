@@ -13,6 +13,7 @@ It does four things and nothing else (and tells the time, for the timeline):
 4. the end: when every worker has said goodbye, the servers are told to shut down;
 5. elastic workers (``--min-workers``): a lost worker is left out of a new membership
    (``reform``), while enough remain; the servers learn whom their rounds wait for;
+   a worker that joins the ring waits until the others are at a commit (``admit``);
 6. replicated servers (``--server-replicas``): a lost server leaves the chains of the
    shards it held, and the next holder of each answers for it (``promote``).
 
@@ -52,6 +53,9 @@ class Scheduler:
         self.lost = set()        # workers left out of the membership
         self.round = 0           # memberships formed since the first
         self.starts = {}         # node id -> its registrations: 1, then 2 if started again
+        self.newcomers = {}      # elastic ring: workers waiting to join -> (address, host)
+        self.joins = 0           # ... how many were announced to the workers, ever
+        self.ready = set()       # ... the workers at a commit, ready to take them in
         self.chains = replicas.chains(num_servers, server_replicas) if server_replicas \
             else None            # replicated servers: the holders of each shard, head first
 
@@ -96,6 +100,11 @@ class Scheduler:
             self.lose(msg.sender, str(msg.get('reason', 'failed'))[:200])
         elif msg.kind == protocol.ENDED and msg.sender == 'launcher':
             self.ended(msg.get('node'), msg.get('start'), str(msg.get('how'))[:200])
+        elif msg.kind == protocol.READY and msg.sender in self.members('worker') \
+                and msg.get('round') == self.round:
+            self.ready.add(msg.sender)
+            if self.ready >= set(self.live_workers()):
+                self.form(self.welcome())
         elif msg.kind == protocol.JOIN and msg.sender in self.members('worker'):
             self.join(msg.sender, msg.get('calls'))
         elif msg.kind == protocol.GOODBYE and msg.sender in self.nodes:
@@ -103,6 +112,7 @@ class Scheduler:
             if isinstance(counters, dict):      # is one a waiting node can be told of
                 self.doing.setdefault(msg.sender, {})['counters'] = counters
             self.finished.add(msg.sender)
+            self.refuse_newcomers(msg.sender)
             self.end_join()
             self.van.send(msg.sender, protocol.FAREWELL)
             if msg.sender.startswith('worker:') and self.min_workers is not None:
@@ -264,10 +274,14 @@ class Scheduler:
     # round number: their collective in flight fails, and the chunks of the old ring
     # that come late are dropped. Barriers half entered are forgotten: every survivor
     # left its own, and counts the barriers of the new round from 1. Fewer than
-    # --min-workers left, or a server lost: the job fails. A worker started again joins
-    # the same way (admit): it gets the book, the others its address. The servers hear
-    # of every change of the workers left, a finished one too (tell_servers): a sync
-    # round waits for those only (kv/server.py).
+    # --min-workers left, or a server lost: the job fails. A worker that joins the ring
+    # (started again, or on a new host) is not let in at once: the others are told that
+    # it waits (JOINING), go on with their step, and at their next commit all agree to
+    # take it (hvd.elastic) and say READY; then it gets the book and they a membership
+    # with it, as Horovod adds hosts at a commit. With servers it joins at once: the
+    # servers' rounds take it in (kv/server.py). The servers hear of every change of
+    # the workers left, a finished one too (tell_servers): a sync round waits for
+    # those only.
     def reform(self, node, reason):
         """Form a membership without the lost worker ``node``; False where the job fails."""
         left = [w for w in self.live_workers() if w != node]
@@ -275,15 +289,34 @@ class Scheduler:
                 or node in self.lost or len(left) < self.min_workers:
             return False
         self.leave_out(node)
-        workers = self.next_round()
-        print(f'd2ldist: {node.replace(":", " ")} failed: {reason}; {self.going_on(workers)}',
-              flush=True)
-        for other in workers + [node]:   # (the lost one too: if it is only cut off,
-            self.van.send(other, protocol.MEMBERS, {    # it learns it is out, and ends)
-                'round': self.round, 'workers': workers, 'lost': node, 'reason': reason})
+        said = f'{node.replace(":", " ")} failed: {reason}' + (
+            f', and {self.welcome()}' if self.newcomers else '')
+        self.form(said, lost=node, reason=reason)
+        self.van.send(node, protocol.MEMBERS, {      # (the lost one too: if it is only
+            'round': self.round, 'workers': self.live_workers(),   # cut off, it learns
+            'lost': node, 'reason': reason})                       # it is out, and ends)
         self.van.give_up_on(node)        # (at the end, nobody waits for it to take that)
-        self.tell_servers()
         return True
+
+    def form(self, said, lost=None, reason=None):
+        """A new membership: the workers left and every newcomer; the newcomers get the
+        book, the others the membership, and the servers whom their rounds wait for."""
+        joined = [[n, address, host] for n, (address, host) in self.newcomers.items()]
+        for n, address, host in joined:
+            self.enter(n, address, host)
+        self.newcomers = {}
+        workers = self.next_round()
+        print(f'd2ldist: {said}; {self.going_on(workers)}', flush=True)
+        for n, _, _ in joined:
+            self.van.send(n, protocol.ADDRESS_BOOK, {
+                'nodes': self.nodes, 'host_ids': self.host_ids, 'you': n, 'members': workers,
+                'round': self.round, 'chains': self.chains, 'joins': self.joins})
+        news = {'round': self.round, 'workers': workers, 'reason': reason or said,
+                'lost': lost, 'joined': joined, 'joins': self.joins}
+        for other in workers:
+            if other not in {n for n, _, _ in joined}:
+                self.van.send(other, protocol.MEMBERS, news)
+        self.tell_servers()
 
     def leave_out(self, node):
         """``node`` is lost and the job goes on: no membership, barrier or end waits for it."""
@@ -314,13 +347,16 @@ class Scheduler:
     def next_round(self):
         """A new membership: its number, half-entered barriers forgotten; its workers."""
         self.round += 1
+        self.ready = set()
         self.barriers = {key: arrived for key, arrived in self.barriers.items()
                          if key[0] == 'server'}
         return self.live_workers()
 
     def admit(self, node, address, host_id):
-        """Elastic: a worker started again joins (in place of the one it was, if that one's
-        loss has not been noticed yet): a new membership with it, and the book for it."""
+        """Elastic: a worker started again, or on a new host, joins: in place of the one
+        it was, if that one's loss has not been noticed yet (at once: the others'
+        collective fails anyway); with servers, at once; on the ring, at the others'
+        next commit (it waits, and they are told)."""
         replaced = node in self.members('worker') and node not in self.finished
         self.van.connect(node, address)
         ended = [w for w in self.members('worker') if w in self.finished - self.failed
@@ -330,31 +366,50 @@ class Scheduler:
                                                           f'({ended[0].replace(":", " ")} '
                                                           'has finished)'})
             return
-        self.nodes[node], self.host_ids[node] = address, host_id if isinstance(
-            host_id, str) else None
+        self.newcomers[node] = (address, host_id if isinstance(host_id, str) else None)
+        if replaced or self.num_servers:
+            said = f'{node.replace(":", " ")} {"was started again" if replaced else "joins"}'
+            self.form(said, lost=node if replaced else None)
+            return
+        self.joins += 1
+        print(f'd2ldist: {node.replace(":", " ")} waits to join; the workers take it in at '
+              'their next commit', flush=True)
+        for n in [node] + self.live_workers():
+            self.van.send(n, protocol.JOINING, {'joins': self.joins})
+
+    def welcome(self):
+        """Every worker is at a commit: in words, who joins now."""
+        if not self.newcomers:         # (it ended meanwhile: a membership all the same)
+            return 'nobody joins after all'
+        names = [n.replace(':', ' ') for n in self.newcomers]
+        return f'{", ".join(names)} join{"s" if len(names) == 1 else ""}'
+
+    def enter(self, node, address, host_id):
+        """A worker that joins, in the books: its address, a start more, heard from now."""
+        self.nodes[node], self.host_ids[node] = address, host_id
         self.starts[node] = self.starts.get(node, 0) + 1
         self.lost.discard(node)
         self.finished.discard(node)
         self.failed.discard(node)
         self.last_seen[node] = time.monotonic()
-        workers = self.next_round()
-        reason = f'{node.replace(":", " ")} {"was started again" if replaced else "joins"}'
-        print(f'd2ldist: {reason}; {self.going_on(workers)}', flush=True)
-        self.van.send(node, protocol.ADDRESS_BOOK, {
-            'nodes': self.nodes, 'host_ids': self.host_ids, 'you': node,
-            'members': workers, 'round': self.round, 'chains': self.chains})
-        for other in workers:
-            if other != node:
-                self.van.send(other, protocol.MEMBERS, {
-                    'round': self.round, 'workers': workers, 'reason': reason,
-                    'lost': node if replaced else None, 'joined': [node, address, host_id]})
-        self.tell_servers()
+
+    def refuse_newcomers(self, finished):
+        """A worker has finished: those still waiting to join come too late."""
+        if finished.startswith('worker:'):
+            for n in self.newcomers:
+                self.van.send(n, protocol.ERROR, {'error': f'cannot join: the job is ending '
+                                                           f'({finished.replace(":", " ")} '
+                                                           'has finished)'})
+            self.newcomers = {}
 
     def ended(self, node, start, how):
         """The launcher saw the process of ``node`` end (elastic): it is lost now, not
         after its heartbeats have been missed for seconds. Not if ``start`` (which of its
         processes ended: 1, or 2 if started again) is not the one registered now."""
-        if node in self.nodes and node not in self.finished and self.starts.get(node) == start:
+        if node in self.newcomers and start == self.starts.get(node, 0) + 1:
+            del self.newcomers[node]   # (it waited to join: nobody waits for it)
+        elif node in self.nodes and node not in self.finished \
+                and self.starts.get(node) == start:
             self.lose(node, f'its process ended, {how}')
 
     def lose(self, node, reason):
@@ -399,6 +454,9 @@ class Scheduler:
         self.van.give_up_on(node)
         self.finished.add(node)
         self.failed.add(node)
+        for n in self.newcomers:         # (they wait in their start: no longer)
+            self.van.send(n, protocol.ERROR, {'error': f'cannot join: {node} failed'})
+        self.newcomers = {}
 
 
 def _by_rank(pair):

@@ -126,7 +126,8 @@ def test_with_the_elastic_sampler_the_survivors_read_what_is_left_of_the_epoch_o
 
 def test_a_lost_worker_started_again_joins_and_trains_from_the_current_weights(tmp_path):
     """--max-workers 3: the launcher starts worker 1 again; it joins (at once in its own
-    place, or after the two went on alone for a while), takes rank 0's state by
+    place, if it registers before its loss is noticed; else at the two survivors' next
+    commit, where they go on from without going back), takes rank 0's state by
     broadcast, and all three end with the weights of the replay of those memberships.
     (Worker 0 is a little slow, so that the job does not end before it has joined.)"""
     r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, '--max-workers', 3, *KILL,
@@ -135,8 +136,15 @@ def test_a_lost_worker_started_again_joins_and_trains_from_the_current_weights(t
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     assert 'd2l-launch: starting worker 1 again, to join the job (--max-workers 3)' in out
-    assert re.search(r'^\[scheduler\] d2ldist: worker 1 (was started again|joins); the ring '
-                     r're-forms with 3 workers \(round \d\)$', out, re.M), out[-4000:]
+    how = re.search(r'^\[scheduler\] d2ldist: worker 1 (was started again|joins); the ring '
+                    r're-forms with 3 workers \(round \d\)$', out, re.M)
+    assert how, out[-4000:]
+    if how[1] == 'joins':          # the survivors took it in at a commit: only the loss
+        assert ('[scheduler] d2ldist: worker 1 waits to join; the workers take it in at '
+                'their next commit') in out          # sent them back to an earlier one
+        for w in (0, 2):
+            assert len(re.findall(rf'^\[worker {w}\] .*; back to the last commit$', out,
+                                  re.M)) == 1, out[-4000:]
     seen = entries(out)
     last = seen[0][-1][0]
     assert seen[0][-1] == (last, 0, 3) and seen[2][-1] == (last, 2, 3)

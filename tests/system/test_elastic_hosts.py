@@ -14,7 +14,7 @@ one on hostB, slowed down so that the job outlasts the cut. Per the options:
   on from their last commit, and when hostB returns its worker learns it is out and ends.
 
 A host that a ``--host-discovery-script`` adds, then drops: a worker starts there and
-joins, then is stopped, and the ring re-forms each time.
+joins at the workers' next commit, then is stopped, and the ring re-forms each time.
 
 The weights are checked against elastic_job.py's replay of the same memberships, and
 nothing of the job is left on any host.
@@ -162,12 +162,17 @@ def test_a_host_the_discovery_script_adds_then_drops_joins_then_leaves(clean, tm
     code, out, plain = job.end()
     assert code == 0, out[-4000:]
     for line in ('d2l-launch: hostB joins (host discovery): starting worker 2@hostB',
+                 '[scheduler@hostA] d2ldist: worker 2 waits to join; the workers take it in '
+                 'at their next commit',
                  '[scheduler@hostA] d2ldist: worker 2 joins; the ring re-forms with 3 workers '
                  '(round 1)',
                  'd2l-launch: hostB left the host discovery script: stopping worker 2@hostB'):
         assert line in out, out[-4000:]
     assert re.search(r'^\[scheduler@hostA\] d2ldist: worker 2 failed: .*; the ring re-forms '
                      r'with 2 workers \(round 2\)$', out, re.M), out[-4000:]
+    for w in (0, 1):       # it joined at a commit: only its loss sent them back to one
+        assert len(re.findall(rf'^\[worker {w}\b.*; back to the last commit$', out,
+                              re.M)) == 1, out[-4000:]
     seen = entries(plain)
     assert [size for _, _, size in seen[0]] == [2, 3, 2], seen
     sizes = []

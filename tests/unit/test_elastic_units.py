@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from d2ldist import config
 from d2ldist.collectives import elastic, world
 from d2ldist.collectives.ring import Ring
 from d2ldist.launch import cli
@@ -51,6 +52,12 @@ def elastic_scheduler(workers=3, min_workers=2, order=None):
     if order:                                  # registration order is not rank order
         s.nodes = {f'worker:{r}': s.nodes[f'worker:{r}'] for r in order}
     return s
+
+
+def ready(s, *workers):
+    """``workers`` at their commit say READY (the ring takes in who waits to join)."""
+    for w in workers:
+        s.handle(message(protocol.READY, w, round=s.round))
 
 
 def members_sent(s):
@@ -107,6 +114,7 @@ def test_the_launcher_tells_of_an_ended_process_and_only_of_the_one_registered_n
     assert s.van.sent[0][2]['reason'] == f'its process ended, {how}'
     s.register(message(protocol.REGISTER, 'worker:1', role='worker', rank=1,
                        address='tcp://new:4000', host_id='h'))         # started again
+    ready(s, 'worker:0', 'worker:2')                                   # (it joins)
     assert s.round == 2 and s.starts['worker:1'] == 2
     s.handle(message(protocol.ENDED, 'launcher', node='worker:1', start=1, how=how))
     assert s.round == 2                              # the first process's end, told late
@@ -120,6 +128,7 @@ def bare_node(rank=2, workers=3):
     node.van = SimpleNamespace(node_id=f'worker:{rank}', given_up=[])
     node.van.give_up_on = node.van.given_up.append
     node.num_workers, node.members, node.round = workers, None, 0
+    node.joins_heard = node.joins_taken = 0
     node._barriers = {'worker': 3, 'all': 1, 'server': 2}
     return node
 
@@ -142,27 +151,97 @@ def test_a_node_takes_a_new_membership_and_fails_what_waits():
                                   lost='worker:2', workers=['worker:0']))
 
 
-def test_a_restarted_worker_joins_with_the_book_and_the_others_connect_to_it():
+def sent(s, kind):
+    return [(peer, h) for peer, k, h in s.van.sent if k == kind]
+
+
+def test_a_restarted_worker_waits_for_the_others_commit_then_joins_with_the_book():
     s = elastic_scheduler()
     s.van.connect = lambda peer, address: None
     assert s.reform('worker:1', 'gone')
     s.register(message(protocol.REGISTER, 'worker:1', role='worker', rank=1,
                        address='tcp://new:4000', host_id='h'))
-    book = [h for peer, kind, h in s.van.sent if kind == protocol.ADDRESS_BOOK]
-    assert [(b['you'], b['members'], b['round']) for b in book] == [
-        ('worker:1', ['worker:0', 'worker:1', 'worker:2'], 2)]
-    joined = [(peer, h['joined'], h['reason']) for peer, kind, h in s.van.sent
-              if kind == protocol.MEMBERS and h['round'] == 2]
-    assert joined == [('worker:0', ['worker:1', 'tcp://new:4000', 'h'], 'worker 1 joins'),
-                      ('worker:2', ['worker:1', 'tcp://new:4000', 'h'], 'worker 1 joins')]
+    # the others go on with their step; they hear that it waits, it hears so too
+    assert sent(s, protocol.JOINING) == [(w, {'joins': 1}) for w in
+                                         ('worker:1', 'worker:0', 'worker:2')]
+    assert not sent(s, protocol.ADDRESS_BOOK) and s.round == 1
+    ready(s, 'worker:0')
+    s.handle(message(protocol.READY, 'worker:2', round=0))       # (an older round's)
+    assert not sent(s, protocol.ADDRESS_BOOK)
+    ready(s, 'worker:2')                  # all at the commit: it joins, they re-form
+    book = [h for _, h in sent(s, protocol.ADDRESS_BOOK)]
+    assert [(b['you'], b['members'], b['round'], b['joins']) for b in book] == [
+        ('worker:1', ['worker:0', 'worker:1', 'worker:2'], 2, 1)]
+    joined = [(peer, h['joined'], h['reason'], h['joins']) for peer, h in
+              sent(s, protocol.MEMBERS) if h['round'] == 2]
+    assert joined == [(w, [['worker:1', 'tcp://new:4000', 'h']], 'worker 1 joins', 1)
+                      for w in ('worker:0', 'worker:2')]
     node, connected = bare_node(0), []
     node.book, node.van.address = {}, 'tcp://w0'
     node.van.connect = lambda peer, address, same_host: connected.append((peer, address))
-    news = next(h for peer, kind, h in s.van.sent
-                if kind == protocol.MEMBERS and peer == 'worker:0' and h['round'] == 2)
+    news = next(h for peer, h in sent(s, protocol.MEMBERS)
+                if peer == 'worker:0' and h['round'] == 2)
     with pytest.raises(WorkersChanged, match=r'^worker 1 joins; 3 workers go on \(round 2\)$'):
         node._new_members(message(protocol.MEMBERS, 'scheduler', **news))
     assert connected == [('worker:1', 'tcp://new:4000')] and node.book['worker:1'] == 'tcp://new:4000'
+    assert node.joins_taken == node.joins_heard == 1
+
+
+def test_a_worker_started_again_before_its_loss_was_seen_joins_at_once():
+    s = elastic_scheduler()
+    s.van.connect = lambda peer, address: None
+    s.register(message(protocol.REGISTER, 'worker:1', role='worker', rank=1,
+                       address='tcp://new:4000', host_id='h'))   # (the others' collective
+    assert s.round == 1 and not sent(s, protocol.JOINING)         # fails anyway)
+    assert [(p, h['lost'], h['joined']) for p, h in sent(s, protocol.MEMBERS)] == [
+        (w, 'worker:1', [['worker:1', 'tcp://new:4000', 'h']]) for w in ('worker:0', 'worker:2')]
+
+
+def test_a_loss_takes_in_who_waits_and_one_that_ends_waiting_is_forgotten():
+    s = elastic_scheduler(workers=4)
+    s.van.connect = lambda peer, address: None
+    assert s.reform('worker:3', 'gone')
+    s.register(message(protocol.REGISTER, 'worker:3', role='worker', rank=3,
+                       address='tcp://new:4000', host_id='h'))
+    ready(s, 'worker:0')
+    assert s.reform('worker:2', 'no heartbeat')   # everybody resets: it joins now
+    assert s.live_workers() == ['worker:0', 'worker:1', 'worker:3'] and s.round == 2
+    news = dict(sent(s, protocol.MEMBERS))['worker:1']
+    assert news['lost'] == 'worker:2' and news['joined'][0][0] == 'worker:3'
+    node = bare_node(1, workers=4)
+    node.book, node.van.address = {}, 'tcp://w1'
+    node.van.connect = lambda peer, address, same_host: None
+    with pytest.raises(WorkersChanged, match=r'^worker 2 was lost \(no heartbeat\), worker 3 '
+                                             r'joins; 3 workers go on \(round 2\)$'):
+        node._new_members(message(protocol.MEMBERS, 'scheduler', **news))
+    assert node.van.given_up == ['worker:2']
+    # one that ends while it waits: nobody waits for it, the others still re-form at
+    # their commit (they had heard of it)
+    s.register(message(protocol.REGISTER, 'worker:2', role='worker', rank=2,
+                       address='tcp://new:4001', host_id='h'))
+    s.handle(message(protocol.ENDED, 'launcher', node='worker:2', start=2, how='exit code 1'))
+    assert s.newcomers == {} and s.round == 2
+    ready(s, 'worker:0', 'worker:1', 'worker:3')
+    assert s.round == 3 and s.live_workers() == ['worker:0', 'worker:1', 'worker:3']
+    assert sent(s, protocol.MEMBERS)[-1][1]['reason'] == 'nobody joins after all'
+
+
+def test_with_servers_a_worker_joins_at_once_and_a_goodbye_refuses_who_waits():
+    s = elastic_scheduler()
+    s.num_servers, s.nodes['server:0'] = 1, 'tcp://s0'
+    s.van.connect = lambda peer, address: None
+    assert s.reform('worker:1', 'gone')
+    s.register(message(protocol.REGISTER, 'worker:1', role='worker', rank=1,
+                       address='tcp://new:4000', host_id='h'))
+    assert s.round == 2 and sent(s, protocol.ADDRESS_BOOK)[0][0] == 'worker:1'
+    ring = elastic_scheduler()
+    ring.van.connect = lambda peer, address: None
+    assert ring.reform('worker:1', 'gone')
+    ring.register(message(protocol.REGISTER, 'worker:1', role='worker', rank=1,
+                          address='tcp://new:4000', host_id='h'))
+    ring.handle(message(protocol.GOODBYE, 'worker:0'))
+    assert ('worker:1', {'error': 'cannot join: the job is ending (worker 0 has finished)'}) \
+        in sent(ring, protocol.ERROR) and ring.newcomers == {}
 
 
 def test_a_worker_cannot_join_once_another_has_finished():
@@ -254,6 +333,30 @@ def test_a_commit_after_the_workers_changed_interrupts(monkeypatch):
     monkeypatch.setattr(world, 'membership', lambda: 1)
     with pytest.raises(elastic.HostsUpdatedInterrupt):
         state.commit()
+
+
+def test_a_commit_takes_in_the_workers_waiting_to_join_when_any_worker_heard_of_one(
+        monkeypatch):
+    """A worker that has not heard of the newcomer yet takes it in at the same commit as
+    the others (the most any worker heard decides), then the reset goes on from it."""
+    me = SimpleNamespace(joins_heard=0, joins_taken=0, round=1, taken=[])
+
+    def take_newcomers():
+        me.taken.append(me.round)
+        me.round, me.joins_taken = 2, 1
+    me.take_newcomers = take_newcomers
+    monkeypatch.setattr(config, '_current', config.Config(min_workers=2))
+    monkeypatch.setattr(elastic.node, 'current', lambda: me)
+    monkeypatch.setattr(world, 'membership', lambda: me.round)
+    monkeypatch.setattr(world, 'size', lambda: 3)
+    agreed = iter([0, 1])                       # another worker heard of one before commit 2
+    monkeypatch.setattr(elastic, '_agreed_joins', lambda heard: max(heard, next(agreed)))
+    state = elastic.TorchState(batch=0)
+    state.commit()                              # nobody heard: nothing happens
+    state.batch = 1
+    with pytest.raises(elastic.HostsUpdatedInterrupt) as e:
+        state.commit()
+    assert me.taken == [1] and not e.value.skip_sync and state._saved == {'batch': 1}
 
 
 def test_run_restores_the_commit_resets_and_calls_again(monkeypatch):
@@ -528,6 +631,7 @@ def test_the_scheduler_admits_a_worker_above_the_first_ranks_when_elastic():
     s.van.connect = lambda peer, address: None
     s.register(message(protocol.REGISTER, 'worker:2', role='worker', rank=2,
                        address='tcp://hostB', host_id='b'))
+    ready(s, 'worker:0', 'worker:1')
     assert s.members('worker') == ['worker:0', 'worker:1', 'worker:2'] and s.round == 1
     plain = elastic_scheduler(workers=2, min_workers=None)
     plain.van.connect = lambda peer, address: None
