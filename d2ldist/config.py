@@ -265,6 +265,10 @@ class Config:
         None, _positive_whole, 'set: elastic workers: the scheduler re-forms the ring '
         'without a lost worker, or tells the servers whom their rounds wait for, while at '
         'least this many remain (`--min-workers`)')
+    max_workers: int | None = _setting(
+        None, _positive_whole, 'set: workers may join an elastic job (started again, or on '
+        "a new host) while fewer run; the ring's commits then agree on taking them in "
+        '(`--max-workers`; a host discovery script without it: 4096)')
     server_replicas: int = _setting(
         0, _whole, "each server's keys are also held by the next R servers, which take "
         'over when it is lost (`--server-replicas`; 0: no replicas)')

@@ -20,8 +20,8 @@ commit (``restore``), the ring is made anew (``world.reform``), the reset callba
 0's state (``sync``: by broadcast, nothing pickled) and ``train`` is called again.
 A worker that joins (``--max-workers``, a host discovery script) loses nobody a step:
 it waits until the next ``commit()``, where the workers agree to take it in (one small
-all-reduce at each commit of an elastic job), then ``HostsUpdatedInterrupt`` resets them
-from the commit just made, and the sync gives the newcomer rank 0's state.
+all-reduce at each commit of a job that workers may join), then ``HostsUpdatedInterrupt``
+resets them from the commit just made, and the sync gives the newcomer rank 0's state.
 Which data a worker reads is the script's: a batch cut by ``hvd.rank()`` and
 ``hvd.size()`` from a position kept in the state (``state.batch``) is cut anew after
 a reset, so that from the commit on no sample is lost or read twice (``part``, or
@@ -126,7 +126,7 @@ class State:
         """Raise HostsUpdatedInterrupt if the membership changed since the last sync, or
         take in the workers waiting to join first (then it has changed)."""
         me = node.current()
-        if me is not None and config.get().min_workers:
+        if me is not None and config.get().max_workers:     # (workers may join)
             if world.size() == 1:                 # alone: no collective brings the news
                 me.take_news()
             if _agreed_joins(me.joins_heard) > me.joins_taken:

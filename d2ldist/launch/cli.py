@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .. import config
 from ..runtime import hang, pacing
+from ..runtime.scheduler import MOST_WORKERS
 from .job import Job, Terminated
 from .processes import cores, local_specs, port_is_free, share_cores
 from .progress import Progress
@@ -345,7 +346,8 @@ def _check_discovery(args):
 
 
 def _elastic_env(args):
-    """--min-workers and --max-workers, checked; the scheduler reads D2L_MIN_WORKERS."""
+    """--min-workers and --max-workers, checked; the scheduler reads D2L_MIN_WORKERS and
+    D2L_MAX_WORKERS (set: workers may join), the workers D2L_MAX_WORKERS too."""
     low, high, n = args.min_workers, args.max_workers, args.num_workers
     if low is None:
         if high is not None:
@@ -359,7 +361,9 @@ def _elastic_env(args):
         raise UsageError('--min-workers needs the ring backend or servers (-s): '
                          'torch.distributed cannot change its workers (use torchrun '
                          '--nnodes MIN:MAX)')
-    return config.env(min_workers=low)
+    if high is None and args.host_discovery_script is not None:
+        high = MOST_WORKERS                 # (the hosts the script lists decide)
+    return config.env(min_workers=low, **({'max_workers': high} if high else {}))
 
 
 def _replicas_env(args):

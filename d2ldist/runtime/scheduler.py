@@ -36,7 +36,7 @@ class Scheduler:
     """Registration, address book, barriers and liveness of one job."""
 
     def __init__(self, van, num_workers, num_servers, heartbeat_timeout=5.0,
-                 min_workers=None, server_replicas=0):
+                 min_workers=None, server_replicas=0, max_workers=None):
         self.van, self.num_workers, self.num_servers = van, num_workers, num_servers
         self.heartbeat_timeout = heartbeat_timeout
         self.nodes = {}          # node id -> address, in registration order
@@ -50,6 +50,7 @@ class Scheduler:
         self.joined = []         # workers in hvd.join(), in the order they called it
         self.join_calls = 0      # the most ring collectives a worker in join() had counted
         self.min_workers = min_workers   # set: elastic workers (reform)
+        self.max_workers = max_workers   # set: workers may join (admit), up to this many
         self.lost = set()        # workers left out of the membership
         self.round = 0           # memberships formed since the first
         self.starts = {}         # node id -> its registrations: 1, then 2 if started again
@@ -361,10 +362,17 @@ class Scheduler:
         self.van.connect(node, address)
         ended = [w for w in self.members('worker') if w in self.finished - self.failed
                  and w != node]
+        others = [w for w in self.live_workers() + list(self.newcomers) if w != node]
         if ended:                      # the others have left their training: too late
-            self.van.send(node, protocol.ERROR, {'error': f'cannot join: the job is ending '
-                                                          f'({ended[0].replace(":", " ")} '
-                                                          'has finished)'})
+            error = f'the job is ending ({ended[0].replace(":", " ")} has finished)'
+        elif self.max_workers is None:
+            error = 'the job takes no new workers (d2l-launch --max-workers B)'
+        elif len(others) >= self.max_workers:
+            error = f'the job has its {self.max_workers} workers (--max-workers)'
+        else:
+            error = None
+        if error:
+            self.van.send(node, protocol.ERROR, {'error': f'cannot join: {error}'})
             return
         self.newcomers[node] = (address, host_id if isinstance(host_id, str) else None)
         if replaced or self.num_servers:
@@ -480,7 +488,7 @@ def main():
     print(f'd2ldist: scheduler ready at {van.address}', flush=True)
     faults.arm()                 # d2l-launch --fail scheduler@5s
     code = Scheduler(van, cfg.num_worker, cfg.num_server, cfg.heartbeat_timeout,
-                     cfg.min_workers, cfg.server_replicas).serve()
+                     cfg.min_workers, cfg.server_replicas, cfg.max_workers).serve()
     if van.dropped:
         print(f'd2ldist: the scheduler dropped {van.dropped} invalid messages', flush=True)
     van.close()

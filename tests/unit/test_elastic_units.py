@@ -41,14 +41,16 @@ def test_min_workers_and_its_horovod_alias_reach_every_process():
     for option in ('--min-workers', '--min-np'):
         args = parse(option, 2, '--max-np', 4)
         assert (args.min_workers, args.max_workers, args.env['D2L_MIN_WORKERS']) == (2, 4, '2')
+        assert args.env['D2L_MAX_WORKERS'] == '4'      # (workers may join: commits ask)
     assert 'D2L_MIN_WORKERS' not in parse().env
+    assert 'D2L_MAX_WORKERS' not in parse('--min-workers', 2).env
     assert parse('--min-workers', 2, servers=2).env['D2L_MIN_WORKERS'] == '2'   # the servers'
 
 
 # -- the scheduler's new membership -------------------------------------------------------
-def elastic_scheduler(workers=3, min_workers=2, order=None):
+def elastic_scheduler(workers=3, min_workers=2, order=None, max_workers=4):
     s = scheduler(workers)
-    s.min_workers = min_workers
+    s.min_workers, s.max_workers = min_workers, max_workers
     if order:                                  # registration order is not rank order
         s.nodes = {f'worker:{r}': s.nodes[f'worker:{r}'] for r in order}
     return s
@@ -185,6 +187,21 @@ def test_a_restarted_worker_waits_for_the_others_commit_then_joins_with_the_book
         node._new_members(message(protocol.MEMBERS, 'scheduler', **news))
     assert connected == [('worker:1', 'tcp://new:4000')] and node.book['worker:1'] == 'tcp://new:4000'
     assert node.joins_taken == node.joins_heard == 1
+
+
+def test_a_worker_joins_only_a_job_with_max_workers_and_room_left():
+    s = elastic_scheduler(max_workers=None)
+    s.van.connect = lambda peer, address: None
+    s.register(message(protocol.REGISTER, 'worker:3', role='worker', rank=3,
+                       address='tcp://new:4000', host_id='h'))
+    assert sent(s, protocol.ERROR) == [('worker:3', {
+        'error': 'cannot join: the job takes no new workers (d2l-launch --max-workers B)'})]
+    s.max_workers = 4
+    for rank in (3, 4):
+        s.register(message(protocol.REGISTER, f'worker:{rank}', role='worker', rank=rank,
+                           address=f'tcp://new:400{rank}', host_id='h'))
+    assert list(s.newcomers) == ['worker:3'] and sent(s, protocol.ERROR)[-1] == (
+        'worker:4', {'error': 'cannot join: the job has its 4 workers (--max-workers)'})
 
 
 def test_a_worker_started_again_before_its_loss_was_seen_joins_at_once():
@@ -345,13 +362,15 @@ def test_a_commit_takes_in_the_workers_waiting_to_join_when_any_worker_heard_of_
         me.taken.append(me.round)
         me.round, me.joins_taken = 2, 1
     me.take_newcomers = take_newcomers
-    monkeypatch.setattr(config, '_current', config.Config(min_workers=2))
     monkeypatch.setattr(elastic.node, 'current', lambda: me)
     monkeypatch.setattr(world, 'membership', lambda: me.round)
     monkeypatch.setattr(world, 'size', lambda: 3)
     agreed = iter([0, 1])                       # another worker heard of one before commit 2
     monkeypatch.setattr(elastic, '_agreed_joins', lambda heard: max(heard, next(agreed)))
     state = elastic.TorchState(batch=0)
+    monkeypatch.setattr(config, '_current', config.Config(min_workers=2))
+    state.commit()                    # nobody may join (no --max-workers): nothing asked
+    monkeypatch.setattr(config, '_current', config.Config(min_workers=2, max_workers=3))
     state.commit()                              # nobody heard: nothing happens
     state.batch = 1
     with pytest.raises(elastic.HostsUpdatedInterrupt) as e:
@@ -599,6 +618,7 @@ def test_discovery_options_are_checked_in_one_line(tmp_path):
     args = cli.parse(['--launcher', 'ssh', '--host-discovery-script', script, '--min-workers',
                       '1', '-n', '2', '-s', '0', 'python', '-c', 'pass'])
     assert args.host_discovery_script == script and args.hostfile is None
+    assert args.env['D2L_MAX_WORKERS'] == '4096'     # (the hosts it lists decide)
     for options in (['--launcher', 'ssh', '--host-discovery-script', script],
                     ['--launcher', 'ssh', '--host-discovery-script', script, '-H', 'hostA',
                      '--min-workers', '1'],
