@@ -3,6 +3,7 @@ worker killed at step 40 of 100, the survivors re-form the ring and finish with 
 weights a replay of the same membership change in one process gives (elastic_job.py).
 On the parameter server: the servers' rounds count the workers left, each push once,
 and a worker started again trains from the current values (kv_elastic_job.py)."""
+import itertools
 import json
 import re
 import sys
@@ -160,6 +161,39 @@ def test_a_lost_worker_started_again_joins_and_trains_from_the_current_weights(t
     assert sorted(read[0] + read[1] + read[2]) == list(range(last * BATCH, STEPS * BATCH))
     first, again = (tmp_path / 'worker-1.log').read_text(), (tmp_path / 'worker-1.again.log')
     assert 'fails on purpose' in first and f'enters at batch {last} as rank 1' in again.read_text()
+    assert wait_no_survivors(r.tag) == []
+
+
+HOROVOD_EXAMPLE = ROOT / 'examples' / 'horovod_elastic_digits.py'
+
+
+def test_a_script_written_as_horovods_elastic_example_survives_a_loss_and_takes_it_back():
+    """examples/horovod_elastic_digits.py makes Horovod's pytorch_mnist_elastic.py's calls
+    (TorchState(model, optimizer, epoch=1, batch=0), ``for state.epoch``/``state.batch``
+    loops, a commit per batch, the learning rate reset for hvd.size()): worker 1 killed
+    after step 20, the two others go on as ranks 0 and 1 of 2, worker 1 started again
+    joins at their next commit as rank 1 of 3, and the model learns."""
+    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, '--max-workers', 3, *KILL[:1],
+                   'worker:1@step=20', '--slow', 'worker:0=+30ms', '--timeout', 150,
+                   sys.executable, HOROVOD_EXAMPLE, '--epochs', 8, '--log-interval', 1,
+                   timeout=200)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    for line in ('d2l-launch: worker 1 failed (killed by SIGKILL (exit code 137)); 2 workers '
+                 'go on (--min-workers 2)',
+                 '[scheduler] d2ldist: worker 1 waits to join; the workers take it in at '
+                 'their next commit'):
+        assert line in out, out[-4000:]
+    assert re.search(r'^\[scheduler\] d2ldist: worker 1 joins; the ring re-forms with 3 '
+                     r'workers \(round 2\)$', out, re.M), out[-4000:]
+    ranks = re.findall(r'^\[worker (\d)\] epoch (\d) batch \d+ as rank (\d) of (\d): loss',
+                       out, re.M)
+    for w in ('0', '2'):          # of 3, of 2 after the loss, of 3 again after the join
+        sizes = [size for who, _, _, size in ranks if who == w]
+        assert [size for size, _ in itertools.groupby(sizes)] == ['3', '2', '3'], sizes
+    accuracy = re.search(r'^\[worker 0\] test loss [\d.]+, test accuracy ([\d.]+) \(3 '
+                         r'workers at the end\)$', out, re.M)
+    assert accuracy and float(accuracy[1]) > 0.9, out[-4000:]
     assert wait_no_survivors(r.tag) == []
 
 
