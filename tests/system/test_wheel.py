@@ -131,9 +131,9 @@ def test_the_wheel_installs_and_runs_a_job_and_a_chapter_outside_the_tree(tmp_pa
         assert 'nothing copied' in again.stderr
         listed = run([python, '-m', 'd2ldist.examples'], tmp_path / 'examples.log',
                      timeout=60, cwd=work, env=env)
-        assert [line.split()[0] for line in listed.splitlines()[:5]] == [
-            'hello_roles', 'horovod_digits', 'horovod_mlp', 'kvstore_linreg',
-            'multimachine_cifar10_train']
+        assert [line.split()[0] for line in listed.splitlines()[:6]] == [
+            'hello_roles', 'horovod_digits', 'horovod_elastic_digits', 'horovod_mlp',
+            'kvstore_linreg', 'multimachine_cifar10_train']
         log = run([bin_ / 'd2l-launch', '-n', '2', '-s', '1', 'python', '-m',
                    'd2ldist.examples.hello_roles'], tmp_path / 'job.log', timeout=180,
                   cwd=work, env=env)
