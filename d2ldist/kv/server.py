@@ -57,14 +57,36 @@ class Slot:
 
 class Round:
     """The pushes of one key in the current sync round: their sum and who pushed, and,
-    while only rows were pushed (a sparse key), which elements they touched."""
+    while only rows were pushed (a sparse key), which elements they touched.
+
+    The sum adds the parts in the workers' rank order, whatever order they arrive in
+    (in floating point (a + b) + c is not (a + c) + b to the last bit): a part is added at
+    once if every lower rank's is in, else held until then, or until the round closes. So
+    two runs, or a replica that sums the pushes sent again after its head was lost, get
+    the same bits."""
 
     def __init__(self):
         self.sum, self.pushed, self.touched = None, set(), None
         self.numbers = {}              # worker -> the number of its push in this round
         self.membership = 0            # the newest membership its pushes knew (elastic)
+        self.held = {}                 # worker -> a part that came before a lower rank's
+        self.next = 0                  # the lowest rank not in the sum yet
 
-    def add(self, part, like):
+    def add(self, worker, part, like):
+        """Take the worker's part: into the sum now if it is the next rank's."""
+        self.held[worker] = part
+        while f'worker:{self.next}' in self.held:
+            self._add(self.held.pop(f'worker:{self.next}'), like)
+            self.next += 1
+
+    def total(self, like):
+        """The sum, with the parts still held (a lower rank did not push: it was lost,
+        or has finished) added in rank order."""
+        for worker in sorted(self.held, key=_rank_order):
+            self._add(self.held.pop(worker), like)
+        return self.sum
+
+    def _add(self, part, like):
         """Add a pushed part to the sum: all its elements, or a sparse key's rows (into
         zeros ``like`` the key's value)."""
         if part.positions is None:
@@ -261,7 +283,7 @@ class KVServer:
                 self.served(p.key, 'push')
                 continue
             r = self.rounds.setdefault(p.key, Round())
-            r.add(p, self.store[p.key].value)
+            r.add(worker, p, self.store[p.key].value)
             r.numbers[worker], r.membership = n, max(r.membership, knew)
             if worker in self.joining:
                 self.joining[worker][1].add(p.key)
@@ -308,11 +330,12 @@ class KVServer:
 
     def close(self, key, r):
         """Every worker has pushed into the key's round: update the key once."""
+        total = r.total(self.store[key].value)
         if r.touched is None:
-            self.update(key, r.sum, numbers=r.numbers)
+            self.update(key, total, numbers=r.numbers)
         else:                                        # only rows: update only them
             positions = r.touched.nonzero().view(-1)
-            self.update(key, r.sum[positions], positions, numbers=r.numbers)
+            self.update(key, total[positions], positions, numbers=r.numbers)
         del self.rounds[key]
         self.served(key, 'sync round')
 
@@ -651,6 +674,12 @@ class KVServer:
                 if isinstance(rows, int) else None
             self.update(key, grad, positions, accumulate is True,
                         {str(w): n for w, n in numbers if isinstance(n, int)})
+
+
+def _rank_order(worker):
+    """'worker:2' -> (2, 'worker:2'): the order a round adds its pushes in."""
+    rank = worker.rpartition(':')[2]
+    return int(rank) if rank.isdigit() else 1 << 62, worker
 
 
 def _data(frames):

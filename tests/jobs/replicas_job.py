@@ -7,9 +7,11 @@ and must survive with them). An embedding's gradient is sparse: only the rows a 
 used travel, and only they change. D2L_KVSTORE_BIGARRAY_BOUND=1000 (the test sets it)
 cuts the first layer over both servers. Beside them, the key 'count' has no optimizer:
 every step each worker pushes ``1000 ** rank`` to it. In dist_sync its value after a
-round is that round's sum, so it must be 1001 every time (each push counted once: a 2
-would be a push counted twice, a 0 one lost); in dist_async pushes are added as they
-come, and after the last barrier it counts every push of every worker.
+round is that round's sum, so it must be 1001 every time with two workers, 1001001 with
+three (each push counted once: a 2 would be a push counted twice, a 0 one lost); in
+dist_async pushes are added as they come, and after the last barrier it counts every
+push of every worker. With three workers or more the weights are the same bits in
+every run only because a server adds a round's pushes in rank order (kv/server.py).
 
     d2l-launch -n 2 -s 2 --server-replicas 1 --fail server:0@step=20 python replicas_job.py
 """
@@ -59,7 +61,8 @@ def main():
     kv.pull(['count', 'emb'], out=[count, emb.weight.data])
     weights = b''.join(t.numpy().tobytes() for t in [p.data for p in params] + [emb.weight.data])
     if kind == 'dist_sync':
-        assert counts == [BASE + 1] * STEPS, counts      # each round: both pushes, once
+        every = sum(BASE ** r for r in range(kv.num_workers))
+        assert counts == [every] * STEPS, counts         # each round: every push, once
         weights_of = hashlib.sha256(weights).hexdigest()[:16]
         print(f'worker {kv.rank} weights {weights_of}', flush=True)
     print(f'worker {kv.rank} count {int(count.item())}', flush=True)

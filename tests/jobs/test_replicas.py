@@ -56,6 +56,21 @@ def test_a_lost_server_s_replica_takes_over_and_the_weights_are_those_without_th
     assert wait_no_survivors(r.tag) == []
 
 
+def test_with_three_workers_too_the_weights_are_those_without_the_loss():
+    """Three workers' pushes come in any order; a server adds them in rank order, so the
+    replica that sums again what the workers sent again gets the bits the lost server
+    would have (with two, a + b is b + a anyway)."""
+    runs = [run_launch('-n', 3, '-s', 2, *options, *SPLIT, sys.executable, JOB)
+            for options in ([], ['--server-replicas', 1, '--fail', 'server:1@step=20'])]
+    for r in runs:
+        assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+        assert finals(r.stdout, 'count') == {0: '1001001', 1: '1001001', 2: '1001001'}
+    assert 'server 0 answers for shard 1' in runs[1].stdout
+    plain, lost = (finals(r.stdout, 'weights') for r in runs)
+    assert len(set(plain.values())) == 1 and lost == plain, (plain, lost)
+    assert wait_no_survivors(runs[1].tag) == []
+
+
 def test_replicas_without_a_loss_change_nothing(without_replicas):
     r = run_launch('-n', 2, '-s', 2, '--server-replicas', 1, *SPLIT, sys.executable, JOB)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

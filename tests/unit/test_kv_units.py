@@ -360,3 +360,36 @@ def test_barrier_by_mxnets_name_is_the_same_call():
     store.barrier()
     assert calls == [('worker', 'barrier()')] * 2
     assert kv.create('local')._barrier() is None                 # one process: nothing to wait for
+
+
+def test_a_sync_round_adds_the_pushes_in_rank_order_whatever_order_they_come_in():
+    """(1e8 + -1e8) + 1 is 1 in float32, (1e8 + 1) + -1e8 is 0: the sum is the rank
+    order's, for every order of arrival, and a rank that never pushed (lost) is skipped."""
+    import itertools
+    from d2ldist.kv.messages import Part, RowPart
+    from d2ldist.kv.server import Round
+    like = torch.zeros(2)
+
+    def part(x):
+        return Part(0, 'float32', [2], 0, 2, torch.tensor([x, 2 * x], dtype=torch.float32))
+
+    pushes = {'worker:0': 1e8, 'worker:1': -1e8, 'worker:2': 1.0}
+    for order in itertools.permutations(pushes):
+        r = Round()
+        for worker in order:
+            r.add(worker, part(pushes[worker]), like)
+        assert r.total(like).tolist() == [1.0, 2.0], order
+    for order in itertools.permutations(['worker:0', 'worker:2', 'worker:3']):   # 1 lost
+        r = Round()
+        for worker in order:
+            r.add(worker, part({'worker:0': 1e8, 'worker:2': 1.0, 'worker:3': -1e8}[worker]),
+                  like)
+        assert r.total(like).tolist() == [0.0, 0.0], order      # ((1e8 + 1) + -1e8)
+    rows = Round()                        # a sparse key's rows: the same order, the rows seen
+    rows.add('worker:1', RowPart(0, 'float32', [2], 0, 2, torch.tensor([1]),
+                                 torch.tensor([-1e8])), like)
+    rows.add('worker:0', RowPart(0, 'float32', [2], 0, 2, torch.tensor([1]),
+                                 torch.tensor([1e8])), like)
+    rows.add('worker:2', RowPart(0, 'float32', [2], 0, 2, torch.tensor([1]),
+                                 torch.tensor([1.0])), like)
+    assert rows.total(like).tolist() == [0.0, 1.0] and rows.touched.tolist() == [False, True]
