@@ -182,6 +182,34 @@ def test_a_restart_stops_every_host_and_starts_the_job_again(clean, tmp_path):
     assert wait_no_survivors(r.tag) == []
 
 
+def test_a_replicated_server_lost_on_one_host_is_answered_for_from_the_other(clean):
+    """--server-replicas 1 over ssh: server 0 (hostB) killed after its 20th round; server
+    1 (hostA) holds its shard's replica and answers for it, and the three workers end with
+    the weights of the same job run on this machine without the loss, to the last bit."""
+    hosts = clean
+    job = ['-n', '3', '-s', '2', '--env', 'D2L_KVSTORE_BIGARRAY_BOUND=1000', 'python',
+           'tests/jobs/replicas_job.py']
+    r = run_ssh(hosts, '-H', 'hostA,hostB', '--server-replicas', '1', '--fail',
+                'server:0@step=20', *job)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ('d2l-launch: server 0@hostB failed (killed by SIGKILL (exit code 137)); its '
+            'replicas take over (--server-replicas 1)') in r.stdout, r.stdout
+    assert any(line.startswith('d2ldist: server 1 answers for shard 0 now: its replica has '
+                               'every change up to ')
+               for line in prefixed(r.stdout, 'server 1@hostA')), r.stdout
+    local = subprocess.run(launch_argv(*job), capture_output=True, text=True, timeout=90,
+                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert local.returncode == 0, local.stdout + local.stderr
+
+    def weights(out, label):                # (the job checked each round's count)
+        return [line.split()[-1] for line in prefixed(out, label) if ' weights ' in line]
+    remote = [weights(r.stdout, f'worker {rank}@{expected_host(hosts.names, 2, rank)}')
+              for rank in range(3)]
+    here = [weights(local.stdout, f'worker {rank}') for rank in range(3)]
+    assert len(remote[0]) == 1 and remote == here == [remote[0]] * 3, (remote, here)
+    assert wait_no_survivors(r.tag) == []
+
+
 # -- clean-up on every host -----------------------------------------------------------
 SLEEPER = '''\
 import time, d2ldist
