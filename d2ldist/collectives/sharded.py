@@ -9,6 +9,9 @@ them into N shards, one per worker:
   and the others get it from r afterwards;
 * stage 2 shards the gradients too: a bucket's gradients are reduce-scattered during
   backward, and each parameter's full ``.grad`` is dropped once it is in its bucket.
+  How many buckets are whole at once depends on how far the reduce-scatters keep up
+  with backward; ``max_whole_buckets=1`` makes backward wait for them instead, so that
+  one bucket at most is whole (DeepSpeed's choice between overlapping and not).
 
 The layout is FSDP's *flat parameters*. The parameters are grouped into buckets of about
 ``bucket_cap_mb`` in backward's order (``buckets.py``); each bucket's parameters are laid
@@ -128,9 +131,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
     weights (``broadcast_parameters``); then ``loss.backward(); optimizer.step()``."""
 
     def __init__(self, optimizer, named_parameters=None, stage=1,
-                 bucket_cap_mb=BUCKET_CAP_MB):
+                 bucket_cap_mb=BUCKET_CAP_MB, max_whole_buckets=None):
         check(optimizer, None if named_parameters is None else list(named_parameters), stage)
+        if max_whole_buckets is not None and (stage != 2 or not isinstance(
+                max_whole_buckets, int) or max_whole_buckets < 1):
+            raise ValueError('max_whole_buckets is for stage 2, a whole number from 1, '
+                             f'got {max_whole_buckets!r} at stage {stage}')
         self.optimizer, self.stage = optimizer, stage
+        self.max_whole_buckets = max_whole_buckets    # stage 2: None, as many as backward
+        self._in_flight = []                          # gets ahead of the reduce-scatters
         self.rank, self.size = world.backend().rank, world.backend().size
         owned = [(g, p) for g, group in enumerate(optimizer.param_groups)
                  for p in group['params'] if p.requires_grad]
@@ -207,6 +216,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         b, p = self._hooks.bucket_of[i], self._params[i]
         bucket = self.buckets[b]
         if self._grads[b] is None:
+            self._make_room()
             self._grads[b] = bucket.zeros()
         bucket.places(self._grads[b])[bucket.indices.index(i)].copy_(p.grad)
         p.grad = None
@@ -218,7 +228,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if flat is None:                       # (no gradient came: zeros)
             flat = self.buckets[b].zeros()
         self._sending[b] = flat                # whole until its reduce-scatter is done
-        return world.run(self._reduce_scatter, b, flat)
+        handle = world.run(self._reduce_scatter, b, flat)
+        self._in_flight.append(handle)
+        return handle
+
+    def _make_room(self):
+        """Before a bucket is made (``max_whole_buckets``): while as many are whole, wait
+        for the oldest reduce-scatter. With 1, one bucket of gradients at most is whole,
+        and backward waits for the communication where it would have gone ahead."""
+        while self.max_whole_buckets is not None and self._in_flight \
+                and len(self.filling) >= self.max_whole_buckets:
+            self._in_flight.pop(0).wait()
+        self._in_flight = [h for h in self._in_flight if not h.done()]
 
     @property
     def filling(self):

@@ -2,8 +2,10 @@
 
     d2l-launch -n N -s 0 python sharded_job.py [STAGES] [STEPS]      (STAGES: 123, say)
 
-(and under --env D2L_BACKEND=torch stage f, PyTorch's own fully_shard, FSDP2, and
-stage d, PyTorch's DistributedDataParallel: plain data parallelism, the reference)
+(stage w: stage 2 with ``max_whole_buckets=1``, backward waiting for each bucket's
+reduce-scatter; and under --env D2L_BACKEND=torch stage f, PyTorch's own fully_shard,
+FSDP2, and stage d, PyTorch's DistributedDataParallel: plain data parallelism, the
+reference)
 
 A small MLP in float64, Adam. Stages 1 and 2 (ShardedOptimizer) use buckets of 30
 values (three of them, two padded for N = 2 and 3); stage 3 (shard_module) one unit
@@ -63,9 +65,10 @@ def zero(stage):
         net = d2ldist.shard_module(mlp())
         return net, torch.optim.Adam(net.parameters(), lr=0.01), [
             u.padded for u in units_of(net)]
-    net = mlp()
+    net, limit = mlp(), {'max_whole_buckets': 1} if stage == 'w' else {}
     opt = d2ldist.ShardedOptimizer(torch.optim.Adam(net.parameters(), lr=0.01),
-                                   net.named_parameters(), stage=stage, bucket_cap_mb=CAP_MB)
+                                   net.named_parameters(), stage=2 if stage == 'w' else stage,
+                                   bucket_cap_mb=CAP_MB, **limit)
     return net, opt, [b.padded for b in opt.buckets]
 
 

@@ -65,7 +65,7 @@ def check_fsdp2(got, n):
 @pytest.mark.parametrize('n, backend', [(2, 'ring'), (3, 'ring'), (2, 'torch')])
 def test_zero_is_adam_on_the_whole_batch_with_the_papers_bytes_and_memory(n, backend):
     env = ['--env', 'D2L_BACKEND=torch'] if backend == 'torch' else []
-    stages = '123fd' if backend == 'torch' else '123'     # f: PyTorch's FSDP2, d: DDP
+    stages = '123wfd' if backend == 'torch' else '123w'   # f: PyTorch's FSDP2, d: DDP
     r = run_launch('-n', n, '-s', 0, '--timeout', 150, *env, sys.executable, JOB, stages,
                    timeout=180)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -83,10 +83,11 @@ def test_zero_is_adam_on_the_whole_batch_with_the_papers_bytes_and_memory(n, bac
             continue
         if backend == 'torch':    # each stage ends with DDP's weights, on the same workers
             assert_close(got['weights'], found['d', rank]['weights'])
+        limited, stage = stage == 'w', 2 if stage == 'w' else stage   # (w: 2, limited)
         padded = [-(-k // n) * n for k in NUMELS[stage]]
         assert got['backend'] == backend and got['size'] == n
         assert got['padded'] == padded
-        assert got['weights'] == found[stage, 0]['weights']        # every worker the same
+        assert got['weights'] == found['w' if limited else stage, 0]['weights']  # all alike
         assert_close(got['weights'], got['plain'])
         # Adam's two moments for this worker's 1/N of the padded buckets (or units)
         assert got['state_bytes'] == 2 * sum(padded) // n * ITEMSIZE
@@ -96,7 +97,10 @@ def test_zero_is_adam_on_the_whole_batch_with_the_papers_bytes_and_memory(n, bac
             # reduce-scatters kept up with backward) to every bucket whole (none had ended)
             low = ITEMSIZE * (sum(padded[:2]) // n + padded[2])
             high = ITEMSIZE * sum(padded)
-            assert low <= got['peak'].pop('gradients') <= high
+            if limited:  # backward waited for each: one bucket whole at most, in any run
+                assert got['peak'].pop('gradients') == low
+            else:
+                assert low <= got['peak'].pop('gradients') <= high
             expected.pop('gradients')
         assert got['peak'] == expected
         if backend == 'ring':

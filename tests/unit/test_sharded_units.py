@@ -201,20 +201,21 @@ class ThreadWorkers:
     size = property(lambda self: self.n)
 
 
-def zero(stage, net, make_optimizer, cap_mb=CAP_MB):
+def zero(stage, net, make_optimizer, cap_mb=CAP_MB, **options):
     """(net, optimizer) of ZeRO's stage 1, 2 (ShardedOptimizer) or 3 (shard_module)."""
     if stage == 3:
         net = d2ldist.shard_module(net)
         return net, make_optimizer(list(net.parameters()))
     return net, d2ldist.ShardedOptimizer(make_optimizer(list(net.parameters())), stage=stage,
-                                         bucket_cap_mb=cap_mb)
+                                         bucket_cap_mb=cap_mb, **options)
 
 
-def in_threads(n, monkeypatch, work):
-    """work(r) on N threads, each worker r over ThreadWorkers' collectives; their results."""
+def in_threads(n, monkeypatch, work, run=lambda fn, *args: Handle.finished(fn(*args))):
+    """work(r) on N threads, each worker r over ThreadWorkers' collectives; their results
+    (``run``: how world.run runs a collective; at once, unless given)."""
     workers, results = ThreadWorkers(n), [None] * n
     monkeypatch.setattr(world, 'backend', lambda: workers)
-    monkeypatch.setattr(world, 'run', lambda fn, *args: Handle.finished(fn(*args)))
+    monkeypatch.setattr(world, 'run', run)
 
     def run(r):
         workers.local.rank = r
@@ -227,16 +228,17 @@ def in_threads(n, monkeypatch, work):
     return results
 
 
-def zero_train(stage, n, make_optimizer, dtype=torch.float64, steps=5):
+def zero_train(stage, n, make_optimizer, dtype=torch.float64, steps=5, **options):
     """work(r) for in_threads: worker r's part of 5 global batches of 12 (the last step's
     memory watched); it returns its full weights by name, its optimizer and that peak."""
     nets = [mlp(dtype=dtype) for _ in range(n)]       # (here: torch's seed is global)
-    return lambda r: zero_train_one(stage, n, r, nets[r], make_optimizer, dtype, steps)
+    return lambda r: zero_train_one(stage, n, r, nets[r], make_optimizer, dtype, steps,
+                                    **options)
 
 
-def zero_train_one(stage, n, r, net, make_optimizer, dtype, steps):
+def zero_train_one(stage, n, r, net, make_optimizer, dtype, steps, **options):
     cap = CAP_MB * torch.finfo(dtype).bits / 64           # 30 elements whatever the dtype
-    net, opt = zero(stage, net, make_optimizer, cap)
+    net, opt = zero(stage, net, make_optimizer, cap, **options)
     g = torch.Generator().manual_seed(1)
     for _ in range(steps):
         X = torch.randn(12, 5, generator=g, dtype=torch.float64).to(dtype)
@@ -307,6 +309,48 @@ def test_memory_at_the_peak_is_the_papers_plus_what_is_named(n, stage, monkeypat
         {kind: paper[kind] + extra.get(kind, 0) for kind in paper}] * n
     if stage == 3:        # 16 Psi / N, plus the layer gathered
         assert sum(done[0][2].values()) == 16 * sum(padded) // n + 8 * 42
+
+
+class Lazy:
+    """A collective that runs only when waited for: communication that never keeps up."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args, self.ran = fn, args, False
+
+    def wait(self):
+        if not self.ran:
+            self.result, self.ran = self.fn(*self.args), True
+        return self.result
+
+    def done(self):
+        return self.ran
+
+
+@pytest.mark.parametrize('limit', [None, 1])
+def test_stage_2_holds_the_buckets_the_communication_has_not_reduced_unless_limited(
+        limit, monkeypatch):
+    """fp32 Adam, N = 2, buckets of 24, 8 and 36 (padded) elements, and reduce-scatters
+    that run only when waited for: at the end of backward every bucket is whole; with
+    max_whole_buckets=1 backward waits for each before it fills the next, and the peak is
+    the last bucket whole beside the others' shards, as when communication keeps up."""
+    done = in_threads(2, monkeypatch, zero_train(2, 2, OPTIMIZERS['adam'], torch.float32,
+                                                 max_whole_buckets=limit), run=Lazy)
+    padded = [24, 8, 36]
+    whole = 4 * sum(padded) if limit is None else 4 * padded[2] + 4 * sum(padded[:2]) // 2
+    assert [peak['gradients'] for _, _, peak in done] == [whole] * 2
+    plain = mlp()          # and the same weights, whichever way
+    expected = train(plain, OPTIMIZERS['adam'](list(plain.parameters())), batch=12)
+    assert all(torch.allclose(done[0][0][name], p.float(), rtol=1e-5, atol=1e-6)
+               for (name, _), p in zip(plain.named_parameters(), expected))
+
+
+def test_max_whole_buckets_is_for_stage_2_in_one_line():
+    net = nn.Linear(3, 2)
+    for stage, limit in ((1, 1), (2, 0), (2, 1.5)):
+        with pytest.raises(ValueError, match=rf'^max_whole_buckets is for stage 2, a whole '
+                                             rf'number from 1, got {limit} at stage {stage}$'):
+            d2ldist.ShardedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), stage=stage,
+                                     max_whole_buckets=limit)
 
 
 @pytest.mark.parametrize('method, args', [('reduce_scatter_flat', {'op': 'Average'}),
