@@ -201,16 +201,16 @@ def task_main(word, label=False):
                  '(--launcher slurm or mpi)')
     mark = f'{task_rank()}: ' if label else ''
     if os.environ.get('SLURM_PROCID') == '0':          # under srun: which step this is
-        print(f'd2ldist.task: step {os.environ.get("SLURM_JOB_ID")}.'
-              f'{os.environ.get("SLURM_STEP_ID")}', flush=True)
+        _line(f'd2ldist.task: step {os.environ.get("SLURM_JOB_ID")}.'
+              f'{os.environ.get("SLURM_STEP_ID")}')
     try:
         child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE if label else None,
                                  stderr=subprocess.STDOUT if label else None,
                                  preexec_fn=lambda: die_with_parent(signal.SIGKILL))
     except OSError as e:
-        print(f'{mark}d2l-launch: cannot start {argv[0]!r}: {e.strerror}',
-              file=sys.stdout if label else sys.stderr, flush=True)
+        _line(f'{mark}d2l-launch: cannot start {argv[0]!r}: {e.strerror}',
+              sys.stdout if label else sys.stderr)
         code = 127
     else:
         def forward(signum, frame):
@@ -223,8 +223,17 @@ def task_main(word, label=False):
                 sys.stdout.buffer.flush()
         code = child.wait()
         code = 128 - code if code < 0 else code
-    print(f'{mark}d2ldist.task: exit {code}', flush=True)
+    _line(f'{mark}d2ldist.task: exit {code}')
     sys.exit(code)
+
+
+def _line(text, stream=None):
+    """Write a whole line in one write: print() writes the text and its newline apart
+    when Python's output is unbuffered (PYTHONUNBUFFERED), and under mpirun another
+    task's line could come between them."""
+    stream = stream or sys.stdout
+    stream.buffer.write(text.encode() + b'\n')
+    stream.buffer.flush()
 
 
 def main(argv=None):

@@ -119,3 +119,25 @@ def test_without_mpirun_one_line_says_what_to_install(monkeypatch):
     with pytest.raises(mpi.MpiError, match="--launcher mpi needs Open MPI's mpirun on PATH "
                                            r'\(Debian: openmpi-bin\)'):
         mpi.hosts_of(SimpleNamespace(hostfile=None))
+
+
+def test_a_task_writes_each_line_of_its_own_in_one_write():
+    """Under PYTHONUNBUFFERED print() writes a line's text and its newline apart, and
+    mpirun may put another task's line between the two (a fresh-clone CI saw
+    'd2ldist.task: exit 01: d2ldist.task: exit 0'): the task side writes whole lines."""
+    class Raw(io.RawIOBase):
+        def __init__(self):
+            self.writes = []
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.writes.append(bytes(b))
+            return len(b)
+    printed, written = Raw(), Raw()
+    print('1: d2ldist.task: exit 0', file=io.TextIOWrapper(printed, write_through=True),
+          flush=True)
+    step._line('1: d2ldist.task: exit 0', io.TextIOWrapper(written, write_through=True))
+    assert printed.writes == [b'1: d2ldist.task: exit 0', b'\n']
+    assert written.writes == [b'1: d2ldist.task: exit 0\n']
