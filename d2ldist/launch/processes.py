@@ -4,12 +4,12 @@ This is the one place that decides placement and builds the command line of a
 process, so that the ssh launcher only adds "which host" and "how to get there".
 """
 import os
-import socket
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
 from .. import config
+from ..runtime.started import free_port, port_is_free   # noqa: F401 (cli, mpi, slurm)
 
 ROLES = ('scheduler', 'server', 'worker')
 # what d2ldist's own processes run (a worker runs the user's command)
@@ -158,20 +158,6 @@ def guarded(argv, python=sys.executable, remote=False):
     return [python, '-m', 'd2ldist.launch.guard', *(['--remote'] if remote else []), '--', *argv]
 
 
-def free_port(host='127.0.0.1'):
-    """A TCP port that is free now (for torch.distributed's own rendezvous)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_is_free(port, host='127.0.0.1'):
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
 
 
 def shared_env(specs):

@@ -25,6 +25,7 @@ one: where the place to meet cannot be found, ``Start.rendezvous()`` raises
     ('2 workers started by mpirun', 1, ('127.0.0.1', 29500))
 """
 import os
+import random
 import re
 import socket
 from dataclasses import dataclass
@@ -205,8 +206,37 @@ def tasks_per_node(text):
     return counts
 
 
-def free_port():
-    """A TCP port free on this host now (for a job of one)."""
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
+def free_port(host='127.0.0.1'):
+    """A TCP port free on ``host`` now, for a listener that starts a moment later (the
+    scheduler, torch.distributed's store). Not one that bind(0) gives: that comes from the
+    range the kernel takes the ports of outgoing connections from, and any program's next
+    connection could take it meanwhile. A port just below that range, free now, chosen at
+    random (another job choosing at the same moment is ten thousand times less likely)."""
+    low = _ephemeral_ports()[0]
+    for port in random.sample(range(max(1024, low - 10_000), low), 100):
+        if port_is_free(port, host):
+            return port
+    with socket.socket() as s:            # (all taken: the kernel's choice, as before)
+        s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def port_is_free(port, host='127.0.0.1'):
+    """Whether a TCP listener could bind ``port`` on ``host`` now."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def _ephemeral_ports():
+    """(first, last) of the ports the kernel gives outgoing connections (Linux's
+    ip_local_port_range; elsewhere its default, below the IANA range's 49152)."""
+    try:
+        with open('/proc/sys/net/ipv4/ip_local_port_range') as f:
+            first, last = (int(x) for x in f.read().split())
+        return first, last
+    except (OSError, ValueError):
+        return 32768, 60999

@@ -206,3 +206,19 @@ def test_tasks_that_each_see_their_own_gpu_start_nccl(monkeypatch, use_config, c
     assert __import__('os').environ['MASTER_ADDR'] == 'gpu1'
     assert capsys.readouterr().err == ('d2ldist: torch backend (nccl): 2 workers started by '
                                        'srun, each with its own GPU\n')
+
+
+def test_a_free_port_is_chosen_below_the_kernels_range_for_outgoing_connections():
+    """A port from bind(0) comes from the range outgoing connections take theirs from,
+    so another program's next connection could take it before the job listens there (a
+    fresh-clone CI saw 'Address already in use'); free_port chooses below that range."""
+    import socket
+
+    from d2ldist.runtime.started import _ephemeral_ports, free_port, port_is_free
+    low, _ = _ephemeral_ports()
+    ports = {free_port() for _ in range(20)}
+    assert all(max(1024, low - 10_000) <= p < low and port_is_free(p) for p in ports)
+    assert len(ports) > 1                                   # (chosen at random)
+    with socket.socket() as s:                              # one taken is not chosen
+        s.bind(('127.0.0.1', 0))
+        assert not port_is_free(s.getsockname()[1])
