@@ -158,8 +158,6 @@ def guarded(argv, python=sys.executable, remote=False):
     return [python, '-m', 'd2ldist.launch.guard', *(['--remote'] if remote else []), '--', *argv]
 
 
-
-
 def shared_env(specs):
     """The variables every process has, with the same value (a tool hands them to all)."""
     first, *rest = (s.env for s in specs)

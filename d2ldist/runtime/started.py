@@ -212,8 +212,8 @@ def free_port(host='127.0.0.1'):
     range the kernel takes the ports of outgoing connections from, and any program's next
     connection could take it meanwhile. A port just below that range, free now, chosen at
     random (another job choosing at the same moment is ten thousand times less likely)."""
-    low = _ephemeral_ports()[0]
-    for port in random.sample(range(max(1024, low - 10_000), low), 100):
+    below = range(max(1024, _ephemeral_ports()[0] - 10_000), _ephemeral_ports()[0])
+    for port in random.sample(below, min(100, len(below))):
         if port_is_free(port, host):
             return port
     with socket.socket() as s:            # (all taken: the kernel's choice, as before)
