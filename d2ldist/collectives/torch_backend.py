@@ -7,6 +7,11 @@ LOCAL_WORLD_SIZE. Started by mpirun or srun, the process fills them from that to
 own variables first (``runtime/started.py``). Rank 0 says in one line what was chosen
 and why: 'd2ldist: torch backend (gloo): 2 workers started by mpirun, CPU'.
 
+A reduce-scatter on gloo is one all-to-all, each worker adding up the parts it receives:
+torch.distributed's own ``reduce_scatter_single`` on gloo all-reduces the whole tensor
+and keeps a shard, twice the bytes. ``wire_bytes_sent()`` counts what gloo's connections
+carried, as the kernel counts it (``benchmarks/allreduce.py --reduce-scatter`` times both).
+
 Hangs and calls that disagree, with what torch.distributed offers (d2ldist's own
 detector, ``runtime/hang.py``, cannot see inside gloo or NCCL):
 
@@ -37,6 +42,8 @@ import atexit
 import glob
 import math
 import os
+import socket
+import struct
 import sys
 import time
 from datetime import timedelta
@@ -100,6 +107,78 @@ def _wait_idle(thread_name, timeout=1.0, interval=0.005):
     while quiet < 2 and time.monotonic() < deadline:
         time.sleep(interval)         # (releases the GIL, which a dropping thread may need)
         quiet = quiet + 1 if all_asleep() else 0
+
+
+# -- the bytes gloo sends ---------------------------------------------------------------
+# A van counts the bytes of the data it sends (``van.bytes_sent``); gloo counts nothing we
+# can read. The kernel counts, for each TCP connection: tcp_info's bytes_sent (Linux 4.19).
+# The connections gloo opens as the group starts (a full mesh of pairs) are those that
+# appear during init_process_group, the store's aside: ``_group_sockets`` keeps them.
+_TCPI_BYTES_SENT = 200      # offset of tcpi_bytes_sent in struct tcp_info, then bytes_retrans
+_group_sockets = None       # inodes of the connections the process group opened, or None
+
+
+def _tcp_sockets():
+    """This process's sockets: {inode: fd} (from /proc; empty where there is none)."""
+    found = {}
+    try:
+        fds = os.listdir('/proc/self/fd')
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            link = os.readlink(f'/proc/self/fd/{fd}')
+        except OSError:             # (closed meanwhile, or the listing's own fd)
+            continue
+        if link.startswith('socket:['):
+            found[int(link[8:-1])] = int(fd)
+    return found
+
+
+def _tcp_sent(fd):
+    """(bytes the kernel has sent on TCP socket ``fd``, retransmissions aside, its two
+    ports), or None if it is no TCP socket or the kernel does not count."""
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
+    with sock:
+        if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET,
+                                                                  socket.AF_INET6):
+            return None
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_BYTES_SENT + 16)
+        if len(info) < _TCPI_BYTES_SENT + 16:
+            return None             # (a kernel older than 4.19)
+        sent, retransmitted = struct.unpack_from('QQ', info, _TCPI_BYTES_SENT)
+        try:
+            ports = {sock.getsockname()[1], sock.getpeername()[1]}
+        except OSError:             # (a listener)
+            ports = set()
+        return sent - retransmitted, ports
+
+
+def _note_group_sockets(before, store_port):
+    """Keep the TCP connections opened since ``before`` (inodes), the store's aside."""
+    global _group_sockets
+    _group_sockets = set()
+    for inode, fd in _tcp_sockets().items():
+        if inode not in before and (got := _tcp_sent(fd)) is not None \
+                and got[1] and store_port not in got[1]:
+            _group_sockets.add(inode)
+
+
+def wire_bytes_sent():
+    """Bytes this process has sent on gloo's connections so far, as the kernel counts
+    them (data and gloo's own headers and notices); None where unknown (NCCL, a group
+    this backend did not start, a kernel that does not count). Only the connections
+    opened when the group started: not those of groups made later, nor a lazy gloo's."""
+    if _group_sockets is None or not dist.is_initialized() or dist.get_backend() != 'gloo':
+        return None
+    total = 0
+    for inode, fd in _tcp_sockets().items():
+        if inode in _group_sockets and (got := _tcp_sent(fd)) is not None:
+            total += got[0]
+    return total
 
 
 def my_gpu(local_rank):
@@ -231,8 +310,10 @@ class TorchBackend:
             'env://', timeout=timeout or dist.constants.default_pg_timeout))
         _, uuid = my_gpu(start.local_rank)          # (NCCL's device: the current one)
         kind, why = choose(agree_on_gpus(store, rank, size, uuid))
+        before = _tcp_sockets()
         dist.init_process_group(kind, store=dist.PrefixStore('default_pg', store),
                                 rank=rank, world_size=size, timeout=timeout)
+        _note_group_sockets(before, getattr(store, 'port', None))
         # Ours to end: a group left to the interpreter's finalization can abort the
         # process (gloo's threads still hold tensors; 'terminate called without an
         # active exception', seen on a loaded machine).
@@ -346,19 +427,48 @@ class TorchBackend:
         return out.reshape(out.shape[0], *tensor.shape[1:]).to(tensor.device, tensor.dtype)
 
     def _reducescatter(self, tensor, op):
-        """All-reduce, then keep this worker's rows (gloo has no uneven reduce-scatter)."""
-        out = tensor.clone()
-        self._allreduce_(out, op)
-        a, b = even_slices(tensor.shape[0], self.size)[self.rank]
-        return out[a:b].clone()
+        """This worker's rows (``even_slices`` of dim 0) of the reduction over all workers:
+        gloo's by an all-to-all (``_scatter_reduce``); NCCL's by an all-reduce, then the
+        rows (NCCL has no uneven reduce-scatter)."""
+        slices = even_slices(tensor.shape[0], self.size)
+        a, b = slices[self.rank]
+        if dist.get_backend() != 'gloo':
+            out = tensor.clone()
+            self._allreduce_(out, op)
+            return out[a:b].clone()
+        X = tensor.to(self.device, self._wider(tensor.dtype)).contiguous()
+        out = self._scatter_reduce(X, [hi - lo for lo, hi in slices], op, tensor.dtype)
+        return out.to(tensor.device, tensor.dtype)
 
     def _reduce_scatter_flat(self, flat, op):
-        """torch's reduce-scatter of equal shards (the sum, then Average's division)."""
+        """This worker's equal shard of the reduction (the sum, then Average's division):
+        torch's reduce-scatter on NCCL, an all-to-all on gloo (``_scatter_reduce``)."""
         a, b = equal_shard(flat, self.rank, self.size)
         X = flat.to(self.device, self._wider(flat.dtype)).contiguous()
-        out = torch.empty(b - a, dtype=X.dtype, device=self.device)
-        _REDUCE_SCATTER(out, X, getattr(dist.ReduceOp, op.torch_name))
-        return ops.finish_(out, op, self.size).to(flat.device, flat.dtype)
+        if dist.get_backend() == 'gloo':
+            out = self._scatter_reduce(X, [b - a] * self.size, op, flat.dtype)
+        else:
+            out = torch.empty(b - a, dtype=X.dtype, device=self.device)
+            _REDUCE_SCATTER(out, X, getattr(dist.ReduceOp, op.torch_name))
+            ops.finish_(out, op, self.size)
+        return out.to(flat.device, flat.dtype)
+
+    def _scatter_reduce(self, X, counts, op, dtype):
+        """A reduce-scatter with the bytes of a ring's: (N-1)/N of ``X`` sent. Worker j gets
+        rows ``counts[j]`` of every worker's X by one all-to-all and reduces them here, in
+        rank order. (gloo's own reduce_scatter all-reduces the whole X, then keeps the
+        rows: twice the bytes, measured by ``wire_bytes_sent``.) ``dtype``: the caller's,
+        which X may widen (bool as uint8: any, or all for Min and Product)."""
+        if dtype == torch.bool:
+            op = ops.Min if op in (ops.Min, ops.Product) else ops.Max
+        mine = counts[self.rank]
+        parts = X.new_empty((self.size * mine, *X.shape[1:]))
+        dist.all_to_all_single(parts, X, [mine] * self.size, counts)
+        parts = parts.view(self.size, mine, *X.shape[1:])
+        out = parts[0].clone()
+        for part in parts[1:]:          # worker 1's, then 2's, ...
+            op.reduce_(out, part)
+        return out if dtype == torch.bool else ops.finish_(out, op, self.size)
 
     def _all_gather_flat_(self, flat, shard):
         """torch's all-gather into one tensor (the shard copied: it may be a view of flat)."""

@@ -2,7 +2,8 @@
 
 Run under d2l-launch -n N -s 0: the launcher's environment lets both d2ldist and
 gloo (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) join the same job. Each worker
-prints one 'ok' line with its case counts, or raises at the first mismatch.
+prints one 'ok' line with its case counts and the bytes it sent for a reduce-scatter
+and an all-reduce, or exits at the first mismatch.
 """
 import sys
 
@@ -10,6 +11,10 @@ import torch
 import torch.distributed as dist
 
 import d2ldist
+from d2ldist.collectives import world
+from d2ldist.collectives.torch_backend import wire_bytes_sent
+from d2ldist.runtime import node
+from d2ldist.runtime.split import even_slices
 
 d2ldist.init()
 r, N = d2ldist.rank(), d2ldist.size()
@@ -20,7 +25,8 @@ TOL = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-5, torch.flo
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
           torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 LENGTHS = [0, 1, 2, N - 1, N + 1, 7, 13, 1009, 65537, 131101]
-counts = {'allreduce': 0, 'broadcast': 0, 'allgather': 0, 'gloo lacks': set()}
+counts = {'allreduce': 0, 'broadcast': 0, 'allgather': 0, 'reducescatter': 0,
+          'gloo lacks': set()}
 
 
 def rand(shape, dtype, seed):
@@ -123,7 +129,44 @@ for dtype in (torch.float32, torch.int64, torch.float16, torch.uint8):
         same(d2ldist.allgather(X), expect, f'allgather {dtype} rows={rows}')
         counts['allgather'] += 1
 
+# -- reducescatter: each worker its rows of the all-reduce (uneven, 0 rows included) ----
+for dtype in DTYPES:
+    for rows in (0, 1, N + 1, 13, 1009):
+        for op in (d2ldist.Sum, d2ldist.Average, d2ldist.Min, d2ldist.Max):
+            case += 1
+            def inputs(i, rows=rows, dtype=dtype, case=case):
+                return rand((rows, 3), dtype, case * 100 + i)
+            a, b = even_slices(rows, N)[r]
+            expect = gloo_allreduce(inputs(r), op, inputs)[a:b]
+            same(d2ldist.reducescatter(inputs(r), op=op), expect,
+                 f'reducescatter {op} {dtype} rows={rows}')
+            counts['reducescatter'] += 1
+
+
+# -- bytes: a reduce-scatter sends (N-1)/N of the tensor, half an all-reduce's ----------
+def sent_by(call, *args):
+    """Bytes this worker sent for one call: the van's count of data on the ring; on
+    torch.distributed the kernel's count on gloo's connections (its headers too)."""
+    count = (lambda: node.current().van.bytes_sent) if world.name() == 'ring' else wire_bytes_sent
+    before = count()
+    world.run(call, *args).wait()
+    return count() - before
+
+
+M = 300_000                      # float32: 1.2 MB, a multiple of N = 2 to 6
+X = rand((M,), torch.float32, 7)
+ring = 4 * M * (N - 1) // N      # what a ring's reduce-scatter sends, and its all-gather
+backend = world.backend()
+sent = {'reducescatter': sent_by(backend.reducescatter, X, d2ldist.Sum),
+        'reduce_scatter_flat': sent_by(backend.reduce_scatter_flat, X, d2ldist.Sum),
+        'allreduce': sent_by(backend.allreduce_, X.clone(), d2ldist.Sum)}
+headers = 0 if world.name() == 'ring' else 8 * 1024     # gloo's, and the calls' own checks
+for call, times in (('reducescatter', 1), ('reduce_scatter_flat', 1), ('allreduce', 2)):
+    if not times * ring <= sent[call] <= times * ring + headers:
+        sys.exit(f'worker {r}: {call} sent {sent[call]:,} bytes, not {times} x {ring:,}')
+
 d2ldist.barrier()
 print(f'worker {r} of {N}: ok allreduce={counts["allreduce"]} broadcast={counts["broadcast"]} '
-      f'allgather={counts["allgather"]} gloo lacks={sorted(counts["gloo lacks"])}', flush=True)
+      f'allgather={counts["allgather"]} reducescatter={counts["reducescatter"]} '
+      f'sent={sent} gloo lacks={sorted(counts["gloo lacks"])}', flush=True)
 dist.destroy_process_group()

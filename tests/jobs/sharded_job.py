@@ -13,7 +13,8 @@ per Linear (42 and 24 values). Each worker trains on its part of the same global
 batches; alongside, in the same process and with no communication, a plain Adam trains
 a copy on the whole global batch (what data parallelism computes). For each stage, one
 after the other on a net of its own, each worker prints one RESULT line: its weights,
-the plain copy's, the bytes its van sent during the last step, the bytes of the
+the plain copy's, the bytes its van sent during the last step (on torch.distributed,
+``wire``: the bytes the kernel counted on gloo's connections), the bytes of the
 optimizer's state (Adam's two moments; its step counters aside), whether every full
 ``.grad`` was gone after backward (stage 2; stage 3: the full weights too), and the last step's peak memory by kind
 (MemoryPeak).
@@ -28,6 +29,7 @@ import d2ldist
 from d2ldist.collectives import world
 from d2ldist.collectives.sharded import MemoryPeak
 from d2ldist.collectives.sharded_module import full_weights, units_of
+from d2ldist.collectives.torch_backend import wire_bytes_sent
 from d2ldist.runtime import node
 
 torch.set_num_threads(1)
@@ -89,7 +91,7 @@ for stage in stages:
     grads_gone = True
     for step in range(steps):
         X = torch.randn(BATCH, 5, generator=g, dtype=torch.float64)
-        sent = van.bytes_sent if van else 0
+        sent, wire = van.bytes_sent if van else 0, wire_bytes_sent()
         with MemoryPeak(net, opt) as peak:
             opt.zero_grad()
             loss_of(net, X[r * BATCH // N:(r + 1) * BATCH // N]).backward()
@@ -97,6 +99,7 @@ for stage in stages:
             grads_gone &= full_gone(net, stage)
             opt.step()
         sent = (van.bytes_sent if van else 0) - sent
+        wire = None if wire is None else wire_bytes_sent() - wire
         plain.zero_grad()
         loss_of(whole, X).backward()
         plain.step()
@@ -109,7 +112,8 @@ for stage in stages:
                 for k, t in s.items() if k != 'step' for t in [getattr(t, '_local_tensor', t)])
     print('RESULT ' + json.dumps({
         'stage': stage, 'rank': r, 'size': N, 'backend': world.name(), 'sent': sent,
-        'state_bytes': state, 'grads_gone': grads_gone, 'padded': padded, 'peak': peak.bytes,
+        'wire': wire, 'state_bytes': state, 'grads_gone': grads_gone, 'padded': padded,
+        'peak': peak.bytes,
         'weights': [weights[name].tolist() for name, _ in whole.named_parameters()],
         'plain': [p.tolist() for p in whole.parameters()]}), flush=True)
 d2ldist.barrier()

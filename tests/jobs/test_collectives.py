@@ -1,8 +1,11 @@
 """The ring's collectives against torch.distributed's gloo, in real jobs.
 
 Each job runs tests/jobs/collectives_vs_gloo.py: every dtype, op, odd and prime
-length (0, 1, ..., 1,000,003), strided inputs, every broadcast root and uneven
-all-gathers, compared with gloo on the same inputs in the same processes.
+length (0, 1, ..., 1,000,003), strided inputs, every broadcast root, uneven
+all-gathers and reduce-scatters, compared with gloo on the same inputs in the same
+processes; and the bytes each worker sends for a reduce-scatter ((N-1)/N of the tensor)
+and an all-reduce (twice that), counted by the van on the ring and by the kernel on gloo's
+connections.
 """
 import subprocess
 import sys
