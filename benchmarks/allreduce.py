@@ -4,6 +4,7 @@
     python benchmarks/allreduce.py --quick         # 4 KB .. 4 MB, 2 workers
     python benchmarks/allreduce.py --chunk-sweep   # the ring's chunk size, measured
     python benchmarks/allreduce.py --no-shm        # chunks over TCP, not shared memory
+    python benchmarks/allreduce.py --reduce-scatter  # the first half alone, three ways
 
 The table follows nccl-tests: for a tensor of S bytes taking t seconds,
 algbw = S / t and busbw = algbw * 2(N-1)/N -- the bytes each worker actually
@@ -11,6 +12,11 @@ sends per second in a ring, comparable across N. Every size is timed for the rin
 and for gloo in the same job, interleaved, on float32 with op Sum; the time is the
 slowest worker's mean over the iterations; cpu is the CPU time (all threads) per
 call, averaged over the workers. The last column is busbw(ring) / busbw(gloo).
+
+``--reduce-scatter`` times the ring's first half (``reduce_scatter_flat``, as ZeRO uses it)
+against gloo's ``reduce_scatter_single``, which all-reduces the whole tensor and keeps a
+shard, and against the torch backend's reduce-scatter on gloo, one all-to-all (busbw =
+algbw * (N-1)/N, as nccl-tests counts a reduce-scatter).
 
 On one machine the van moves chunks of 256 KB and more through shared memory
 (d2ldist/runtime/shm.py); ``--no-shm`` (D2L_SHM=0) sends them over TCP loopback, as between
@@ -43,6 +49,8 @@ def parse(argv=None):
                    help='time budget per size and backend (more iterations for small sizes)')
     p.add_argument('--chunk-sweep', action='store_true',
                    help='time the ring with several chunk sizes instead of gloo')
+    p.add_argument('--reduce-scatter', action='store_true',
+                   help="reduce-scatter: the ring's, gloo's, and the torch backend's all-to-all")
     p.add_argument('--no-shm', action='store_true',
                    help='chunks over TCP loopback instead of shared memory (D2L_SHM=0)')
     p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
@@ -114,7 +122,9 @@ def worker(args):
         if r == 0:
             print(''.join(f'{c:>13}' for c in cells), flush=True)
 
-    if args.chunk_sweep:
+    if args.reduce_scatter:
+        reduce_scatter(args, world, dist, row)
+    elif args.chunk_sweep:
         chunks = [256 * KB, MB, 2 * MB, 4 * MB, 8 * MB]
         row('size', *[f'chunk {human(c)}' for c in chunks])
         row('', *['busbw/cpu ms'] * len(chunks))
@@ -143,6 +153,38 @@ def worker(args):
     dist.destroy_process_group()
 
 
+def reduce_scatter(args, world, dist, row):
+    """The table of --reduce-scatter: ring, gloo's reduce_scatter_single, all-to-all."""
+    import torch
+
+    import d2ldist
+    from d2ldist.collectives.torch_backend import TorchBackend
+    N, ring, torch_backend = dist.get_world_size(), world.backend(), TorchBackend()
+    bus = (N - 1) / N
+
+    def d2l_ring(X):
+        world.run(ring.reduce_scatter_flat, X, d2ldist.Sum).wait()
+
+    gloo_reduce_scatter = getattr(dist, 'reduce_scatter_single', None) or \
+        dist.reduce_scatter_tensor             # (torch 2.14's name, and the older one)
+
+    def gloo(X):
+        gloo_reduce_scatter(torch.empty(X.numel() // N), X, dist.ReduceOp.SUM)
+
+    def all_to_all(X):
+        torch_backend.reduce_scatter_flat(X, d2ldist.Sum)
+
+    row('size', 'ring time', 'busbw', 'gloo time', 'busbw', 'all-to-all', 'busbw',
+        'ring/gloo', 'a2a/gloo')
+    row('', '(us)', '(GB/s)', '(us)', '(GB/s)', '(us)', '(GB/s)', 'busbw', 'busbw')
+    for nbytes in sizes(args):
+        X = torch.ones(nbytes // 4 // N * N)
+        times = [timed(fn, X, args.seconds, dist)[0] for fn in (d2l_ring, gloo, all_to_all)]
+        bw = [X.numel() * 4 / t * bus / 1e9 for t in times]
+        row(human(nbytes), *[c for t, b in zip(times, bw) for c in (f'{t * 1e6:.0f}', f'{b:.3f}')],
+            f'{bw[0] / bw[1]:.2f}', f'{bw[2] / bw[1]:.2f}')
+
+
 # -- the driver ------------------------------------------------------------------------------
 def main(argv=None):
     args = parse(argv)
@@ -153,7 +195,8 @@ def main(argv=None):
     sys.path.insert(0, str(ROOT))
     from d2ldist.config import Config
     from d2ldist.runtime.shm import enabled
-    print(f'# all-reduce busbw, d2ldist ring vs torch.distributed gloo, same job; '
+    what = 'reduce-scatter' if args.reduce_scatter else 'all-reduce'
+    print(f'# {what} busbw, d2ldist ring vs torch.distributed gloo, same job; '
           f'{os.cpu_count()} CPUs; loopback; ring chunks through '
           f'{"shared memory" if enabled(Config.from_env(os.environ)) else "TCP (D2L_SHM=0)"}')
     own = [a for a in (argv if argv is not None else sys.argv[1:]) if a != '--worker']
