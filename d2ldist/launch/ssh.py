@@ -30,6 +30,7 @@ module adds only *which host* and *how to get there*:
      checking via ``D2L_JOB_ID`` that the group still belongs to this job.
 """
 import dataclasses
+import inspect
 import json
 import os
 import re
@@ -43,6 +44,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from .. import config
+from ..runtime import started
 from .job import Job, Proc
 from .processes import child_env, guarded, job_specs, share_cores
 
@@ -204,10 +206,13 @@ def reason(code, err, timeout):
 
 # -- 2. preflight ------------------------------------------------------------------
 # Runs on each host with its Python: the address it was reached at (or the address of
-# --interface), a free port there, and (unless the directory is still to be synced)
-# that d2ldist can be imported.
+# --interface), a free port there (chosen as ``started.free_port`` chooses, whose code it
+# carries: d2ldist may not be there before the sync), and (unless the directory is still
+# to be synced) that d2ldist can be imported.
 PROBE = '''\
-import fcntl, os, socket, struct, sys
+import fcntl, os, random, socket, struct, sys
+''' + ''.join(inspect.getsource(f) for f in (
+    started.free_port, started.port_is_free, started.ephemeral_ports)) + '''
 iface, check = sys.argv[1], sys.argv[2] == "1"
 if check:
     import d2ldist.launch.guard
@@ -228,10 +233,7 @@ else:
                 iface = name
         except OSError:
             pass
-with socket.socket() as s:
-    s.bind((addr, 0))
-    print("d2ldist-preflight", addr, s.getsockname()[1], iface or "-",
-          len(os.sched_getaffinity(0)))
+print("d2ldist-preflight", addr, free_port(addr), iface or "-", len(os.sched_getaffinity(0)))
 '''
 
 

@@ -212,7 +212,7 @@ def free_port(host='127.0.0.1'):
     range the kernel takes the ports of outgoing connections from, and any program's next
     connection could take it meanwhile. A port just below that range, free now, chosen at
     random (another job choosing at the same moment is ten thousand times less likely)."""
-    below = range(max(1024, _ephemeral_ports()[0] - 10_000), _ephemeral_ports()[0])
+    below = range(max(1024, ephemeral_ports()[0] - 10_000), ephemeral_ports()[0])
     for port in random.sample(below, min(100, len(below))):
         if port_is_free(port, host):
             return port
@@ -231,7 +231,7 @@ def port_is_free(port, host='127.0.0.1'):
             return False
 
 
-def _ephemeral_ports():
+def ephemeral_ports():
     """(first, last) of the ports the kernel gives outgoing connections (Linux's
     ip_local_port_range; elsewhere its default, below the IANA range's 49152)."""
     try:

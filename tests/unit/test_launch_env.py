@@ -69,6 +69,10 @@ def test_preflight_reports_each_hosts_cores(tmp_path, monkeypatch):
     cores = len(os.sched_getaffinity(0))
     assert answers == {'hostA': ('127.0.0.1', answers['hostA'][1], 'lo', cores),
                        'hostB': ('127.0.0.1', answers['hostB'][1], 'lo', cores)}
+    # the port as started.free_port chooses one: below the kernel's range for outgoing
+    # connections, which any program's next connection may take from
+    from d2ldist.runtime.started import ephemeral_ports
+    assert all(int(a[1]) < ephemeral_ports()[0] for a in answers.values())
 
 
 def test_env_server_and_env_worker_reach_only_their_role():

@@ -214,8 +214,8 @@ def test_a_free_port_is_chosen_below_the_kernels_range_for_outgoing_connections(
     fresh-clone CI saw 'Address already in use'); free_port chooses below that range."""
     import socket
 
-    from d2ldist.runtime.started import _ephemeral_ports, free_port, port_is_free
-    low, _ = _ephemeral_ports()
+    from d2ldist.runtime.started import ephemeral_ports, free_port, port_is_free
+    low, _ = ephemeral_ports()
     ports = {free_port() for _ in range(20)}
     assert all(max(1024, low - 10_000) <= p < low and port_is_free(p) for p in ports)
     assert len(ports) > 1                                   # (chosen at random)
