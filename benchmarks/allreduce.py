@@ -23,10 +23,10 @@ On one machine the van moves chunks of 256 KB and more through shared memory
 machines. The title line says which path the table measured.
 
 Measured with ``--no-shm -n 2,3,4`` on a quiet 2-core machine, the ring on its own TCP
-streams (d2ldist/runtime/stream.py), busbw ring / gloo at 1, 4, 16 and 64 MB, four runs:
-2 workers 2.20-2.93 / 1.67-1.91 / 1.47-1.72 / 1.28-1.39, 3 workers 0.86-1.10 /
-0.86-0.97 / 0.94-1.07 / 0.96-1.09, 4 workers 1.14-1.50 / 0.98-1.05 / 0.98-1.10 /
-1.07-1.14 (docs/performance.md says where the CPU goes).
+streams (d2ldist/runtime/stream.py), busbw ring / gloo at 1, 4, 16 and 64 MB, eight runs in
+two of the machine's states: 2 workers 2.12-2.93 / 1.67-2.06 / 1.19-1.72 / 1.28-1.51,
+3 workers 0.86-1.44 / 0.81-1.19 / 0.84-1.07 / 0.81-1.15, 4 workers 1.07-1.50 / 0.70-1.05 /
+0.90-1.11 / 0.89-1.14 (docs/performance.md says where the CPU goes).
 """
 import argparse
 import os
