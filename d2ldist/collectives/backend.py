@@ -32,6 +32,10 @@ class Backend(Protocol):
     def allgather(self, tensor: 'Tensor') -> 'Tensor':
         """Every worker's ``tensor`` concatenated along dim 0, in rank order."""
 
+    def alltoall(self, tensor: 'Tensor', counts: 'list[list[int]]') -> 'Tensor':
+        """The rows every worker sent here, in rank order: worker i sends its next
+        ``counts[i][j]`` rows to worker j (every worker passes the same ``counts``)."""
+
     def reducescatter(self, tensor: 'Tensor', op: 'ReduceOp') -> 'Tensor':
         """This worker's rows (``even_slices`` of dim 0) of the reduction."""
 

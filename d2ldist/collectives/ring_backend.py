@@ -33,7 +33,7 @@ def row_shape_code(tensor):
 
 # -- hvd.join(): what a worker out of data needs to take part in a collective ----------
 _STAND_INS = ('allreduce_', 'reducescatter', 'broadcast_', 'allgather',   # its methods
-              'reduce_scatter_flat', 'all_gather_flat_')
+              'reduce_scatter_flat', 'all_gather_flat_', 'alltoall')
 
 
 def _describe(method, tensor, **args):
@@ -52,7 +52,7 @@ def stand_in(replay, size):
     if method not in _STAND_INS or dtype is None or not isinstance(shape, list) \
             or not all(isinstance(n, int) and n >= 0 for n in shape):
         raise ValueError(f'no collective described: {str(replay)[:200]}')
-    if method == 'allgather':
+    if method in ('allgather', 'alltoall'):
         return method, torch.zeros((0, *shape[1:]), dtype=dtype), ()
     if method == 'all_gather_flat_':
         return method, torch.zeros(shape, dtype=dtype), (torch.zeros(0, dtype=dtype),)
@@ -67,7 +67,7 @@ def stand_in(replay, size):
 
 # what a worker in join() makes fail (Horovod's); the flat halves too: a worker out of
 # data has no shard of its own (ZeRO, sharded.py)
-REFUSED = ('broadcast_', 'allgather', 'reduce_scatter_flat', 'all_gather_flat_')
+REFUSED = ('broadcast_', 'allgather', 'reduce_scatter_flat', 'all_gather_flat_', 'alltoall')
 
 
 def equal_shard(flat, rank, size):
@@ -107,6 +107,18 @@ class RingBackend:
                                      _describe('allreduce_', tensor, op=op.name))
                 ops.finish_(flat, op, self.size)
         return tensor
+
+    def alltoall(self, tensor, counts):
+        """Through allgather: the ring passes data to neighbours only, so every worker
+        receives every row and keeps those sent to it (N times the bytes of a direct
+        exchange; fine for the small tensors of teaching, such as tokens routed to experts)."""
+        everything, r = self.allgather(tensor), self.rank
+        start, parts = 0, []
+        for row in counts:                 # worker i's rows, cut as counts[i] says
+            first = start + sum(row[:r])
+            parts.append(everything[first:first + row[r]])
+            start += sum(row)
+        return torch.cat(parts)
 
     def broadcast_(self, tensor, root):
         self._check(tensor)

@@ -223,7 +223,7 @@ def agree_on_gpus(store, rank, size, uuid):
 
 # -- hvd.join(): what each collective says first, as integers all-reduced with max -------
 CALLS = ('allreduce_', 'reducescatter', 'broadcast_', 'allgather', 'barrier',
-         'reduce_scatter_flat', 'all_gather_flat_')
+         'reduce_scatter_flat', 'all_gather_flat_', 'alltoall')
 _DTYPES, _OPS = list(DTYPES.values()), list(ops.OPS.values())
 ACTIVE, CALL, DTYPE, OP, ROOT, ROWS, ROW, SHAPE, FIRST, JOINED = range(10)  # JOINED: 1 a worker
 UNSUPPORTED = len(_DTYPES)       # the DTYPE a worker says for a dtype that none can send
@@ -263,8 +263,8 @@ def _disagreement(call, heard, low):
     """What the workers still training disagree on, from the max (``heard``) and min
     (``low``) of their codes; None if they agree (the rows of an allgather may differ)."""
     fields = [('collective', CALL), ('dtype', DTYPE), ('op', OP), ('root', ROOT),
-              ('row size', ROW)] + ([] if call == 'allgather' else [('rows', ROWS)]) + \
-        [('shape', SHAPE)]
+              ('row size', ROW)] + \
+        ([] if call in ('allgather', 'alltoall') else [('rows', ROWS)]) + [('shape', SHAPE)]
     names = {CALL: lambda i: CALLS[i - 1], DTYPE: lambda i: _DTYPES[i], OP: lambda i: _OPS[i].name}
     for what, i in fields:
         if heard[i] != low[i]:
@@ -337,6 +337,10 @@ class TorchBackend:
     def allgather(self, tensor):
         _refuse_if_joined('allgather', self._say('allgather', tensor))
         return self._allgather(tensor)
+
+    def alltoall(self, tensor, counts):
+        _refuse_if_joined('alltoall', self._say('alltoall', tensor))
+        return self._alltoall(tensor, counts)
 
     def reducescatter(self, tensor, op):
         self._say('reducescatter', tensor, op=op)
@@ -425,6 +429,18 @@ class TorchBackend:
         dist.all_gather(parts, padded)
         out = torch.cat([p[:c] for p, c in zip(parts, counts)])
         return out.reshape(out.shape[0], *tensor.shape[1:]).to(tensor.device, tensor.dtype)
+
+    def _alltoall(self, tensor, counts):
+        """Rows ``counts[rank][j]`` to worker j and ``counts[i][rank]`` from worker i, by
+        one all_to_all_single: each row crosses the network once, where an allgather (the
+        ring's way) would send every row to every worker. Nothing is added up, so the
+        rows travel as bytes, whatever their dtype."""
+        row = math.prod(tensor.shape[1:]) * tensor.element_size()    # bytes
+        X = tensor.to(self.device).contiguous().view(torch.uint8).view(tensor.shape[0], row)
+        receives = [sends[self.rank] for sends in counts]
+        out = X.new_empty((sum(receives), row))
+        dist.all_to_all_single(out, X, receives, counts[self.rank])
+        return out.view(tensor.dtype).view(out.shape[0], *tensor.shape[1:]).to(tensor.device)
 
     def _reducescatter(self, tensor, op):
         """This worker's rows (``even_slices`` of dim 0) of the reduction over all workers:

@@ -2,8 +2,8 @@
 
 Run under d2l-launch -n N -s 0: the launcher's environment lets both d2ldist and
 gloo (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) join the same job. Each worker
-prints one 'ok' line with its case counts and the bytes it sent for a reduce-scatter
-and an all-reduce, or exits at the first mismatch.
+prints one 'ok' line with its case counts and the bytes it sent for a reduce-scatter,
+an all-reduce and an all-to-all, or exits at the first mismatch.
 """
 import sys
 
@@ -25,7 +25,7 @@ TOL = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-5, torch.flo
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
           torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 LENGTHS = [0, 1, 2, N - 1, N + 1, 7, 13, 1009, 65537, 131101]
-counts = {'allreduce': 0, 'broadcast': 0, 'allgather': 0, 'reducescatter': 0,
+counts = {'allreduce': 0, 'broadcast': 0, 'allgather': 0, 'reducescatter': 0, 'alltoall': 0,
           'gloo lacks': set()}
 
 
@@ -142,12 +142,35 @@ for dtype in DTYPES:
                  f'reducescatter {op} {dtype} rows={rows}')
             counts['reducescatter'] += 1
 
+# -- alltoall: uneven splits (0 rows included), against gloo's all_to_all_single -------
+for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.bool):
+    for seed in range(4):
+        case += 1
+        g = torch.Generator().manual_seed(case)
+        splits = torch.randint(0, 4, (N, N), generator=g)    # splits[i, j]: i sends to j
+        if seed == 3:
+            splits = torch.full((N, N), 500)
+        X = rand((int(splits[r].sum()), 2, 3), dtype, case * 100 + r)
+        expect = X.new_empty((int(splits[:, r].sum()), 2, 3))
+        dist.all_to_all_single(expect.view(torch.uint8), X.view(torch.uint8),   # (moved as
+                               splits[:, r].tolist(), splits[r].tolist())       # bytes)
+        got, came = d2ldist.alltoall(X, splits[r])
+        same(got, expect, f'alltoall {dtype} splits={splits.tolist()}')
+        if came.tolist() != splits[:, r].tolist():
+            sys.exit(f'worker {r}: alltoall said {came.tolist()} rows came, not '
+                     f'{splits[:, r].tolist()}')
+        counts['alltoall'] += 1
+
 
 # -- bytes: a reduce-scatter sends (N-1)/N of the tensor, half an all-reduce's ----------
-def sent_by(call, *args):
-    """Bytes this worker sent for one call: the van's count of data on the ring; on
+def count():
+    """Bytes this worker has sent: the van's count of data on the ring; on
     torch.distributed the kernel's count on gloo's connections (its headers too)."""
-    count = (lambda: node.current().van.bytes_sent) if world.name() == 'ring' else wire_bytes_sent
+    return node.current().van.bytes_sent if world.name() == 'ring' else wire_bytes_sent()
+
+
+def sent_by(call, *args):
+    """Bytes this worker sent for one call of a backend's method."""
     before = count()
     world.run(call, *args).wait()
     return count() - before
@@ -164,9 +187,18 @@ headers = 0 if world.name() == 'ring' else 8 * 1024     # gloo's, and the calls'
 for call, times in (('reducescatter', 1), ('reduce_scatter_flat', 1), ('allreduce', 2)):
     if not times * ring <= sent[call] <= times * ring + headers:
         sys.exit(f'worker {r}: {call} sent {sent[call]:,} bytes, not {times} x {ring:,}')
+# an alltoall: on torch.distributed each row crosses once ((N-1)/N of X leaves); the ring
+# passes rows to neighbours only, so it goes through allgather (all of X, N-1 times over)
+before = count()
+d2ldist.alltoall(X)
+sent['alltoall'] = count() - before
+want = ring if world.name() == 'torch' else 4 * M * (N - 1)
+if not want <= sent['alltoall'] <= want + headers + 64 * N * N:       # (and the counts)
+    sys.exit(f'worker {r}: alltoall sent {sent["alltoall"]:,} bytes, not {want:,}')
 
 d2ldist.barrier()
 print(f'worker {r} of {N}: ok allreduce={counts["allreduce"]} broadcast={counts["broadcast"]} '
       f'allgather={counts["allgather"]} reducescatter={counts["reducescatter"]} '
+      f'alltoall={counts["alltoall"]} '
       f'sent={sent} gloo lacks={sorted(counts["gloo lacks"])}', flush=True)
 dist.destroy_process_group()

@@ -2,10 +2,11 @@
 
 Each job runs tests/jobs/collectives_vs_gloo.py: every dtype, op, odd and prime
 length (0, 1, ..., 1,000,003), strided inputs, every broadcast root, uneven
-all-gathers and reduce-scatters, compared with gloo on the same inputs in the same
-processes; and the bytes each worker sends for a reduce-scatter ((N-1)/N of the tensor)
-and an all-reduce (twice that), counted by the van on the ring and by the kernel on gloo's
-connections.
+all-gathers, reduce-scatters and all-to-alls, compared with gloo on the same inputs in the
+same processes; and the bytes each worker sends for a reduce-scatter ((N-1)/N of the
+tensor), an all-reduce (twice that) and an all-to-all ((N-1)/N on torch.distributed, N-1
+times the tensor through the ring's allgather), counted by the van on the ring and by the
+kernel on gloo's connections.
 """
 import subprocess
 import sys
