@@ -158,18 +158,15 @@ def reduce_scatter(args, world, dist, row):
     import torch
 
     import d2ldist
-    from d2ldist.collectives.torch_backend import TorchBackend
+    from d2ldist.collectives.torch_backend import REDUCE_SCATTER, TorchBackend
     N, ring, torch_backend = dist.get_world_size(), world.backend(), TorchBackend()
     bus = (N - 1) / N
 
     def d2l_ring(X):
         world.run(ring.reduce_scatter_flat, X, d2ldist.Sum).wait()
 
-    gloo_reduce_scatter = getattr(dist, 'reduce_scatter_single', None) or \
-        dist.reduce_scatter_tensor             # (torch 2.14's name, and the older one)
-
     def gloo(X):
-        gloo_reduce_scatter(torch.empty(X.numel() // N), X, dist.ReduceOp.SUM)
+        REDUCE_SCATTER(torch.empty(X.numel() // N), X, dist.ReduceOp.SUM)
 
     def all_to_all(X):
         torch_backend.reduce_scatter_flat(X, d2ldist.Sum)

@@ -60,9 +60,10 @@ from ..runtime.wire import DTYPES, dtype_name
 from . import ops
 from .ring_backend import REFUSED, equal_shard, row_shape_code, stand_in
 
-# the flat halves of an all-reduce (ZeRO, sharded.py): torch 2.14 renamed them
-_REDUCE_SCATTER = getattr(dist, 'reduce_scatter_single', None) or dist.reduce_scatter_tensor
-_ALL_GATHER = getattr(dist, 'all_gather_single', None) or dist.all_gather_into_tensor
+# the flat halves of an all-reduce (ZeRO, sharded.py): torch 2.14 renamed them (the
+# benchmarks call torch's own through these names too)
+REDUCE_SCATTER = getattr(dist, 'reduce_scatter_single', None) or dist.reduce_scatter_tensor
+ALL_GATHER = getattr(dist, 'all_gather_single', None) or dist.all_gather_into_tensor
 
 
 def rendezvous_env(env=os.environ):
@@ -465,7 +466,7 @@ class TorchBackend:
             out = self._scatter_reduce(X, [b - a] * self.size, op, flat.dtype)
         else:
             out = torch.empty(b - a, dtype=X.dtype, device=self.device)
-            _REDUCE_SCATTER(out, X, getattr(dist.ReduceOp, op.torch_name))
+            REDUCE_SCATTER(out, X, getattr(dist.ReduceOp, op.torch_name))
             ops.finish_(out, op, self.size)
         return out.to(flat.device, flat.dtype)
 
@@ -490,7 +491,7 @@ class TorchBackend:
         """torch's all-gather into one tensor (the shard copied: it may be a view of flat)."""
         equal_shard(flat, self.rank, self.size)
         with staged(flat, self.device, self._wider(flat.dtype)) as X:
-            _ALL_GATHER(X, shard.to(self.device, X.dtype, copy=True))
+            ALL_GATHER(X, shard.to(self.device, X.dtype, copy=True))
         return flat
 
     def _barrier(self):
