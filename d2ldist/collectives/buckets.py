@@ -27,11 +27,13 @@ class Buckets:
 
     numels: elements of each parameter; kinds: what may not share a bucket (dtype,
     device), one per parameter; start(b, indices): start bucket b's all-reduce and
-    return something with ``wait()``.
+    return something with ``wait()``; finish(b, indices), if given: called in
+    ``wait()`` as soon as bucket b's has ended, while the later ones may still run.
     """
 
-    def __init__(self, numels, element_sizes, kinds, start, cap_mb=BUCKET_CAP_MB):
-        self.start, cap = start, cap_mb * 1024 * 1024
+    def __init__(self, numels, element_sizes, kinds, start, cap_mb=BUCKET_CAP_MB,
+                 finish=None):
+        self.start, self.finish, cap = start, finish, cap_mb * 1024 * 1024
         self.groups, current, nbytes = [], [], 0   # groups: lists of parameter indices
         for i in reversed(range(len(numels))):
             size = numels[i] * element_sizes[i]
@@ -74,8 +76,10 @@ class Buckets:
         """Start what is left (call after filling ``missing()``), wait for every bucket."""
         for i in self.missing():
             self.ready(i)
-        for handle in self.handles:
+        for b, handle in enumerate(self.handles):
             handle.wait()
+            if self.finish is not None:
+                self.finish(b, self.groups[b])
         self._reset()
 
 
@@ -84,16 +88,16 @@ class BackwardBuckets(Buckets):
 
     A hook on each parameter: when backward has produced its gradient (on the last of
     ``backward_passes`` passes, which add up in ``.grad``), ``fill(i)`` puts it in its
-    bucket, and the bucket starts if it is complete (``ready(i)``). ``start``, ``kinds``
-    and ``cap_mb`` as ``Buckets``'. After backward: fill the gradients that never came
-    (``missing()``), then ``wait()``.
+    bucket, and the bucket starts if it is complete (``ready(i)``). ``start``, ``kinds``,
+    ``cap_mb`` and ``finish`` as ``Buckets``'. After backward: fill the gradients that
+    never came (``missing()``), then ``wait()``.
     """
 
     def __init__(self, params, fill, start, kinds=None, cap_mb=BUCKET_CAP_MB,
-                 backward_passes=1):
+                 backward_passes=1, finish=None):
         self.fill, self.backward_passes = fill, backward_passes
         super().__init__([p.numel() for p in params], [p.element_size() for p in params],
-                         kinds or [None] * len(params), start, cap_mb)
+                         kinds or [None] * len(params), start, cap_mb, finish)
         for i, p in enumerate(params):
             p.register_post_accumulate_grad_hook(lambda p, i=i: self._produced(i))
 

@@ -11,13 +11,15 @@ network, keys 0, 1, 2, ...) and is shared by all workers. What the Trainer needs
   The Trainer's values are views of one flat buffer, in key order
   (``trainer.flat_grads``), so a ring all-reduces that buffer at once;
 - optionally ``device``: where the store sums (the CPU unless said otherwise; 'torch'
-  on NCCL: the worker's GPU); the Trainer keeps ``flat_grads`` there;
+  on NCCL: the worker's GPU; None: anywhere, as the ring alone, which sums nothing); the
+  Trainer keeps ``flat_grads`` there (None: on its first device);
 - ``init(keys, values, optimizer=False)`` for keys that are not weights (the
   BatchNorm statistics the Trainer shares): a store that runs an optimizer must
   not apply it to them, only sum (or, asynchronous, add) their pushes;
-- optionally ``allreduce_async_(tensor)``: start summing one slice of that buffer
-  and return a handle to ``wait()`` on; the Trainer then starts the slices
-  (buckets) during backward instead of calling ``pushpull``.
+- optionally ``allreduce_async_(tensor, after)``: start summing one slice of that
+  buffer (once the CUDA event ``after``, if any, has happened) and return a handle to
+  ``wait()`` on; the Trainer then starts the slices (buckets) during backward instead
+  of calling ``pushpull``.
 
 A store that can also run the optimizer itself (a parameter server does: the
 servers update the weights they hold) has more; the Trainer then pushes
@@ -77,8 +79,13 @@ class AllreduceStore:
             self._run = lambda fn, *args: Handle.finished(fn(*args))
         self.rank, self.num_workers = self._backend.rank, self._backend.size
         # where it sums: the ring on the CPU; torch.distributed there too on gloo, on the
-        # worker's GPU on NCCL (the Trainer's gradients then never leave it)
-        self.device = self._backend.device if kind == 'torch' else torch.device('cpu')
+        # worker's GPU on NCCL (the Trainer's gradients then never leave it). The ring
+        # alone has nothing to sum: None, the gradients stay where they are (on a GPU,
+        # no copy down to the host and up again)
+        if kind == 'torch':
+            self.device = self._backend.device
+        else:
+            self.device = torch.device('cpu') if self.num_workers > 1 else None
         self._values = {}
         self._codec = None        # fp16 / bf16 on the wire (set_gradient_compression)
         self._plain = set()       # keys that are not gradients: never compressed
@@ -89,7 +96,7 @@ class AllreduceStore:
 
         (``optimizer=False``: not gradients, so never compressed; pushpull only sums.)
         """
-        with staged(values, self.device) as flat:
+        with staged(values, self.device or values[0].device) as flat:
             self._run(self._backend.broadcast_, flat, 0).wait()
         self._values.update(zip(keys, values))
         if not optimizer:
@@ -114,30 +121,32 @@ class AllreduceStore:
     def pushpull(self, keys, values, out):
         """Sum values over all workers into out: one all-reduce of the flat buffer
         (through the codec, unless the keys were made with ``optimizer=False``)."""
-        with staged(values, self.device) as flat:
-            self._sum(flat, coded=not self._plain.intersection(keys)).wait()
+        with staged(values, self.device or values[0].device) as flat:
+            self._run(self._allreduce_, flat, not self._plain.intersection(keys)).wait()
         for v, o in zip(values, out):
             if o is not v:
                 o.copy_(v)
 
-    def allreduce_async_(self, tensor):
+    def allreduce_async_(self, tensor, after=None):
         """Start summing a contiguous tensor of gradients over all workers, in place;
         ``.wait()`` for it.
 
         The Trainer starts one per bucket of gradients during backward. 'ring' runs it on
         the communication thread, so backward goes on meanwhile; 'torch' finishes it here.
+        ``after``: a CUDA event recorded behind the copies that fill ``tensor`` from a
+        GPU; the thread that sums waits for it, so backward's thread never does.
         """
-        return self._sum(tensor, coded=True)
+        return self._run(self._allreduce_, tensor, True, after)
 
-    def _sum(self, tensor, coded):
+    def _allreduce_(self, tensor, coded, after=None):
+        """On the thread that sums (once ``after`` has happened): the sum over all
+        workers, in place; through 16 bits if ``coded`` and compression is on (cast,
+        all-reduce, cast back). (Its name is the timeline's: 'allreduce'.)"""
         from ..collectives import ops
+        if after is not None:
+            after.synchronize()         # step 3's copies from the GPU have landed
         if self._codec is None or not coded:
-            return self._run(self._backend.allreduce_, tensor, ops.Sum)
-        return self._run(self._sum_coded_, tensor)
-
-    def _sum_coded_(self, tensor):
-        """The sum through 16 bits: cast, all-reduce, cast back into ``tensor``."""
-        from ..collectives import ops
+            return self._backend.allreduce_(tensor, ops.Sum)
         wire, ctx = self._codec.compress(tensor)
         self._backend.allreduce_(wire, ops.Sum)
         return tensor.copy_(self._codec.decompress(wire, ctx))

@@ -36,11 +36,15 @@ own work, wherever it ran (step 1 does not count the hooks' steps 2 to 4).
 
 Where the buffers live. ``flat_grads`` is where the store sums: host memory (pinned
 when there are GPUs, so step 3's copies do not block), or the GPU itself for 'torch' on
-NCCL, which sums there. ``flat_weights`` is where the update runs: host memory that
-the servers' new weights are pulled into, when the store updates; ``devices[0]`` when
-the Trainer updates ('ring', 'torch', ...: on a GPU, as DDP's optimizer runs), and then
-the weights of the network on ``devices[0]`` are views of it, so step 6 has nothing to
-copy (on the CPU that is always so).
+NCCL, which sums there, and for a ring of one worker, which sums nothing. ``flat_weights``
+is where the update runs: host memory that the servers' new weights are pulled into,
+when the store updates; ``devices[0]`` when the Trainer updates ('ring', 'torch', ...: on
+a GPU, as DDP's optimizer runs), and then the weights of the network on ``devices[0]``
+are views of it, so step 6 has nothing to copy (on the CPU that is always so). From a
+GPU through the host, overlap keeps the GPU busy: backward's hook only queues a bucket's
+copies down and a CUDA event behind them (the communication thread waits for the event,
+not backward), and step 4 sends each bucket's sum back up as soon as it is in, while
+the next is still being summed.
 
 BatchNorm: each replica normalizes its own slice with that slice's statistics
 (as MXNet and DistributedDataParallel do without synchronized BatchNorm); its
@@ -145,10 +149,15 @@ class Trainer:
             raise ValueError('all parameters must have the same dtype')
         numels = [p.numel() for p in self.params[0]]
         dtype, gpu = self.params[0][0].dtype, any(d.type == 'cuda' for d in self.devices)
-        grads_at = getattr(self.store, 'device', 'cpu')
+        grads_at = getattr(self.store, 'device', 'cpu') or self.devices[0]   # None: anywhere
         weights_at = 'cpu' if self.update_on_kvstore else self.devices[0]
         self.flat_grads = staging.buffer(sum(numels), dtype, grads_at, gpu).zero_()
         self.flat_weights = staging.buffer(sum(numels), dtype, weights_at, gpu).zero_()
+        # the summed gradients on the GPU the weights are on, when they are summed on the
+        # host and the Trainer updates (step 5's copy up lands here)
+        self._grads_up = None
+        if not self.update_on_kvstore and self.flat_grads.device != self.flat_weights.device:
+            self._grads_up = torch.empty_like(self.flat_grads, device=weights_at)
         self._grads = [v.view_as(p) for v, p in zip(self.flat_grads.split(numels),
                                                     self.params[0])]
         self._weights = [v.view_as(p) for v, p in zip(self.flat_weights.split(numels),
@@ -165,7 +174,8 @@ class Trainer:
             # in order: a bucket is a slice of flat_grads
             self._offsets = list(itertools.accumulate(numels, initial=0))
             self._buckets = BackwardBuckets(self.params[-1], self._gradient_ready,
-                                            self._start_bucket, cap_mb=bucket_cap_mb)
+                                            self._start_bucket, cap_mb=bucket_cap_mb,
+                                            finish=self._bucket_summed)
         self._timers = []   # the timed blocks running now, innermost last
         self.last_batch_end = None   # when train_batch last ended (for the timeline)
         self._initialized = False
@@ -316,8 +326,11 @@ class Trainer:
         if self.update_on_kvstore:
             self.store.pull(self.keys, out=self._weights)
         else:                       # every worker: the same update of the same sum
-            # (to the GPU the weights are on, if they are: one copy of the sum)
-            grad = self.flat_grads.to(self.flat_weights.device, non_blocking=True)
+            grad = self.flat_grads
+            if self._grads_up is not None:    # to the GPU the weights are on (with buckets:
+                grad = self._grads_up         # copied up bucket by bucket, as each was summed)
+                if self._buckets is None:
+                    grad.copy_(self.flat_grads, non_blocking=True)
             if self._buckets is not None:
                 grad.mul_(scale)    # backward's hooks summed them before batch_size was known
             self.flat_weights.grad = grad
@@ -350,15 +363,30 @@ class Trainer:
         with self.timed(2, count=False):
             g = self._sum_replicas(i)                          # 2. (step 5 scales it)
         with self.timed(3, count=False):
-            staging.copy_([self._grads[i]], [g], wait=False)   # 3. (_start_bucket waits)
+            staging.copy_([self._grads[i]], [g], wait=False)   # 3. (the summing thread waits)
 
     def _start_bucket(self, b, indices):
-        """Step 4 for one bucket: start all-reducing its slice of flat_grads."""
+        """Step 4 for one bucket: start all-reducing its slice of flat_grads (from a GPU,
+        once step 3's copies have landed: the thread that sums waits for them, backward
+        goes on)."""
         with self.timed(4, count=False):
+            landed = None
             if self.devices[0].type == 'cuda' and self.flat_grads.device.type == 'cpu':
-                torch.cuda.synchronize(self.devices[0])   # the copies to the host must land
-            start, stop = self._offsets[min(indices)], self._offsets[max(indices) + 1]
-            return self.store.allreduce_async_(self.flat_grads[start:stop])
+                landed = torch.cuda.Event()      # behind the copies to the host, in order
+                landed.record(torch.cuda.current_stream(self.devices[0]))
+            return self.store.allreduce_async_(self.flat_grads[self._span(indices)],
+                                               after=landed)
+
+    def _bucket_summed(self, b, indices):
+        """When a bucket's sum is in (step 4 waits for it): from the host on to the GPU
+        the weights are on, while the next bucket is still being summed."""
+        if self._grads_up is not None:
+            span = self._span(indices)
+            self._grads_up[span].copy_(self.flat_grads[span], non_blocking=True)
+
+    def _span(self, indices):
+        """The slice of flat_grads that holds parameters min(indices)..max(indices)."""
+        return slice(self._offsets[min(indices)], self._offsets[max(indices) + 1])
 
     def _init_buffers(self):
         """The host copy of the floating-point buffers (BatchNorm's running means and

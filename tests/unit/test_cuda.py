@@ -73,12 +73,27 @@ def test_seven_steps_on_cuda_equal_the_cpu(replicas, update_on_kvstore):
 
 
 def test_buckets_overlapping_backward_on_cuda_equal_the_cpu():
-    """The ring's path (a ring of one worker): buckets start in backward's hooks, after
-    their non-blocking copies to pinned memory have landed."""
+    """The ring's path with two workers or more (a ring of one worker told to sum on the
+    host): buckets start in backward's hooks, summed once their non-blocking copies to
+    pinned memory have landed (a CUDA event the summing thread waits for), and each sum
+    goes back up to the GPU as soon as it is in."""
+    gpus = parse_devices('cuda:0,cuda:0')
+    on_host = AllreduceStore('ring')
+    on_host.device = cpu()                  # as with two workers: the ring sums on the host
+    on_gpu = train(gpus, on_host, bucket_cap_mb=0.001)
+    on_cpu = train([cpu(), cpu()], AllreduceStore('ring'), bucket_cap_mb=0.001)
+    assert len(on_gpu._buckets) > 1
+    assert on_gpu.flat_grads.is_pinned() and on_gpu._grads_up.device.type == 'cuda'
+    assert_same_weights(on_gpu, on_cpu)
+    assert_replicas_identical(on_gpu)
+
+
+def test_a_ring_of_one_worker_keeps_the_gradients_on_the_gpu():
+    """Alone the ring sums nothing: no staging, flat_grads on the GPU, the same steps."""
     gpus = parse_devices('cuda:0,cuda:0')
     on_gpu = train(gpus, AllreduceStore('ring'), bucket_cap_mb=0.001)
     on_cpu = train([cpu(), cpu()], AllreduceStore('ring'), bucket_cap_mb=0.001)
-    assert len(on_gpu._buckets) > 1
+    assert on_gpu.flat_grads.device.type == 'cuda' and on_gpu._grads_up is None
     assert_same_weights(on_gpu, on_cpu)
     assert_replicas_identical(on_gpu)
 

@@ -226,7 +226,8 @@ class RecordingAllreduceStore:
     def pushpull(self, keys, values, out):
         raise AssertionError('with overlap the Trainer all-reduces buckets, not pushpull')
 
-    def allreduce_async_(self, tensor):
+    def allreduce_async_(self, tensor, after=None):
+        assert after is None        # (a CUDA event: only behind copies from a GPU)
         self.started.append(tensor.numel())
         done = torch.futures.Future()   # the sum over one worker: the tensor as it is
         done.set_result(tensor)
@@ -245,6 +246,37 @@ def test_buckets_start_during_backward_last_layers_first():
     trainer.step(6)
     assert [trainer._time_counts[s] for s in range(2, 8)] == [1] * 6
     assert store.started == sizes[::-1]              # step() started nothing more
+
+
+def test_each_bucket_finishes_as_soon_as_its_sum_is_in_while_later_ones_run():
+    """Buckets.wait(): finish(b) after bucket b's handle, before waiting for b + 1's."""
+    from d2ldist.collectives.buckets import Buckets
+    events = []
+
+    class Handle:
+        def __init__(self, b):
+            self.b = b
+
+        def wait(self):
+            events.append(('wait', self.b))
+
+    buckets = Buckets([4, 4, 4], [4] * 3, [None] * 3, lambda b, group: Handle(b),
+                      cap_mb=4e-6, finish=lambda b, group: events.append(('finish', b, group)))
+    for i in (2, 1, 0):
+        buckets.ready(i)
+    buckets.wait()
+    assert events == [('wait', 0), ('finish', 0, [2]), ('wait', 1), ('finish', 1, [1]),
+                      ('wait', 2), ('finish', 2, [0])]
+
+
+def test_a_ring_of_one_worker_sums_nothing_so_the_gradients_stay_on_the_device():
+    """Alone, the ring store has no device of its own: the Trainer keeps flat_grads on
+    devices[0] (on a GPU: no copy down to the host and up again, tests/unit/test_cuda.py)."""
+    from d2ldist.training.stores import AllreduceStore
+    store = AllreduceStore('ring')
+    assert store.num_workers == 1 and store.device is None
+    trainer = Trainer(small_cnn(), 'sgd', HYPER, kvstore=store, devices=[cpu()])
+    assert trainer.flat_grads.device == cpu() and trainer._grads_up is None
 
 
 def test_overlap_takes_the_same_steps_as_one_step_after_the_other():
