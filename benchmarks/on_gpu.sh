@@ -39,5 +39,6 @@ if [ "$GPUS" -ge 2 ]; then
 else
     part 150 $TT -n 2 -s 2               # two workers share the GPU: DDP on gloo
 fi
+part 150 $TT -n 2 -s 2 --servers-sum     # the servers only sum; the GPUs update
 echo; echo "figures: $RESULTS"
 exit $status

@@ -9,7 +9,9 @@ One job of 2 workers and 2 servers (d2l-launch -n 2 -s 2). In that job every wor
 trains d2l's ResNet-18 (32x32 random inputs, 10 classes, SGD with momentum) in
 three ways, taking turns, round after round, so that all three see the same load:
 
-- ``dist_sync``: d2ldist.Trainer with kvstore 'dist_sync' (the 2 servers update);
+- ``dist_sync``: d2ldist.Trainer with kvstore 'dist_sync' (the 2 servers update; with
+                 ``--servers-sum`` they only sum, and each worker updates on its device,
+                 as BytePS's summation service);
 - ``ring``:      d2ldist.Trainer with kvstore 'ring' (d2ldist's ring all-reduce);
 - ``ddp``:       torch's DistributedDataParallel on gloo, torch.optim.SGD (the plain
                  kernel, like the Trainer's, so that only the distribution differs).
@@ -83,6 +85,9 @@ def parse(argv=None):
                    help="cuda: each worker's GPU is its local rank's (GPUs may be shared)")
     p.add_argument('--replicas', type=int, default=1,
                    help="replicas of the network per worker for the Trainer, on its device")
+    p.add_argument('--servers-sum', action='store_true',
+                   help="dist_sync's servers only sum; each worker's Trainer updates the "
+                        "weights on its device (BytePS's summation service)")
     p.add_argument('-n', '--workers', type=int, default=2)
     p.add_argument('-s', '--servers', type=int, default=2)
     p.add_argument('--save', default=None, metavar='FILE',
@@ -128,7 +133,9 @@ def worker(args):
         return d2ldist.resnet18(10, width=args.width)
 
     kinds = kinds_of(args)
-    trainers = {kind: d2ldist.Trainer(net(), 'sgd', hyper, kvstore=kind, devices=devices)
+    on_servers = {'dist_sync': not args.servers_sum}     # (the others: on the worker)
+    trainers = {kind: d2ldist.Trainer(net(), 'sgd', hyper, kvstore=kind, devices=devices,
+                                      update_on_kvstore=on_servers.get(kind))
                 for kind in kinds if kind != 'ddp'}
     ddp = nn.parallel.DistributedDataParallel(
         net().to(device), device_ids=[device.index] if device.type == 'cuda' else None)
@@ -192,7 +199,8 @@ def main(argv=None):
     ips = result['images_per_s']
     print(f'# training throughput: ResNet-18 (width {args.width}, {result["params"] / 1e6:.1f} M '
           f'parameters), 32x32 random inputs, batch {args.batch_size} per worker, '
-          f'{args.workers} workers, {args.servers} servers for dist_sync; {os.cpu_count()} CPUs; '
+          f'{args.workers} workers, {args.servers} servers for dist_sync'
+          f'{" (they only sum)" if args.servers_sum else ""}; {os.cpu_count()} CPUs; '
           f'{args.rounds} rounds x {args.steps} steps each')
     print(f'# device: {result["device"]}, {args.replicas} replica(s) per worker for the '
           f'Trainer; DDP on {result["ddp_backend"]}')
@@ -224,7 +232,8 @@ def save(path, args, result):
                  f'{args.batch_size} per worker, {args.rounds} rounds x {args.steps} steps',
         'jobs': []}
     options = f'-n {args.workers} -s {args.servers}' + \
-        (f' --replicas {args.replicas}' if args.replicas != 1 else '')
+        (f' --replicas {args.replicas}' if args.replicas != 1 else '') + \
+        (' --servers-sum' if args.servers_sum else '')
     data['jobs'] = [j for j in data['jobs'] if j['options'] != options] + [{
         'options': options, 'ddp_backend': result['ddp_backend'],
         'images_per_s': {k: round(v, 1) for k, v in result['images_per_s'].items()},

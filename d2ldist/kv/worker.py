@@ -70,19 +70,22 @@ class KVStore:
         self._meta = {}          # key -> (shape, dtype) given at init
         self.optimizer = None    # (name, hyperparameters) of the last set_optimizer
         self._pinned = {}        # ('push' or 'pull', key) -> pinned CPU buffer for CUDA
-        self._plain = set()      # keys the optimizer does not update (never compressed)
+        self._plain = set()      # keys the optimizer does not update
+        self._whole = set()      # keys whose pushes are never compressed
         self._codec = None       # gradient compression (runtime/compression.py), if any
         self.gradient_compression = None
 
     rank, num_workers, is_recovery = 0, 1, False
 
     # -- the API -------------------------------------------------------------------------
-    def init(self, key, value, optimizer=True):
+    def init(self, key, value, optimizer=True, compress=None):
         """Give keys their initial values (call it on every worker with the same values).
 
         ``optimizer=False``: the optimizer never updates these keys (the Trainer's
-        BatchNorm statistics): their pushes are summed (sync) or added (async) as
-        if no optimizer were set.
+        BatchNorm statistics; the gradients of a Trainer that updates the weights itself):
+        their pushes are summed (sync) or added (async) as if no optimizer were set.
+        ``compress``: whether gradient compression codes their pushes (default: as
+        ``optimizer``; statistics travel whole, gradients may be coded).
         """
         keys, values = _lists(key, value)
         for k, v in zip(keys, values):
@@ -92,6 +95,8 @@ class KVStore:
             self._meta[k] = (tuple(v.shape), v.dtype)
             if not optimizer:
                 self._plain.add(k)
+            if not (optimizer if compress is None else compress):
+                self._whole.add(k)
         self._init(keys, [self._to_cpu(k, _first(v)) for k, v in zip(keys, values)],
                    optimizer)
 
@@ -209,7 +214,7 @@ class KVStore:
 
     def _coded(self, key):
         """The codec for a push of ``key`` (None: whole)."""
-        return None if key in self._plain else self._codec
+        return None if key in self._whole else self._codec
 
     def compression_residuals(self):
         """What 2-bit compression has kept back on this worker (error feedback), whole

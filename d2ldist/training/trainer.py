@@ -190,7 +190,10 @@ class Trainer:
             return
         for w, p in zip(self._weights, self.params[0]):
             w.copy_(p.detach())
-        self.store.init(self.keys, self._weights)
+        if self.update_on_kvstore or not hasattr(self.store, 'set_optimizer'):
+            self.store.init(self.keys, self._weights)
+        else:   # the store only sums them, whatever optimizer another Trainer sets on it
+            self.store.init(self.keys, self._weights, optimizer=False, compress=True)
         self.store.pull(self.keys, out=self._weights)
         if self.flat_weights.device == self.params[0][0].device:   # updated there: share it
             for p, w in zip(self.params[0], self._weights):

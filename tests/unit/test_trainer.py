@@ -326,6 +326,20 @@ def test_two_trainers_share_a_store():
     for a, b in zip(nets, alone):
         for p, q in zip(a.parameters(), b.parameters()):
             assert torch.equal(p, q)
+    # a Trainer that updates the weights itself (the store only sums) shares it too, made
+    # before or after one that sets the store's optimizer: its sums are never updated
+    for first_sums in (True, False):
+        store, nets = LocalKVStore(), [small_cnn(), small_cnn()]
+        twin = copy.deepcopy(nets[0])
+        on_own = [True, False] if first_sums else [False, True]
+        trainers = [Trainer(n, 'sgd', HYPER, kvstore=store, update_on_kvstore=not own)
+                    for n, own in zip(nets if first_sums else nets[::-1], on_own)]
+        alone = Trainer(twin, 'sgd', HYPER, kvstore=LocalKVStore(), update_on_kvstore=False)
+        for X, y in batches(3, 8):
+            for t in trainers + [alone]:
+                train_batch(X, y, t.replicas[0], LOSS, t, t.devices)
+        for p, q in zip(nets[0].parameters(), twin.parameters()):
+            assert torch.equal(p, q)
     # updating in the store, another optimizer on the same store is refused in one line
     other = Trainer(small_cnn(), 'sgd', dict(HYPER, lr=0.5), kvstore=store)
     with pytest.raises(ValueError, match='already runs sgd'):
