@@ -25,15 +25,16 @@ issue's): the ring >= 0.95 of the link at >= 16 MB, the parameter server with n 
 0.9 of its model, both >= gloo. Everything the benchmark made is removed at the end.
 
 Measured on this 2-core machine, quiet, the defaults (23.4 MB), the ring on its own TCP
-streams (d2ldist/runtime/stream.py), in three of the machine's states (eight runs in all;
-docs/performance.md has the table and what it means):
+streams (d2ldist/runtime/stream.py), in four of the machine's states (twelve runs in all;
+docs/performance.md has the table and what it means), the parameter server's workers
+pushing to the servers in turn (PS n=2 before: 0.75-0.87 at 1 Gbit/s, 0.88 at 200 Mbit/s):
 
     link        tcp        ring (/ of tcp)          gloo (/ of tcp)          PS n=1     PS n=2
-    1 Gbit/s    0.72-0.94  0.68-0.92 / 0.85-1.04    0.64-0.94 / 0.78-1.00    0.85-0.91  0.80-0.87
-    200 Mbit/s  0.94-0.95  0.94 / 0.99-1.00         0.94-0.95 / 1.00         0.95-0.96  0.88
+    1 Gbit/s    0.67-0.94  0.65-0.92 / 0.85-1.04    0.62-0.94 / 0.78-1.00    0.82-0.91  0.68-0.81
+    200 Mbit/s  0.94-0.95  0.94 / 0.99-1.00         0.94-0.95 / 1.00         0.95-0.96  0.95
 
 At 200 Mbit/s the link is the limit and every method gets what plain TCP gets. At 1 Gbit/s
-the machine is: plain TCP itself moved from 0.72 to 0.94 between runs, and ring / gloo from
+the machine is: plain TCP itself moved from 0.67 to 0.94 between runs, and ring / gloo from
 0.97 to 1.24. Plain TCP stays below the 0.95 target: its headers take ~4.5 % of a tc-shaped
 link (66 bytes a 1448-byte segment).
 """

@@ -588,11 +588,16 @@ class DistKVStore(KVStore):
         VALUES answer; what it returns, if anything, is called once every answer has
         come (``_receiver``'s reads in place end there)."""
         keys = _keys([k for _, _, header, _ in msgs for k in M.keys_of(header.get('parts', []))])
-        start, waiting, sent = time.time(), {}, {}
+        start, waiting, sent, leaving = time.time(), {}, {}, []
         for to, kind, header, frames in msgs:
             rid = next(self._ids)
             sent[rid] = (to, kind, dict(header, id=rid, **_shard_of(to)), frames)
-            waiting[rid] = self._send(*sent[rid])
+            # Between hosts, to the servers in turn, as the cost model has it (cost.py): the
+            # last message's bytes leave before this one's, so the first server's round
+            # closes, and its answer comes, while the next server's push is on the wire.
+            # (On one host the copies are the limit, not a link: all at once.)
+            self._node.wait_sent(leaving, hang.LOOK)
+            waiting[rid], leaving = self._send(*sent[rid])
         answers, ends, reading = [], [], {}     # reading: server -> rids read in place
         while waiting:                   # (a long wait: ask the servers who is missing)
             servers = sorted(set(waiting.values()))
@@ -608,7 +613,7 @@ class DistKVStore(KVStore):
             if msg.kind == protocol.SERVERS:            # a server lost: ask its replica
                 for rid, server in waiting.items():
                     if isinstance(sent[rid][0], int) and server != self._node.head(sent[rid][0]):
-                        waiting[rid] = self._send(*sent[rid])
+                        waiting[rid], _ = self._send(*sent[rid])
                 continue
             if msg.kind == stream.READ:                 # an answer's values are in place
                 if reading.get(msg.sender):
@@ -636,10 +641,11 @@ class DistKVStore(KVStore):
         return answers
 
     def _send(self, to, kind, header, frames):
-        """Send one request to the head of its shard (or to a server named); to whom."""
+        """Send one request to the head of its shard (or to a server named): to whom, and
+        (to another host) the trackers of the big frames ZeroMQ may still be sending."""
         server = self._node.head(to) if isinstance(to, int) else to
-        self._node.send(server, kind, header, frames)
-        return server
+        track = self._node.van.leaves_host(server)
+        return server, self._node.send(server, kind, header, frames, track=track)
 
     # -- looking inside the servers -----------------------------------------------------------
     def server_info(self):

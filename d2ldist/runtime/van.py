@@ -157,6 +157,7 @@ class Van:
         # carry the bytes): our blocks, the peers that may use them, others' blocks
         self.shm = shm.Pool() if shm.enabled(cfg) and self.pacer is None else None
         self._shm_peers, self._shm_maps = set(), shm.Mapper()
+        self._near = set()                     # the peers on this host (shm or not)
         self.streams = []                      # stream.py's ends (the ring's, kv's links)
         self._poller = self._polled = None   # recv's poller while the streams' sockets stay
         self.host, self.port, self._router = host, None, None
@@ -183,6 +184,9 @@ class Van:
         it may go through shared memory."""
         with self.send_lock:
             self._shm_peers.discard(peer_id)
+            self._near.discard(peer_id)
+            if same_host:
+                self._near.add(peer_id)
             if same_host and self.shm is not None:
                 self._shm_peers.add(peer_id)
             old = self._peers.pop(peer_id, None)
@@ -204,6 +208,11 @@ class Van:
 
     def is_connected(self, peer_id):
         return peer_id in self._peers
+
+    def leaves_host(self, peer_id):
+        """Whether messages to the peer cross a link to another host (which then limits
+        them, rather than this host's copies)."""
+        return peer_id not in self._near and self.pacer is None
 
     def through_socket(self, peer_id):
         """Whether big frames to the peer cross a real socket: not through shared

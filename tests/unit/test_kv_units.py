@@ -393,3 +393,38 @@ def test_a_sync_round_adds_the_pushes_in_rank_order_whatever_order_they_come_in(
     rows.add('worker:2', RowPart(0, 'float32', [2], 0, 2, torch.tensor([1]),
                                  torch.tensor([1.0])), like)
     assert rows.total(like).tolist() == [0.0, 1.0] and rows.touched.tolist() == [False, True]
+
+
+def test_between_hosts_a_worker_pushes_to_the_servers_in_turn():
+    """The cost model's order (d2ldist/cost.py): to another host, a push's big frames have
+    left before the next server's push starts (its trackers waited for); the last is not
+    waited for, and on one host (no link to share) nothing is."""
+    import itertools
+    from types import SimpleNamespace
+    from d2ldist.kv import messages as M
+    from d2ldist.kv.worker import DistKVStore
+
+    def ask(leaves_host):
+        events, answers = [], []
+
+        def send(server, kind, header, frames, track):
+            events.append(('send', server))
+            answers.append(SimpleNamespace(kind=M.ACK, get=dict(id=header['id']).get,
+                                           frames=[], sender=server))
+            return [f'frames to {server}'] if track else []
+
+        store = DistKVStore.__new__(DistKVStore)
+        store._ids = itertools.count()
+        store._node = SimpleNamespace(
+            head=lambda shard: f'server:{shard}', send=send,
+            van=SimpleNamespace(leaves_host=lambda peer: leaves_host),
+            wait_sent=lambda trackers, timeout: trackers and events.append(('wait', trackers)),
+            recv=lambda kinds, wait: answers.pop(0))
+        store._ask([(s, M.PUSH, {}, [b'x' * 100_000]) for s in range(3)])
+        return events
+
+    assert ask(leaves_host=True) == [
+        ('send', 'server:0'), ('wait', ['frames to server:0']),
+        ('send', 'server:1'), ('wait', ['frames to server:1']), ('send', 'server:2')]
+    assert ask(leaves_host=False) == [('send', 'server:0'), ('send', 'server:1'),
+                                      ('send', 'server:2')]
