@@ -189,8 +189,9 @@ class Node:
 
     @staticmethod
     def wait_sent(trackers, timeout):
-        """Wait until the frames of a ``send(track=True)`` have left for the kernel (False
-        after ``timeout`` seconds: a peer that stopped reading is the hang detector's)."""
+        """Wait until the frames of a ``send(track=True)`` have left for the kernel, in
+        order; False once one has not left ``timeout`` seconds after the one before (a
+        peer that stopped reading is the hang detector's business, not this wait's)."""
         import zmq
         try:
             for tracker in trackers:
