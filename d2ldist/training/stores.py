@@ -33,7 +33,10 @@ gradients and pulls back weights:
   apart; ``pull`` returns the weights after all workers' gradients are applied;
 - ``set_learning_rate(lr)``, for learning-rate schedules (optimizer states stay);
 - ``is_async``: True if each worker's push updates the weights on its own
-  (dist_async) instead of being summed with the others'.
+  (dist_async) instead of being summed with the others';
+- ``init(keys, values, optimizer=False, compress=True)``: how a Trainer that updates the
+  weights itself (``update_on_kvstore=False``) makes its keys in such a store: summed
+  only, whatever optimizer another Trainer sets, and still compressed.
 
 The stores: ``d2ldist.kv.create(kind)`` for 'local' (one process) and the
 parameter server ('dist_sync', 'dist_async', 'dist_sync_device'); here
