@@ -596,7 +596,7 @@ class DistKVStore(KVStore):
             # last message's bytes leave before this one's, so the first server's round
             # closes, and its answer comes, while the next server's push is on the wire.
             # (On one host the copies are the limit, not a link: all at once.)
-            self._node.wait_sent(leaving, hang.LOOK)
+            self._node.van.wait_sent(leaving, hang.LOOK)
             waiting[rid], leaving = self._send(*sent[rid])
         answers, ends, reading = [], [], {}     # reading: server -> rids read in place
         while waiting:                   # (a long wait: ask the servers who is missing)

@@ -187,19 +187,6 @@ class Node:
     def send(self, peer, kind, header=None, frames=(), track=False):
         return self.van.send(peer, kind, header, frames, track=track)
 
-    @staticmethod
-    def wait_sent(trackers, timeout):
-        """Wait until the frames of a ``send(track=True)`` have left for the kernel, in
-        order; False once one has not left ``timeout`` seconds after the one before (a
-        peer that stopped reading is the hang detector's business, not this wait's)."""
-        import zmq
-        try:
-            for tracker in trackers:
-                tracker.wait(timeout)
-        except zmq.NotDone:
-            return False
-        return True
-
     def recv(self, kinds=None, timeout=None, wait=None):
         """The next message of one of ``kinds`` (others wait in a stash for later).
 

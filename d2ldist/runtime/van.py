@@ -266,6 +266,18 @@ class Van:
             time.sleep(wait)
         return trackers
 
+    @staticmethod
+    def wait_sent(trackers, timeout):
+        """Wait until the frames of a ``send(track=True)`` have left for the kernel, in
+        order; False once one has not left ``timeout`` seconds after the one before (a
+        peer that stopped reading is the hang detector's business, not this wait's)."""
+        try:
+            for tracker in trackers:
+                tracker.wait(timeout)
+        except zmq.NotDone:
+            return False
+        return True
+
     def _share(self, frames):
         """Put the big frames in shared memory: (the frames to send, their descriptors)."""
         out, where = [], []

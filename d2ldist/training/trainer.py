@@ -157,7 +157,7 @@ class Trainer:
         # host and the Trainer updates (step 5's copy up lands here)
         self._grads_up = None
         if not self.update_on_kvstore and self.flat_grads.device != self.flat_weights.device:
-            self._grads_up = torch.empty_like(self.flat_grads, device=weights_at)
+            self._grads_up = staging.buffer(sum(numels), dtype, weights_at)
         self._grads = [v.view_as(p) for v, p in zip(self.flat_grads.split(numels),
                                                     self.params[0])]
         self._weights = [v.view_as(p) for v, p in zip(self.flat_weights.split(numels),

@@ -413,12 +413,15 @@ def test_between_hosts_a_worker_pushes_to_the_servers_in_turn():
                                            frames=[], sender=server))
             return [f'frames to {server}'] if track else []
 
+        def wait_sent(trackers, timeout):
+            if trackers:
+                events.append(('wait', trackers))
+
         store = DistKVStore.__new__(DistKVStore)
         store._ids = itertools.count()
         store._node = SimpleNamespace(
             head=lambda shard: f'server:{shard}', send=send,
-            van=SimpleNamespace(leaves_host=lambda peer: leaves_host),
-            wait_sent=lambda trackers, timeout: trackers and events.append(('wait', trackers)),
+            van=SimpleNamespace(leaves_host=lambda peer: leaves_host, wait_sent=wait_sent),
             recv=lambda kinds, wait: answers.pop(0))
         store._ask([(s, M.PUSH, {}, [b'x' * 100_000]) for s in range(3)])
         return events

@@ -38,15 +38,14 @@ def test_a_message_with_tensors_arrives_intact(pair):
 
 
 def test_a_peer_on_another_host_is_told_and_its_big_frames_tracked_until_they_left(pair):
-    """leaves_host: the kv worker pushes to such servers in turn (node.wait_sent)."""
-    from d2ldist.runtime.node import Node
+    """leaves_host: the kv worker pushes to such servers in turn (van.wait_sent)."""
     a, b = pair                                     # (connected as if on other hosts)
     a.connect('worker:2', b.address, same_host=True)
     assert a.leaves_host('worker:1') and not a.leaves_host('worker:2')
     trackers = a.send('worker:1', 'push', {}, [bytes(10), bytes(1 << 20)], track=True)
     assert len(trackers) == 1                       # the big frame's (a small one is copied)
     assert b.recv(timeout=5).frames[1].nbytes == 1 << 20
-    assert Node.wait_sent(trackers, timeout=5)
+    assert a.wait_sent(trackers, timeout=5)
 
 
 def test_receiving_and_sending_have_io_threads_of_their_own(pair):
