@@ -1,10 +1,12 @@
 """Shared by the notebook tests: a tiny job that reports progress, notebook building, and
 the scripts the chapters write."""
-from pathlib import Path
+import importlib.util
 
 import nbformat
 
-CHAPTERS = Path(__file__).resolve().parent.parent / 'notebooks'
+from support import ROOT
+
+CHAPTERS = ROOT / 'notebooks'
 
 # A worker that "trains" for num_epochs x num_batches steps of `delay` seconds and
 # reports like a real training script; the worker of rank fail_rank fails early.
@@ -52,8 +54,6 @@ def stream_text(cell):
 
 def load_book():
     """book/build.py as a module (it is a script, not part of the package)."""
-    import importlib.util
-    from conftest import ROOT
     spec = importlib.util.spec_from_file_location('book_build', ROOT / 'book' / 'build.py')
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

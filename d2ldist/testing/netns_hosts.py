@@ -23,7 +23,7 @@ bucket filter; netem when there is a latency), the real counterpart of d2l-launc
 simulated network; ``unshape()`` removes it. ``cut(name)`` and ``mend(name)`` take a
 host off the network and put it back (a partition).
 
-The ssh tests (tests/system, through ``hosts_for_tests`` in tests/conftest.py) and
+The ssh tests (tests/system, through ``hosts_for_tests`` in tests/support.py) and
 benchmarks/between_hosts.py use these hosts; everything here needs root.
 """
 import os

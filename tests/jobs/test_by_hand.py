@@ -13,7 +13,7 @@ import secrets
 import subprocess
 import sys
 
-from conftest import ROOT, kill_tagged, new_tag, run_torchrun, wait_no_survivors
+from support import ROOT, kill_tagged, new_tag, run_torchrun, wait_no_survivors
 from d2ldist.runtime.started import free_port
 
 EXACT_SUMS = ROOT / 'tests' / 'jobs' / 'exact_sums.py'

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import IN_CI, ROOT, need, run_launch, run_torchrun, wait_no_survivors
+from support import IN_CI, ROOT, need, run_launch, run_torchrun, wait_no_survivors
 from d2ldist.timeline import load
 
 JOB = ROOT / 'tests' / 'jobs' / 'checkpoint_job.py'

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_launch, wait_no_survivors
+from support import ROOT, run_launch, wait_no_survivors
 
 JOBS = ROOT / 'tests' / 'jobs'
 

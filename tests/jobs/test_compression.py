@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_launch, wait_no_survivors
+from support import ROOT, run_launch, wait_no_survivors
 
 JOB = ROOT / 'tests' / 'jobs' / 'compression_job.py'
 EPOCHS = 8

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, run_launch, wait_no_survivors
+from support import ROOT, run_launch, wait_no_survivors
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason='no GPU here')
 JOBS = ROOT / 'tests' / 'jobs'

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, run_launch, wait_no_survivors
+from support import ROOT, run_launch, wait_no_survivors
 from d2ldist.timeline import load
 from elastic_job import BATCH, LOCAL, STEPS, replay, replay_sampler
 

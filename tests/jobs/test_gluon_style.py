@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import run_launch, wait_no_survivors
+from support import run_launch, wait_no_survivors
 
 SCRIPT = Path(__file__).resolve().parent / 'gluon_style.py'
 STEPS, BATCH, LR, WORKERS = 10, 8, 0.1, 2           # as in gluon_style.py

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_launch, run_torchrun, wait_no_survivors
+from support import ROOT, run_launch, run_torchrun, wait_no_survivors
 
 EXAMPLE = ROOT / 'examples' / 'horovod_mlp.py'
 

@@ -2,7 +2,7 @@
 values refused in one line, and a simulated network that paces every process."""
 import pytest
 
-from conftest import run_launch, wait_no_survivors
+from support import run_launch, wait_no_survivors
 from nbtools import JOB_SCRIPT
 
 

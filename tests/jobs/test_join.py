@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_launch, wait_no_survivors
+from support import ROOT, run_launch, wait_no_survivors
 
 CHECKS = ROOT / 'tests' / 'jobs' / 'join_checks.py'
 TORCH = ['--env', 'D2L_BACKEND=torch']

@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kv_jobs  # noqa: E402
-from conftest import kill_tagged, run_launch, start_launch, wait_no_survivors  # noqa: E402
+from support import kill_tagged, run_job, start_launch, wait_no_survivors  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -28,16 +28,6 @@ def lines(stdout, tag):
     return found
 
 
-def run_job(write_script, text, n, s, *env, timeout=120):
-    script = write_script(text)
-    r = run_launch('-n', n, '-s', s, '--timeout', timeout - 10,
-                   *[a for e in env for a in ('--env', e)], sys.executable, script,
-                   timeout=timeout)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert wait_no_survivors(r.tag) == []
-    return r.stdout
-
-
 # 'tcp': big frames through sockets, as between hosts; the servers' answers then come on
 # the streams the workers offer them (M.LINK) and are read straight into ``out``
 PATHS = pytest.mark.parametrize('path', [(), ('D2L_SHM=0',)], ids=['shm', 'tcp'])
@@ -45,7 +35,8 @@ PATHS = pytest.mark.parametrize('path', [(), ('D2L_SHM=0',)], ids=['shm', 'tcp']
 
 @PATHS
 def test_sync_3x2_sums_placement_errors_optimizers(write_script, tmp_path, path):
-    out = run_job(write_script, kv_jobs.SYNC, 3, 2, f'KV_TMP={tmp_path}', *path)
+    out = run_job(3, 2, sys.executable, write_script(kv_jobs.SYNC),
+                  env=(f'KV_TMP={tmp_path}', *path)).stdout
     sums = lines(out, 'SUMS')
     assert sorted(sums) == [0, 1, 2]
     for v in sums.values():   # 1 + 2 + 3 from the workers, exactly
@@ -81,7 +72,8 @@ def test_sync_3x2_sums_placement_errors_optimizers(write_script, tmp_path, path)
 
 
 def test_sync_4x1_and_device_sums(write_script):
-    out = run_job(write_script, kv_jobs.SUMS, 4, 1, 'KV_KIND=dist_sync_device')
+    out = run_job(4, 1, sys.executable, write_script(kv_jobs.SUMS),
+                  env=('KV_KIND=dist_sync_device',)).stdout
     sums = lines(out, 'SUMS4')
     assert sorted(sums) == [0, 1, 2, 3]
     for v in sums.values():   # 1 + 2 + 3 + 4 + 4 * step 2
@@ -90,7 +82,7 @@ def test_sync_4x1_and_device_sums(write_script):
 
 @PATHS
 def test_async_slow_worker_does_not_slow_fast_one(write_script, path):
-    out = run_job(write_script, kv_jobs.ASYNC, 2, 1, *path)
+    out = run_job(2, 1, sys.executable, write_script(kv_jobs.ASYNC), env=path).stdout
     pushes = {r: v['pushes'] for r, v in lines(out, 'PUSHES').items()}
     assert pushes[1] <= 13 and pushes[0] > 4 * pushes[1], pushes
     total = lines(out, 'TOTAL')
@@ -124,7 +116,8 @@ def test_sparse_rows_through_the_servers(write_script):
     """Sparse pushes (rows only, one row straddling two servers) are summed exactly,
     updated lazily (only touched rows, weight decay included), row_sparse_pull fills
     only the rows asked for, and the bytes sent follow the rows, not the table."""
-    out = run_job(write_script, kv_jobs.SPARSE, 2, 2, 'D2L_KVSTORE_BIGARRAY_BOUND=10')
+    out = run_job(2, 2, sys.executable, write_script(kv_jobs.SPARSE),
+                  env=('D2L_KVSTORE_BIGARRAY_BOUND=10',)).stdout
     got = lines(out, 'SPARSE')
     assert sorted(got) == [0, 1]
     pushed = {1: 1.0, 3: 1.0 + 2.0, 5: 2.0}            # rows of worker 0 (x1) and 1 (x2)

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from conftest import (ROOT, launch_argv, new_tag, run_launch, start_launch, tagged_pids,
-                      wait_no_survivors)
+from support import (ROOT, launch_argv, new_tag, run_launch, start_launch, tagged_pids,
+                     wait_no_survivors)
 
 CHATTY = r'''
 import os, sys

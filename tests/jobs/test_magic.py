@@ -14,7 +14,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from jupyter_client import KernelManager
 
-from conftest import ROOT, new_tag, tagged_pids, wait_no_survivors
+from support import ROOT, new_tag, tagged_pids, wait_no_survivors
 from nbtools import JOB_SCRIPT, notebook, stream_text
 
 WRITE_JOB = '%%writefile progress_job.py\n' + JOB_SCRIPT

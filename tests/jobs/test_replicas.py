@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_launch, wait_no_survivors
+from support import ROOT, run_launch, wait_no_survivors
 
 JOB = ROOT / 'tests' / 'jobs' / 'replicas_job.py'
 SPLIT = ['--env', 'D2L_KVSTORE_BIGARRAY_BOUND=1000']   # the first layer over both servers

@@ -9,7 +9,7 @@ per rank), and no process of the job is left."""
 import re
 import sys
 
-from conftest import ROOT, run_launch, wait_no_survivors
+from support import ROOT, run_launch, wait_no_survivors
 from test_elastic import KILL, KILLED, counted, finals, rounds
 
 KV_JOB = ROOT / 'tests' / 'jobs' / 'kv_elastic_job.py'

@@ -3,7 +3,7 @@ started again; --fail acts in the first attempt only; Ctrl-C never restarts."""
 import re
 import signal
 
-from conftest import run_launch, start_launch, tagged_pids, wait_no_survivors
+from support import run_launch, start_launch, tagged_pids, wait_no_survivors
 from test_launch import _exit_code_or_where, _wait_for_ready
 
 # kv pushpulls that report their step; worker 1 exits 3 in attempt 0 if told to

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from conftest import run_launch, wait_no_survivors
+from support import run_job
 from d2ldist import cost
 from d2ldist.kv.placement import DEFAULT_BIGARRAY_BOUND
 from d2ldist import config
@@ -33,13 +33,10 @@ BOUND = DEFAULT_BIGARRAY_BOUND // SCALE   # the same tensors split over servers 
 JOBS = [(2, 1, 'ps'), (4, 1, 'ps'), (2, 2, 'both'), (4, 4, 'both'), (8, 0, 'ring')]
 
 
-def run_job(m, n, mode):
+def step_times(m, n, mode):
     """One job on the simulated network: {method: the slowest worker's median step}."""
-    r = run_launch('-n', m, '-s', n, '--bandwidth', BANDWIDTH, '--timeout', 90,
-                   '--env', f'D2L_KVSTORE_BIGARRAY_BOUND={BOUND}',
-                   *comm_step.worker_argv(mode, SCALE, STEPS), timeout=120)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert wait_no_survivors(r.tag) == []
+    r = run_job(m, n, *comm_step.worker_argv(mode, SCALE, STEPS), job_timeout=90,
+                options=('--bandwidth', BANDWIDTH), env=(f'D2L_KVSTORE_BIGARRAY_BOUND={BOUND}',))
     return comm_step.summarize(r.stdout, m, STEPS)
 
 
@@ -52,7 +49,7 @@ def times():
     out = {}
     for m, n, mode in JOBS:
         t0 = time.time()
-        got = run_job(m, n, mode)
+        got = step_times(m, n, mode)
         print(f'job {m} workers x {n} servers ({mode}): {time.time() - t0:.1f} s')
         if 'ps' in got:
             out['ps', m, n] = got['ps'], cost.ps_time_placed(shapes, m, n, rate, 0.0, BOUND)

@@ -1,5 +1,5 @@
 """D2L_SERVER_SCRIPT: a job whose servers run the user's own script (a PS from scratch)."""
-from conftest import run_launch, wait_no_survivors
+from support import run_launch, wait_no_survivors
 
 SCRIPT = '''\
 import os

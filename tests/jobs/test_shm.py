@@ -9,7 +9,7 @@ import pytest
 import torch
 import zmq
 
-from conftest import run_launch, wait_no_survivors
+from support import run_launch, wait_no_survivors
 from d2ldist.config import Config
 from d2ldist.runtime import shm
 from d2ldist.runtime.van import Van

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import new_tag, run_launch, tagged_pids, wait_no_survivors
+from support import new_tag, run_launch, tagged_pids, wait_no_survivors
 from d2ldist import config
 from d2ldist.launch import starter
 

@@ -35,19 +35,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_jobs  # noqa: E402
-from conftest import run_launch, wait_no_survivors  # noqa: E402
+from support import run_job  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 SCRIPT = str(Path(train_jobs.__file__))
 LOSS_TOL, RTOL, ATOL = 1e-5, 1e-5, 1e-6
 
 
-def run_job(n, s, *kinds, timeout=120):
+def train(n, s, *kinds):
     """Run train_jobs.py as every worker of a job; its RESULT lines by (kind, rank)."""
-    r = run_launch('-n', n, '-s', s, '--timeout', timeout - 10, sys.executable, SCRIPT,
-                   *kinds, timeout=timeout)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert wait_no_survivors(r.tag) == []
+    r = run_job(n, s, sys.executable, SCRIPT, *kinds)
     results = {}
     for line in r.stdout.splitlines():
         m = re.match(r'\[worker (\d+)\] RESULT (.*)$', line)
@@ -86,26 +83,26 @@ def check_same_as_one_process(results, kind, ref, update_on_kvstore):
 
 
 def test_dist_sync_2_workers_2_servers_follows_one_process(ref):
-    results = run_job(2, 2, 'dist_sync')
+    results = train(2, 2, 'dist_sync')
     check_same_as_one_process(results, 'dist_sync', ref, update_on_kvstore=True)
 
 
 def test_ring_and_torch_follow_one_process(ref):
     """'ring' (d2ldist's ring), then 'torch' (gloo's all-reduce), in the same job."""
-    results = run_job(2, 0, 'ring', 'torch')
+    results = train(2, 0, 'ring', 'torch')
     check_same_as_one_process(results, 'ring', ref, update_on_kvstore=False)
     check_same_as_one_process(results, 'torch', ref, update_on_kvstore=False)
 
 
 def test_dist_sync_device_follows_one_process(ref):
-    results = run_job(2, 1, 'dist_sync_device')
+    results = train(2, 1, 'dist_sync_device')
     check_same_as_one_process(results, 'dist_sync_device', ref, update_on_kvstore=True)
 
 
 def test_dist_async_runs_and_learns():
     """Each worker's push updates the weights alone: no reference, but the loss on each
     worker's (fixed) batch must fall, and the replicas must stay identical."""
-    results = run_job(2, 1, 'dist_async')
+    results = train(2, 1, 'dist_async')
     for rank in (0, 1):
         w = results['dist_async', rank]
         assert w['update_on_kvstore'] is True and w['identical'] is True
@@ -118,12 +115,9 @@ def test_training_script_in_a_dist_sync_job_reports_progress(tmp_path):
     """The chapter's script as 2 workers x 1 server (a tiny ResNet, one epoch): every
     worker prints its epoch line, and its report lines become the launcher's progress."""
     script = Path(__file__).resolve().parents[2] / 'examples' / 'multimachine_cifar10_train.py'
-    r = run_launch('-n', 2, '-s', 1, '--timeout', 110, sys.executable, script,
-                   '--kvstore', 'dist_sync', '--data', 'digits', '--epochs', 1, '--width', 4,
-                   '--batch-size', 100, '--lr', 0.1, '--threads', 1, '--root', tmp_path,
-                   timeout=120)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert wait_no_survivors(r.tag) == []
+    r = run_job(2, 1, sys.executable, script, '--kvstore', 'dist_sync', '--data', 'digits',
+                '--epochs', 1, '--width', 4, '--batch-size', 100, '--lr', 0.1, '--threads', 1,
+                '--root', tmp_path)
     for w in (0, 1):
         assert f'[worker {w}] worker {w} of 2, kvstore dist_sync' in r.stdout
         assert re.search(rf'^\[worker {w}\] epoch 1, loss \d\.\d{{3}}, train acc \d\.\d{{3}}, '

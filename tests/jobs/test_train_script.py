@@ -3,7 +3,7 @@ import re
 import subprocess
 import sys
 
-from conftest import ROOT
+from support import ROOT
 
 SCRIPT = str(ROOT / 'examples' / 'multimachine_cifar10_train.py')
 EPOCH_LINE = re.compile(r'^epoch 1, loss \d+\.\d{3}, train acc \d\.\d{3}, test acc \d\.\d{3}, '

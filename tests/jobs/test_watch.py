@@ -6,13 +6,12 @@ a worker that never comes is named within --hang-warn, and the job fails at
 calls) stop every worker at once with one line naming both sides.
 """
 import json
-import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import ROOT, run_launch, start_launch, wait_no_survivors
+from support import ROOT, run_launch, start_launch, wait_no_survivors
 
 JOB = ROOT / 'tests' / 'jobs' / 'straggler_job.py'
 STEPS = ['1 forward, backward', '2 sum on device', '3 copy to CPU', '4 push',

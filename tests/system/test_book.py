@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, need
+from support import ROOT, need
 from nbtools import load_book
 from test_browser import ARTIFACTS, CHROMIUM, FLAGS
 

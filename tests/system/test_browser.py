@@ -23,7 +23,7 @@ import nbformat
 import pytest
 
 from d2ldist.launch.processes import free_port
-from conftest import ROOT, kill_tagged, need, new_tag, tagged_pids, wait_no_survivors
+from support import ROOT, kill_tagged, need, new_tag, tagged_pids, wait_no_survivors
 from nbtools import JOB_SCRIPT, notebook
 
 try:

@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, hosts_for_tests, kill_leftovers, launch_argv, new_tag, \
+from support import ROOT, hosts_for_tests, kill_leftovers, launch_argv, new_tag, \
     wait_no_survivors
 
 sys.path.insert(0, str(ROOT / 'tests' / 'jobs'))     # the elastic jobs' script and readers

@@ -21,8 +21,8 @@ import time
 
 import pytest
 
-from conftest import (ROOT, hosts_for_tests, kill_leftovers, launch_argv, new_tag,
-                      read_until_ready, run_group, run_launch, run_mpirun, wait_no_survivors)
+from support import (ROOT, hosts_for_tests, kill_leftovers, launch_argv, new_tag,
+                     read_until_ready, run_group, run_launch, run_mpirun, wait_no_survivors)
 from d2ldist.runtime.started import free_port
 
 pytestmark = pytest.mark.timeout(240)

@@ -12,12 +12,9 @@ runs twice in this test:
 The time of a parameter-server step and of a ring all-reduce must agree within 25 %
 (TCP/IP headers alone make the real link about 4.5 % slower: 66 bytes per 1448).
 """
-import os
-import subprocess
-
 import pytest
 
-from conftest import ROOT, hosts_for_tests, launch_argv, new_tag, wait_no_survivors
+from support import ROOT, hosts_for_tests, run_job
 from d2ldist import cost
 from d2ldist.kv.placement import DEFAULT_BIGARRAY_BOUND
 from d2ldist.testing import comm_step
@@ -35,29 +32,25 @@ def hosts():
                                prefix='d2lnet', subnet='198.18.9')
 
 
-def run_job(hosts, *options):
+def step_times(hosts, *options):
     """The scaling study's step (comm_step) on 2 workers and 1 server across the hosts."""
-    tag = new_tag()
-    argv = ['ip', 'netns', 'exec', hosts.launcher_ns, *launch_argv(
-        '--launcher', 'ssh', '-H', 'hostA,hostB,hostC', '--ssh-config', hosts.ssh_config,
-        '--connect-timeout', '5', '--timeout', '120', '--env', f'D2L_TEST_TAG={tag}',
-        '--env', f'D2L_KVSTORE_BIGARRAY_BOUND={BOUND}',
-        *options, '-n', '2', '-s', '1', *comm_step.worker_argv('both', SCALE, STEPS))]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    r = run_job(2, 1, *comm_step.worker_argv('both', SCALE, STEPS), timeout=180, job_timeout=120,
+                options=('--launcher', 'ssh', '-H', 'hostA,hostB,hostC',
+                         '--ssh-config', hosts.ssh_config, '--connect-timeout', '5', *options),
+                env=(f'D2L_KVSTORE_BIGARRAY_BOUND={BOUND}',),
+                where=('ip', 'netns', 'exec', hosts.launcher_ns),
+                run_env={'PYTHONPATH': str(ROOT)})
     assert 'server     0     hostB' in r.stdout          # the placement we rely on
-    assert wait_no_survivors(tag) == []
     return comm_step.summarize(r.stdout, 2, STEPS)
 
 
 def test_software_pacing_predicts_a_tc_shaped_link(hosts):
     try:
         hosts.shape(RATE)
-        real = run_job(hosts)
+        real = step_times(hosts)
     finally:
         hosts.unshape()
-    simulated = run_job(hosts, '--bandwidth', f'{RATE * 8:.0f}bit')
+    simulated = step_times(hosts, '--bandwidth', f'{RATE * 8:.0f}bit')
     shapes = comm_step.resnet18_shapes(SCALE)
     nbytes = 4 * sum(cost.numel(s) for s in shapes)
     model = {'ps': cost.ps_time_placed(shapes, 2, 1, RATE, 0, BOUND),

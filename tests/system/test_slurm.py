@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, kill_pids, new_tag, read_until_ready, run_group, tagged_pids, \
+from support import ROOT, kill_pids, new_tag, read_until_ready, run_group, tagged_pids, \
     wait_no_survivors
 
 pytestmark = pytest.mark.timeout(300)

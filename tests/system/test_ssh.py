@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, hosts_for_tests, kill_leftovers, launch_argv, new_tag, read_until_ready, \
+from support import ROOT, hosts_for_tests, kill_leftovers, launch_argv, new_tag, read_until_ready, \
     tagged_pids, wait_no_survivors
 from d2ldist.testing.netns_hosts import LAUNCHER_NS, UNREACHABLE, netns_pids
 

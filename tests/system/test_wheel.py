@@ -22,7 +22,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from conftest import ROOT, kill_tagged, need, need_command, new_tag, wait_no_survivors
+from support import ROOT, kill_tagged, need, need_command, new_tag, wait_no_survivors
 
 CHAPTER = 'multi_machine_training.ipynb'
 

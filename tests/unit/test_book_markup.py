@@ -4,7 +4,7 @@ import re
 import nbformat
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 from nbtools import load_book
 
 pytest.importorskip('latex2mathml')

@@ -5,7 +5,7 @@ from dataclasses import fields
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 from d2ldist import config
 from d2ldist.config import Config
 

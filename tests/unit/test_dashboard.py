@@ -250,7 +250,7 @@ def test_no_reports_no_progress_column_and_no_figure():
 def test_sanitized_summaries_of_two_runs_are_equal():
     """nbval compares the summary through notebooks/sanitize.cfg: only measured numbers differ."""
     nbval = pytest.importorskip('nbval.plugin')
-    from conftest import ROOT
+    from support import ROOT
     rules = nbval.get_sanitize_patterns((ROOT / 'notebooks' / 'sanitize.cfg').read_text())
 
     def sanitized(model):

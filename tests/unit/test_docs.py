@@ -23,7 +23,7 @@ import tomllib
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 PAGES = sorted([ROOT / 'README.md', ROOT / 'CONTRIBUTING.md', ROOT / 'ARCHITECTURE.md',
                 *(ROOT / 'docs').glob('*.md')])

@@ -6,7 +6,7 @@ from unittest.mock import patch
 
 import pytest
 import torch
-from conftest import ROOT
+from support import ROOT
 
 from d2ldist import kv
 from d2ldist.runtime.started import StartError

@@ -56,7 +56,7 @@ def test_preflight_reports_each_hosts_cores(tmp_path, monkeypatch):
     import os
     import sys
 
-    from conftest import ROOT
+    from support import ROOT
     from d2ldist.launch import ssh
 
     class Here(ssh.Ssh):

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 # bottom up; a layer may import the layers of a lower number only
 LAYERS = {'lines': -3, 'config': -2, 'report': -1, 'runtime': 0, 'kv': 1, 'collectives': 1, 'training': 2,

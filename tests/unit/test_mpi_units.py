@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import launch_argv
+from support import launch_argv
 from d2ldist.launch import mpi, step
 from d2ldist.launch.job import Proc
 from d2ldist.launch.processes import job_specs

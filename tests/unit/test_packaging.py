@@ -9,7 +9,7 @@ import pytest
 
 import d2ldist
 from d2ldist import book
-from conftest import ROOT
+from support import ROOT
 
 
 def setuptools_config():

@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 nbconvert = pytest.importorskip('nbconvert')
 CHAPTERS = Path(os.environ.get('D2L_CHAPTERS', ROOT / 'notebooks'))

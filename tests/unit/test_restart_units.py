@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT
+from support import ROOT
 from d2ldist.kv import messages as M
 from d2ldist.kv.server import KVServer, Slot
 from d2ldist.launch import cli

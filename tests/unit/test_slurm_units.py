@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import launch_argv
+from support import launch_argv
 from d2ldist.launch import slurm, step
 from d2ldist.launch.job import Proc
 from d2ldist.launch.processes import job_specs

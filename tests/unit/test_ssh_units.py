@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import launch_argv
+from support import launch_argv
 from d2ldist.launch.processes import ProcSpec, assign_hosts
 from d2ldist.launch.ssh import SWEEP, HostError, placement_table, read_hosts, remote_command
 

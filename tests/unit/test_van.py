@@ -138,7 +138,7 @@ def test_empty_secret_is_refused():
 def test_environment_yml_lists_the_same_dependencies():
     import re
     import tomllib
-    from conftest import ROOT as root
+    from support import ROOT as root
     with open(os.path.join(root, 'pyproject.toml'), 'rb') as f:
         project = tomllib.load(f)['project']
     wanted = set(project['dependencies'])
