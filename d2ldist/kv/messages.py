@@ -25,6 +25,7 @@ frames arrive ``Pending``, and the worker reads each straight into ``out``.
 import math
 from typing import Any, NamedTuple
 
+from .. import lines
 from ..runtime import compression, stream, wire
 
 INIT = 'kv_init'            # worker -> server: parts + frames, {optimizer}: initial values
@@ -104,8 +105,13 @@ def check_key(key):
     """A key is an int or a short string (anything else came from a confused sender)."""
     if isinstance(key, bool) or not isinstance(key, (int, str)) or \
             (isinstance(key, str) and len(key) > 256):
-        raise KVError(f'a key must be an int or a string, got {key!r}'[:200])
+        raise KVError(lines.clip(f'a key must be an int or a string, got {key!r}', lines.NAME))
     return key
+
+
+def data(tensors):
+    """The tensors' memory as the van sends it (no copy)."""
+    return [t.numpy().data if t.numel() else b'' for t in tensors]
 
 
 def _fields(p, extra=0):
@@ -116,10 +122,10 @@ def _fields(p, extra=0):
         shape = [int(n) for n in shape]
         start, stop, more = int(start), int(stop), [int(x) for x in more]
     except (TypeError, ValueError):
-        raise KVError(f'malformed part {p!r}'[:200]) from None
+        raise KVError(lines.clip(f'malformed part {p!r}', lines.NAME)) from None
     check_key(key)
     if not 0 <= start <= stop or dtype not in wire.DTYPES or len(more) != extra:
-        raise KVError(f'malformed part {p!r}'[:200])
+        raise KVError(lines.clip(f'malformed part {p!r}', lines.NAME))
     return (key, dtype, shape, start, stop, *more)
 
 
