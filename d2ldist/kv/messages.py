@@ -194,3 +194,42 @@ def read_row_parts(msg, with_values, rows=None):
         values = _tensor(key, dtype, count, frames[-1]) if with_values else None
         out.append(RowPart(key, dtype, shape, start, stop, positions, values))
     return out
+
+
+def state_entries(states):
+    """Optimizer states ({key: {name: tensor or number}}) as a message carries them:
+    entries ``[key, name, dtype, None]`` with a frame each, or ``[key, name, None, number]``."""
+    entries, frames = [], []
+    for key, state in states.items():
+        for name, v in state.items():
+            is_tensor = not isinstance(v, (int, float))
+            entries.append([key, name, wire.dtype_name(v.dtype) if is_tensor else None,
+                            None if is_tensor else v])
+            if is_tensor:
+                frames.append(v.numpy().data)
+    return entries, frames
+
+
+def read_states(msg, sizes):
+    """The optimizer states a message carries, checked: {key: {name: value}}; ``sizes``:
+    key -> the elements held of it (KVError for a key not held, or a bad state)."""
+    entries, frames, states = msg.get('entries'), iter(msg.frames), {}
+    if not isinstance(entries, list):
+        raise KVError('malformed state')
+    for entry in entries:
+        key, name, dtype, number = entry if isinstance(entry, list) and len(entry) == 4 \
+            else (None,) * 4
+        size = sizes.get(key)
+        if size is None or not isinstance(name, str):
+            raise KVError(f'state for a key this server does not hold: {key!r}')
+        if dtype is None:
+            if not isinstance(number, (int, float)):
+                raise KVError(f'key {key!r}: bad state {name!r}')
+            states.setdefault(key, {})[name] = number
+            continue
+        try:
+            t = wire.unpack({'dtype': dtype, 'shape': [size]}, next(frames))
+        except (ValueError, StopIteration) as e:
+            raise KVError(f'key {key!r}: bad state {name!r}: {e}') from None
+        states.setdefault(key, {})[name] = t.clone()
+    return states

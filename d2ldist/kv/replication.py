@@ -66,6 +66,20 @@ class Changes:
         keys, self.updates = [u[0] for u in self.updates], []
         self.send(M.UPDATE, {'updates': entries}, frames, keys)
 
+    def take_updates(self, msg, update):
+        """(a replica) The updates its head made, each through ``update(key, sum,
+        positions, accumulate, numbers)``: the same sums through the same optimizer,
+        so its copy and the optimizer's state end with the head's bits."""
+        frames = iter(msg.frames)
+        for key, rows, accumulate, numbers in msg.get('updates'):
+            slot = self.store[key]
+            count = rows if isinstance(rows, int) else slot.stop - slot.start
+            grad = M.wire.unpack({'dtype': slot.dtype, 'shape': [count]}, next(frames)).clone()
+            positions = M.wire.unpack({'dtype': 'int64', 'shape': [count]}, next(frames)) \
+                if isinstance(rows, int) else None
+            update(key, grad, positions, accumulate is True,
+                   {str(w): n for w, n in numbers if isinstance(n, int)})
+
     def send(self, kind, header, frames, keys=()):
         """A change made here goes down the chain (at once done, without replicas); the
         keys it changed are answered only once the last holder has it."""

@@ -1,20 +1,17 @@
 """The parameter server's key-value handling of one shard: aggregate, update, answer.
 
-Each server holds a slice of the model (``placement.place`` says which). Workers push
-gradients and pull weights. In **sync** mode (dist_sync) a key's pushes are added up
-in a round; once every worker has pushed, the round closes and the key is updated
-once -- with the optimizer if a worker set one (``apply_update``), else the value
-becomes the sum -- and every pull that waited for the round is answered. Keys made
-with ``optimizer=False`` (the Trainer's BatchNorm statistics) never see the optimizer.
-In **async** mode (dist_async) each push is applied the moment it arrives.
+Workers push gradients and pull weights; each server holds a slice of every key
+(``placement.place``). In **sync** mode (dist_sync) a key's pushes are added up in a
+round; once every worker has pushed, the round closes and the key is updated once --
+by the optimizer if a worker set one (``apply_update``), else the value becomes the
+sum -- and the pulls that waited for the round are answered. In **async** mode
+(dist_async) each push is applied the moment it arrives.
 
 Read it in the textbook's order: ``Slot`` and ``Round``, ``apply_update``, then
-``KVServer.push`` -> ``close`` -> ``update`` -> ``pull`` and the answer.
-Its collaborators are handed in: whom a round waits for (``membership.Members``:
-every worker, unless elastic), the shard's chain of replicas (``replication.py``:
-none, unless --server-replicas) and the workers' streams (``links.py``). The
-process loop around it (the shards a server holds, the scheduler's news) is
-``serving.py``. The reasoning: docs/design/kv.md.
+``KVServer.push`` -> ``close`` -> ``update`` -> ``pull`` and the answer. Collaborators
+handed in: whom a round waits for (``membership.py``: every worker, unless elastic),
+the shard's replicas (``replication.py``), the workers' streams (``links.py``). The
+process loop around it is ``serving.py``; the reasoning, docs/design/kv.md.
 """
 import os
 
@@ -394,7 +391,8 @@ class KVServer:
     def apply(self, kind, msg):
         """Change this shard as a request (or its replicated copy) says; KVError if not."""
         {M.INIT: self.init, M.OPTIMIZER: self.set_optimizer, M.SET_STATE: self.set_state,
-         M.LEARNING_RATE: self.set_learning_rate, M.UPDATE: self.apply_updates}[kind](msg)
+         M.LEARNING_RATE: self.set_learning_rate,
+         M.UPDATE: lambda m: self.changes.take_updates(m, self.update)}[kind](msg)
 
     def init(self, msg):
         parts = M.read_parts(msg, with_frames=True)
@@ -424,14 +422,7 @@ class KVServer:
 
     def get_state(self, msg):
         """Send the optimizer state of every key held: a checkpoint of this server."""
-        entries, frames = [], []
-        for key, state in (self.updater.states.items() if self.updater else ()):
-            for name, v in state.items():
-                is_tensor = not isinstance(v, (int, float))
-                entries.append([key, name, M.wire.dtype_name(v.dtype) if is_tensor else None,
-                                None if is_tensor else v])
-                if is_tensor:
-                    frames.append(v.numpy().data)
+        entries, frames = M.state_entries(self.updater.states if self.updater else {})
         self.node.send(msg.sender, M.ACK, {'id': msg.get('id'), 'entries': entries,
                                            'optimizer': self.updater and self.updater.name,
                                            'shard': self.shard}, frames)
@@ -440,41 +431,9 @@ class KVServer:
         """Restore optimizer states sent by a worker (tensors come as raw frames)."""
         if self.updater is None:
             raise M.KVError('set the optimizer before loading its states')
-        entries, frames, states = msg.get('entries'), iter(msg.frames), {}
-        if not isinstance(entries, list):
-            raise M.KVError('malformed state')
-        for entry in entries:
-            key, name, dtype, number = entry if isinstance(entry, list) and len(entry) == 4 \
-                else (None,) * 4
-            slot = self.store.get(key)
-            if slot is None or not isinstance(name, str):
-                raise M.KVError(f'state for a key this server does not hold: {key!r}')
-            if dtype is None:
-                if not isinstance(number, (int, float)):
-                    raise M.KVError(f'key {key!r}: bad state {name!r}')
-                states.setdefault(key, {})[name] = number
-                continue
-            try:
-                t = M.wire.unpack({'dtype': dtype, 'shape': [slot.stop - slot.start]}, next(frames))
-            except (ValueError, StopIteration) as e:
-                raise M.KVError(f'key {key!r}: bad state {name!r}: {e}') from None
-            states.setdefault(key, {})[name] = t.clone()
-        for key, state in states.items():
-            slot = self.store[key]
-            self.updater.load_state(key, state, slot.stop - slot.start)
-
-    def apply_updates(self, msg):
-        """(a replica) The updates its head made: the same sums through the same
-        optimizer, so its copy and the optimizer's state end with the head's bits."""
-        frames = iter(msg.frames)
-        for key, rows, accumulate, numbers in msg.get('updates'):
-            slot = self.store[key]
-            count = rows if isinstance(rows, int) else slot.stop - slot.start
-            grad = M.wire.unpack({'dtype': slot.dtype, 'shape': [count]}, next(frames)).clone()
-            positions = M.wire.unpack({'dtype': 'int64', 'shape': [count]}, next(frames)) \
-                if isinstance(rows, int) else None
-            self.update(key, grad, positions, accumulate is True,
-                        {str(w): n for w, n in numbers if isinstance(n, int)})
+        sizes = {key: slot.stop - slot.start for key, slot in self.store.items()}
+        for key, state in M.read_states(msg, sizes).items():
+            self.updater.load_state(key, state, sizes[key])
 
 
 def _rank_order(worker):
