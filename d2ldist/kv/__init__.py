@@ -4,8 +4,13 @@
 
 * ``placement.py`` -- which server holds which key (the one rule);
 * ``worker.py``    -- the worker's side: init, push, pull, pushpull, set_optimizer;
-* ``server.py``    -- the server's loop: receive, aggregate, update, answer; its update
-  rule (``apply_update``) is the local store's too;
+* ``asking.py``    -- a worker's requests in flight, their answers matched;
+* ``server.py``    -- one shard: aggregate, update, answer; its update rule
+  (``apply_update``) is the local store's too;
+* ``serving.py``   -- a server process's loop: the shards it holds, the scheduler's news;
+* ``membership.py``-- whom a round waits for (every worker, unless elastic);
+* ``replication.py``-- a shard's changes down its chain of replicas;
+* ``links.py``     -- the streams a server answers some workers on;
 * ``optimizers.py``-- the optimizers by name (the one table, the one factory ``create``),
   those servers run, and the one vocabulary of hyperparameters (torch.optim's);
 * ``messages.py``  -- what workers and servers say to each other (``Part``, ``RowPart``);

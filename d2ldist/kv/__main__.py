@@ -1,7 +1,7 @@
 """A server node: ``python -m d2ldist.kv``, started by the launcher for ``-s S``.
 
 It registers with the scheduler and then runs the parameter server's loop
-(``d2ldist/kv/server.py``) until the scheduler says the workers are done.
+(``d2ldist/kv/serving.py``) until the scheduler says the workers are done.
 
 A parameter server written from scratch (a chapter of the book does this) runs
 instead when the job sets D2L_SERVER_SCRIPT: ``d2l-launch -n 2 -s 2 --env
@@ -29,11 +29,11 @@ def main():
         runpy.run_path(script, run_name='__main__')
         return
     import torch
-    from .server import KVServer
+    from .serving import ServerLoop
     torch.set_num_threads(1)     # a server adds tensors up; many processes share the cores
     try:
         node = Node.from_env(role='server').start()
-        KVServer(node).serve()
+        ServerLoop(node).serve()
     except (PeerFailed, RuntimeError, TimeoutError) as e:
         sys.exit(f'd2ldist.server: {e}')
     node.stop()

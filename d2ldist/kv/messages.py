@@ -25,6 +25,7 @@ frames arrive ``Pending``, and the worker reads each straight into ``out``.
 import math
 from typing import Any, NamedTuple
 
+from .. import lines
 from ..runtime import compression, stream, wire
 
 INIT = 'kv_init'            # worker -> server: parts + frames, {optimizer}: initial values
@@ -104,8 +105,13 @@ def check_key(key):
     """A key is an int or a short string (anything else came from a confused sender)."""
     if isinstance(key, bool) or not isinstance(key, (int, str)) or \
             (isinstance(key, str) and len(key) > 256):
-        raise KVError(f'a key must be an int or a string, got {key!r}'[:200])
+        raise KVError(lines.clip(f'a key must be an int or a string, got {key!r}', lines.NAME))
     return key
+
+
+def data(tensors):
+    """The tensors' memory as the van sends it (no copy)."""
+    return [t.numpy().data if t.numel() else b'' for t in tensors]
 
 
 def _fields(p, extra=0):
@@ -116,10 +122,10 @@ def _fields(p, extra=0):
         shape = [int(n) for n in shape]
         start, stop, more = int(start), int(stop), [int(x) for x in more]
     except (TypeError, ValueError):
-        raise KVError(f'malformed part {p!r}'[:200]) from None
+        raise KVError(lines.clip(f'malformed part {p!r}', lines.NAME)) from None
     check_key(key)
     if not 0 <= start <= stop or dtype not in wire.DTYPES or len(more) != extra:
-        raise KVError(f'malformed part {p!r}'[:200])
+        raise KVError(lines.clip(f'malformed part {p!r}', lines.NAME))
     return (key, dtype, shape, start, stop, *more)
 
 
@@ -188,3 +194,42 @@ def read_row_parts(msg, with_values, rows=None):
         values = _tensor(key, dtype, count, frames[-1]) if with_values else None
         out.append(RowPart(key, dtype, shape, start, stop, positions, values))
     return out
+
+
+def state_entries(states):
+    """Optimizer states ({key: {name: tensor or number}}) as a message carries them:
+    entries ``[key, name, dtype, None]`` with a frame each, or ``[key, name, None, number]``."""
+    entries, frames = [], []
+    for key, state in states.items():
+        for name, v in state.items():
+            is_tensor = not isinstance(v, (int, float))
+            entries.append([key, name, wire.dtype_name(v.dtype) if is_tensor else None,
+                            None if is_tensor else v])
+            if is_tensor:
+                frames.append(v.numpy().data)
+    return entries, frames
+
+
+def read_states(msg, sizes):
+    """The optimizer states a message carries, checked: {key: {name: value}}; ``sizes``:
+    key -> the elements held of it (KVError for a key not held, or a bad state)."""
+    entries, frames, states = msg.get('entries'), iter(msg.frames), {}
+    if not isinstance(entries, list):
+        raise KVError('malformed state')
+    for entry in entries:
+        key, name, dtype, number = entry if isinstance(entry, list) and len(entry) == 4 \
+            else (None,) * 4
+        size = sizes.get(key)
+        if size is None or not isinstance(name, str):
+            raise KVError(f'state for a key this server does not hold: {key!r}')
+        if dtype is None:
+            if not isinstance(number, (int, float)):
+                raise KVError(f'key {key!r}: bad state {name!r}')
+            states.setdefault(key, {})[name] = number
+            continue
+        try:
+            t = wire.unpack({'dtype': dtype, 'shape': [size]}, next(frames))
+        except (ValueError, StopIteration) as e:
+            raise KVError(f'key {key!r}: bad state {name!r}: {e}') from None
+        states.setdefault(key, {})[name] = t.clone()
+    return states

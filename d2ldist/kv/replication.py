@@ -16,10 +16,10 @@ A round's update travels as the sum the round closed with, not as the new weight
 each holder's optimizer applies it to its own copy, as the head's did, and ends with
 the same bits (the same code on the same numbers), and with the same optimizer state.
 
-When a holder is lost (the scheduler's new chains), the one before it sends what it
-had sent and not heard back about to its new next holder (who drops what it has
-already: changes are numbered), or, now the last, counts it as done; a replica that
-becomes the head answers the workers from then on.
+When a holder is lost, the one before it sends on again what the lost one had not
+said done; a replica that becomes the head answers the workers from then on.
+``Changes`` is what a shard's server sees of this: ``made`` (an update),
+``send_updates``, ``send`` and ``shown``. More: docs/design/kv.md.
 """
 from collections import OrderedDict
 
@@ -27,6 +27,70 @@ from ..runtime.van import VAN_FIELDS
 from . import messages as M
 
 CHAIN_FIELDS = VAN_FIELDS | {'shard', 'number', 'change'}   # a change's own, as it travels
+
+
+class Changes:
+    """A shard's changes on their way to its replicas: the head keeps the updates it
+    makes and sends them down its chain as one change; a request is answered once the
+    last holder has every change it shows (at once, without replicas)."""
+
+    def __init__(self, chain, store, lend):
+        self.chain = chain
+        self.store = store     # key -> its slot: the number of its last change (``changed``)
+        self.lend = lend       # lend(keys, sent): their values go out from their own memory
+        self.updates = []      # [(key, sum, positions, accumulate, numbers)]: to send
+
+    @property
+    def replicated(self):
+        """Does this shard have replicas to wait for (its head's view)?"""
+        return bool(self.chain.holders[1:])
+
+    def made(self, key, grad, positions, accumulate, numbers):
+        """A round closed (or an async push was applied) on the head: keep the update
+        for the replicas (``numbers``: the pushes it counts)."""
+        if self.chain.is_head and self.replicated:
+            self.updates.append((key, grad, positions, accumulate, numbers))
+
+    def send_updates(self):
+        """Send the updates made since the last call down the chain, as one change."""
+        if not self.updates:
+            return
+        entries, frames = [], []
+        for key, grad, positions, accumulate, numbers in self.updates:
+            entries.append([key, None if positions is None else int(positions.numel()),
+                            accumulate, [[w, n] for w, n in numbers.items()
+                                         if isinstance(n, int)]])
+            frames += M.data([grad.contiguous()])
+            if positions is not None:
+                frames += M.data([positions.contiguous()])
+        keys, self.updates = [u[0] for u in self.updates], []
+        self.send(M.UPDATE, {'updates': entries}, frames, keys)
+
+    def take_updates(self, msg, update):
+        """(a replica) The updates its head made, each through ``update(key, sum,
+        positions, accumulate, numbers)``: the same sums through the same optimizer,
+        so its copy and the optimizer's state end with the head's bits."""
+        frames = iter(msg.frames)
+        for key, rows, accumulate, numbers in msg.get('updates'):
+            slot = self.store[key]
+            count = rows if isinstance(rows, int) else slot.stop - slot.start
+            grad = M.wire.unpack({'dtype': slot.dtype, 'shape': [count]}, next(frames)).clone()
+            positions = M.wire.unpack({'dtype': 'int64', 'shape': [count]}, next(frames)) \
+                if isinstance(rows, int) else None
+            update(key, grad, positions, accumulate is True,
+                   {str(w): n for w, n in numbers if isinstance(n, int)})
+
+    def send(self, kind, header, frames, keys=()):
+        """A change made here goes down the chain (at once done, without replicas); the
+        keys it changed are answered only once the last holder has it."""
+        number, trackers = self.chain.change(kind, header, frames)
+        for key in keys:
+            self.store[key].changed = number
+        self.lend(keys, lambda: all(t.done for t in trackers))
+
+    def shown(self, number):
+        """Has the last holder every change up to ``number``?"""
+        return number <= self.chain.done
 
 
 class Chain:

@@ -26,9 +26,11 @@ import warnings
 
 import torch
 
-from ..runtime import compression, hang, protocol, shm, spans, staging, stream
+from .. import lines
+from ..runtime import compression, hang, shm, spans, staging, stream
 from ..runtime.node import WorkersChanged
 from . import messages as M
+from .asking import InFlight
 from .optimizers import Updater, torch_names
 from .placement import place, row_positions
 from .server import apply_update
@@ -588,64 +590,25 @@ class DistKVStore(KVStore):
         VALUES answer; what it returns, if anything, is called once every answer has
         come (``_receiver``'s reads in place end there)."""
         keys = _keys([k for _, _, header, _ in msgs for k in M.keys_of(header.get('parts', []))])
-        start, waiting, sent, leaving = time.time(), {}, {}, []
+        start, asked = time.time(), InFlight(self._node, keys, what)
         for to, kind, header, frames in msgs:
-            rid = next(self._ids)
-            sent[rid] = (to, kind, dict(header, id=rid, **_shard_of(to)), frames)
-            # Between hosts, to the servers in turn, as the cost model has it (cost.py): the
-            # last message's bytes leave before this one's, so the first server's round
-            # closes, and its answer comes, while the next server's push is on the wire.
-            # (On one host the copies are the limit, not a link: all at once.)
-            self._node.van.wait_sent(leaving, hang.LOOK)
-            waiting[rid], leaving = self._send(*sent[rid])
-        answers, ends, reading = [], [], {}     # reading: server -> rids read in place
-        while waiting:                   # (a long wait: ask the servers who is missing)
-            servers = sorted(set(waiting.values()))
-            wait = hang.Wait(f'for the answer to {what} of {keys} from '
-                             f'{", ".join(s.replace(":", " ") for s in servers)}',
-                             [(s, {'request': rid, **_shard_of(sent[rid][0])})
-                              for rid, s in waiting.items()], span='wait for servers')
-            try:
-                msg = self._node.recv([M.ACK, M.VALUES, M.ERROR, stream.READ,
-                                       protocol.SERVERS], wait=wait)
-            except WorkersChanged:      # elastic: the servers count the workers left
-                continue
-            if msg.kind == protocol.SERVERS:            # a server lost: ask its replica
-                for rid, server in waiting.items():
-                    if isinstance(sent[rid][0], int) and server != self._node.head(sent[rid][0]):
-                        waiting[rid], _ = self._send(*sent[rid])
-                continue
-            if msg.kind == stream.READ:                 # an answer's values are in place
-                if reading.get(msg.sender):
-                    waiting.pop(reading[msg.sender].pop(0), None)
-                continue
-            rid = msg.get('id')
-            if waiting.get(rid) is None:
-                stream.discard(msg)                     # the answer to a request that failed
-                continue
+            asked.send(next(self._ids), to, kind, header, frames)
+        answers, ends = [], []
+        for msg in asked.answers():
             if msg.kind == M.ERROR:
-                error = f'{msg.sender.replace(":", " ")}: {msg.get("error")}'
+                error = f'{lines.shown(msg.sender)}: {msg.get("error")}'
                 raise hang.Disagree(error) if msg.get('disagree') else M.KVError(error)
             answers.append(msg)
-            if msg.kind == M.VALUES and on_values is not None:
+            reads = msg.kind == M.VALUES and on_values is not None
+            if reads:
                 ends.append(on_values(msg) or (lambda: None))   # (maybe: how to end)
-                if any(isinstance(f, stream.Pending) for f in msg.frames):
-                    reading.setdefault(msg.sender, []).append(rid)   # until its READ
-                    continue
-            del waiting[rid]
+            asked.answered(msg, in_place=reads)
         for end in ends:                 # (wait() for the reads: they have ended)
             end()
         spans.record(what, 'comm', start, time.time(), keys=keys,   # (--timeline)
-                        sent=sum(len(f) for *_, frames in msgs for f in frames),
-                        received=sum(f.nbytes for m in answers for f in m.frames))
+                     sent=sum(len(f) for *_, frames in msgs for f in frames),
+                     received=sum(f.nbytes for m in answers for f in m.frames))
         return answers
-
-    def _send(self, to, kind, header, frames):
-        """Send one request to the head of its shard (or to a server named): to whom, and
-        (to another host) the trackers of the big frames ZeroMQ may still be sending."""
-        server = self._node.head(to) if isinstance(to, int) else to
-        track = self._node.van.leaves_host(server)
-        return server, self._node.send(server, kind, header, frames, track=track)
 
     # -- looking inside the servers -----------------------------------------------------------
     def server_info(self):
@@ -715,14 +678,9 @@ def _lists(key, value):
         if not isinstance(value, (list, tuple)) or len(value) != len(key):
             raise ValueError(f'{len(key)} keys need a list of {len(key)} values')
         if len(set(key)) != len(key):
-            raise ValueError(f'a key appears twice in {list(key)!r}'[:200])
+            raise ValueError(lines.clip(f'a key appears twice in {list(key)!r}', lines.NAME))
         return [M.check_key(k) for k in key], list(value)
     return [M.check_key(key)], [value]
-
-
-def _shard_of(to):
-    """The header field that names a request's shard (none for a request to a server)."""
-    return {'shard': to} if isinstance(to, int) else {}
 
 
 def _check_priority(priority, hint=''):

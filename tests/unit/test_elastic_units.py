@@ -504,22 +504,24 @@ def left(*ranks, membership):
 def served(queue):
     """A server of the key 'x' that handles ``queue``: the values each worker was sent."""
     from d2ldist.kv import messages as M
-    from d2ldist.kv.server import KVServer, Slot
+    from d2ldist.kv.server import Slot
+    from d2ldist.kv.serving import ServerLoop
     node = ServerNode(id='server:0', sent=[], met=[], queue=list(queue))
-    server = KVServer(node)
+    loop = ServerLoop(node)
+    server = loop.shards[0]
     server.store['x'] = Slot('float64', [1], 0, 1, torch.zeros(1, dtype=torch.float64))
-    server.serve()
+    loop.serve()
     values = {}
     for peer, kind, header, frames in node.sent:
         if kind == M.VALUES:
             values.setdefault(peer, []).append(int(torch.frombuffer(
                 bytearray(frames[0]), dtype=torch.float64).item()))
-    return node, server, values
+    return node, loop, values
 
 
 def test_a_sync_round_counts_every_push_that_arrived_once_and_waits_for_the_workers_left():
     from d2ldist.kv import messages as M
-    node, server, values = served([
+    node, loop, values = served([
         push('worker:0', 1), push('worker:1', 1), push('worker:2', 1),     # round 1: all
         push('worker:0', 2), push('worker:1', 2),
         left(0, 2, membership=1),                  # worker 1 lost after its push 2 came
@@ -536,7 +538,8 @@ def test_a_sync_round_counts_every_push_that_arrived_once_and_waits_for_the_work
     assert values == {'worker:0': [1001001, 1001001, 1000001, 1001001, 1000001],
                       'worker:1': [1001001, 1001001],        # (its 2nd answer: round 4)
                       'worker:2': [1001001, 1001001, 1000001, 1001001, 1000001]}
-    assert server.rounds == {} and server.waiting == [] and server.nth == {}
+    server = loop.shards[0]
+    assert server.rounds == {} and server.waiting == [] and server.members.nth == {}
 
 
 def test_every_server_counts_a_joiners_first_push_in_the_same_round_whatever_the_order():
@@ -560,9 +563,10 @@ def test_every_server_counts_a_joiners_first_push_in_the_same_round_whatever_the
         queue, rest = [left(0, 2, membership=1)], streams()
         while any(rest):
             queue.append(orders.choice([s for s in rest if s]).pop(0))
-        node, server, values = served(queue)
+        node, loop, values = served(queue)
         assert values == want, [(m.sender, m.kind, m.get('membership')) for m in queue]
-        assert server.rounds == {} and server.waiting == [] and not any(server.deferred.values())
+        server = loop.shards[0]
+        assert server.rounds == {} and server.waiting == [] and not any(loop.deferred[0].values())
 
 
 def test_the_servers_hear_of_every_worker_lost_or_done_and_barriers_stop_waiting_for_them():
@@ -720,7 +724,7 @@ def test_the_ssh_launcher_follows_the_discovery_script(tmp_path):
 
 def test_a_hello_with_a_bad_address_is_refused_and_the_server_goes_on():
     from d2ldist.kv import messages as M
-    from d2ldist.kv.server import KVServer
+    from d2ldist.kv.serving import ServerLoop
     from d2ldist.runtime.node import Node
     node = ServerNode(id='server:0', sent=[], met=[], queue=[
         message(M.HELLO, 'worker:1', id=1, address='tcp://;rm -rf:1', host_id='h'),
@@ -728,7 +732,7 @@ def test_a_hello_with_a_bad_address_is_refused_and_the_server_goes_on():
     node.meet = lambda joined: (Node.meet(SimpleNamespace(book={}, van=SimpleNamespace(
         connect=lambda *a, **k: None, address='tcp://198.18.9.2:1')), joined),
         node.met.append(joined))
-    KVServer(node).serve()
+    ServerLoop(node).serve()
     assert [(kind, h.get('id'), h.get('error')) for _, kind, h, _ in node.sent] == [
         (M.ERROR, 1, "worker:1 gave a bad address 'tcp://;rm -rf:1'"), (M.ACK, 2, None)]
     assert node.met == [['worker:1', 'tcp://198.18.9.3:4000', 'h']]

@@ -8,7 +8,7 @@ import torch
 
 from d2ldist.kv import messages as M
 from d2ldist.kv.replication import Chain
-from d2ldist.kv.server import KVServer
+from d2ldist.kv.serving import ServerLoop
 from d2ldist.launch import cli
 from d2ldist.runtime import protocol, replicas
 from d2ldist.runtime.van import Message
@@ -140,9 +140,7 @@ def two_servers(net, use_config):
     for i in (0, 1):
         node = net.node(f'server:{i}', num_servers=2, chains=None,
                         peers=lambda role: [f'{role}:0', f'{role}:1'])
-        server = KVServer(node)
-        server.hold_replicas()
-        servers.append(server)
+        servers.append(ServerLoop(node))
     return servers
 
 

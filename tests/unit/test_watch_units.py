@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from d2ldist import config
-from d2ldist.kv.server import KVServer, Slot
+from d2ldist.kv.server import Slot
+from d2ldist.kv.serving import ServerLoop
 from d2ldist.kv import messages as M
 from d2ldist.launch import cli
 from d2ldist.launch.trace import Trace
@@ -126,7 +127,8 @@ def test_a_server_names_who_has_not_pushed_and_refuses_pushes_in_another_order()
     van = FakeVan()
     node = SimpleNamespace(num_workers=2, id='server:0', send=van.send,
                            peers=lambda role: ['worker:0', 'worker:1'])
-    server = KVServer(node)
+    loop = ServerLoop(node)
+    server = loop.shards[0]
     for key in ('w', 'b'):
         server.store[key] = Slot('float32', [2], 0, 2, torch.zeros(2))
 
@@ -135,7 +137,7 @@ def test_a_server_names_who_has_not_pushed_and_refuses_pushes_in_another_order()
                                         'pull': True, 'id': rid, 'n': 1},
                        [bytearray(torch.ones(2).numpy().tobytes())])
     assert server.handle(push('worker:0', 'w', 11))
-    server.who(Message(protocol.WHO, 'worker:0', {'id': 3, 'question': {'request': 11}}, []))
+    loop.dispatch(Message(protocol.WHO, 'worker:0', {'id': 3, 'question': {'request': 11}}, []))
     assert van.sent[-1] == ('worker:0', protocol.WHO_ANSWER, {
         'id': 3, 'missing': [['worker:1', {'note': "has not pushed 'w' to server 0"}]]})
     server.handle(push('worker:1', 'b', 21))
