@@ -58,6 +58,7 @@ import weakref
 from collections import OrderedDict
 
 from .. import config
+from ..lines import clip
 
 # Smaller frames go through the socket. benchmarks/transport.py, two processes on 2 busy
 # cores, CPU per byte of socket / shared memory: 256 KB about even (per-message costs
@@ -97,6 +98,17 @@ class Pool:
         self.limit, self.bytes = limit, 0
         self.blocks = {}                        # capacity -> [Block]
         self.sent = self.created = self.fallbacks = 0
+
+    def share(self, frames):
+        """Put the big frames in shared memory: (the frames to send, where they lie:
+        ``[[frame index, pid, fd, offset, nbytes], ...]``); a shared one goes empty."""
+        out, where = [], []
+        for i, f in enumerate(frames):
+            desc = self.put(f) if f.nbytes >= SHM_MIN_BYTES else None
+            if desc is not None:
+                where.append([i] + desc)
+            out.append(f if desc is None else memoryview(b''))
+        return out, where
 
     def put(self, frame):
         """Copy a frame into a FREE block: its descriptor [pid, fd, offset, nbytes], or None
@@ -150,12 +162,29 @@ class Mapper:
         self.maps = OrderedDict()               # (pid, fd) -> (file identity, mmap)
         self.limit, self.bytes, self.received = limit, 0, 0
 
+    def frames(self, where, data):
+        """The frames received, with those ``where`` names in shared memory mapped in;
+        ValueError if a check fails."""
+        if not isinstance(where, list) or len(where) > len(data):
+            raise ValueError('malformed list')
+        data, seen = list(data), set()
+        for entry in where:       # [frame index, pid, fd, offset, nbytes]
+            if not (isinstance(entry, list) and len(entry) == 5
+                    and all(type(x) is int for x in entry)):
+                raise ValueError(clip(f'malformed entry {entry!r}', 120))
+            i, pid, fd = entry[:3]
+            if not (0 <= i < len(data) and data[i].nbytes == 0) or {i, (pid, fd)} & seen:
+                raise ValueError(clip(f'entry {entry!r} does not fit the frames', 120))
+            seen.update([i, (pid, fd)])
+            data[i] = self.view(entry[1:])
+        return data
+
     def view(self, desc):
         """A writable memoryview of the block ``desc`` = [pid, fd, offset, nbytes] names;
         ValueError if it names no block of ours that is SENT, or reaches past its end."""
         if not (isinstance(desc, list) and len(desc) == 4
                 and all(type(x) is int and 0 <= x < 2**62 for x in desc)):
-            raise ValueError(f'malformed descriptor {desc!r}'[:120])
+            raise ValueError(clip(f'malformed descriptor {desc!r}', 120))
         pid, fd, offset, nbytes = desc
         mm = self._map(pid, fd)
         if offset < HEADER_BYTES or nbytes < 1 or offset + nbytes > len(mm):
