@@ -28,6 +28,8 @@ the same thing, and if not raises ``Disagree`` naming both, on every node concer
 """
 from dataclasses import dataclass, field
 
+from ..lines import shown
+
 LOOK = 1.0      # seconds of waiting after which a node asks whether those it waits for ended
 
 
@@ -88,7 +90,7 @@ def sentence(missing):
     """The answer of whoever knows, as the end of the hang line."""
     if not missing:
         return 'every node it waits for has arrived; the message it needs has not come'
-    named = [f"{node.replace(':', ' ')} ({describe(node, doing)})" for node, doing in missing]
+    named = [f"{shown(node)} ({describe(node, doing)})" for node, doing in missing]
     if len(named) == 1:
         return named[0].replace(' (', ' has not arrived (', 1)
     return '; '.join(named) + ' have not arrived'

@@ -47,6 +47,7 @@ import socket
 import struct
 import threading
 
+from ..lines import clip, shown
 from .van import Message, encoded
 
 PREFIX = struct.Struct('!IQ')     # header length, payload length
@@ -82,11 +83,6 @@ def _head_digest(key, nonce, number, prefix, head_bytes):
     """The MAC of a message's first part when the payload is not covered: one call."""
     return hmac.digest(key, b''.join((nonce, number.to_bytes(8, 'big'), prefix, head_bytes)),
                        'sha256')
-
-
-def _named(peer):
-    """'worker 1' for 'worker:1', as the job's messages name nodes."""
-    return peer.replace(':', ' ')
 
 
 def _as_bytes(buffer):
@@ -241,7 +237,7 @@ class Receiver:
         sender, mac = got[2:2 + n].decode(errors='replace'), got[2 + n:]
         if sender != self.peer or not hmac.compare_digest(
                 mac, _hello_mac(self.van.mac_key, self.nonce, sender, self.van.node_id)):
-            return self._refuse(conn, f'a hello from {sender[:40]!r} failed the check '
+            return self._refuse(conn, f'a hello from {clip(sender, 40)!r} failed the check '
                                       '(wrong job secret?)')
         del self._hellos[conn]
         conn.setblocking(True)
@@ -340,7 +336,7 @@ class Receiver:
 
     def _broke(self, error):
         self._lost(str(error))
-        raise StreamBroken(f'the stream from {_named(self.peer)} broke: {error}') from None
+        raise StreamBroken(f'the stream from {shown(self.peer)} broke: {error}') from None
 
     def _recv_exactly(self, n, eof_ok=False):
         buf = bytearray(n)
@@ -397,9 +393,9 @@ class Sender:
             self.nonce, port = bytes.fromhex(offer['nonce']), int(offer['port'])
             self._sock = socket.create_connection((host, port), timeout=CONNECT_SECONDS)
         except (KeyError, TypeError, ValueError) as e:
-            raise StreamBroken(f'a bad stream offer from {_named(peer)}: {e}') from None
+            raise StreamBroken(f'a bad stream offer from {shown(peer)}: {e}') from None
         except OSError as e:
-            raise StreamBroken(f'cannot open a stream to {_named(peer)} at {host}:{port}: '
+            raise StreamBroken(f'cannot open a stream to {shown(peer)} at {host}:{port}: '
                                f'{e}') from None
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -495,7 +491,7 @@ class Sender:
                 for part in parts:
                     self._sock.sendall(part)
             except OSError as e:
-                self.error = StreamBroken(f'the stream to {_named(self.peer)} broke: {e}')
+                self.error = StreamBroken(f'the stream to {shown(self.peer)} broke: {e}')
             with self._progress:
                 self._written += 1
                 self._progress.notify_all()
