@@ -9,6 +9,7 @@ raises ``PeerFailed`` instead of waiting forever, and a wait that lasts too long
 who is missing (``hang.py``). With replicated servers (``--server-replicas``) the
 scheduler may say that another server answers for a lost one's shard (``SERVERS``):
 the node takes the new chains, and ``head(shard)`` names whom to ask from then on.
+One message's plain path, and the reasoning: docs/design/runtime.md.
 """
 import atexit
 import itertools

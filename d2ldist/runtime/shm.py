@@ -1,52 +1,21 @@
 """Shared memory for big frames between processes on the same host (after NCCL's and
-MPI's intra-node transports, and BytePS's shared memory for colocated workers and servers).
+MPI's intra-node transports).
 
-Over TCP loopback a frame is copied twice by the kernel (into the socket, out of it) and
-the receiver's pages are faulted in again and again; on one host the two processes can
-share the memory instead. For a frame of at least ``SHM_MIN_BYTES`` sent to a peer on the
-same host, the van
+For a frame of at least ``SHM_MIN_BYTES`` sent to a peer on the same host, the van copies
+the frame into a *block* of this process's shared memory (``Pool``), sends where it lies
+inside the authenticated header (``[frame index, pid, fd, offset, nbytes]``), and the
+receiver maps ``/proc/<pid>/fd/<fd>`` and hands the application a memoryview of the
+block (``Mapper``): one copy instead of the kernel's two.
 
-1. copies the frame into a *block* of this process's shared memory (one copy),
-2. sends, inside the authenticated header, where the block is:
-   ``[frame index, pid, fd, offset, nbytes]`` (the frame itself goes as an empty frame),
-3. and the receiver maps ``/proc/<pid>/fd/<fd>`` (once per block) and hands the
-   application a writable memoryview of the block: no copy at all.
-
-A block is a **memfd** (``os.memfd_create``): an anonymous file that lives only as long as
-a process holds it open or mapped, so nothing appears in /dev/shm and nothing is left
-behind when a process dies, even by SIGKILL. Only processes of the same user may open
-``/proc/<pid>/fd/<fd>``. A block starts with a 64-byte header: the magic ``d2lshm01``
-and a state word; its data follow.
-
-Who may reuse a block is told by its state word, without any message:
+A block is a memfd, gone with the last process that holds it. Its state word says who
+may reuse it, without any message:
 
     FREE --sender copies a frame in--> SENT --receiver maps it--> MAPPED
       ^                                                             |
       +--- the last user of the receiver's view is gone (finalizer) -+
 
-The receiver's view is a ctypes array over the block; ``weakref.finalize`` marks the block
-FREE when the array dies, i.e. when the last memoryview, tensor (``torch.frombuffer``),
-round sum or stored value of the key-value server that shares it is gone. The sender only
-reuses FREE blocks; above ``SHM_POOL_BYTES`` it falls back to the socket. Before it closes,
-a van waits (a little) for its SENT blocks to be mapped, as ZeroMQ lingers for queued
-messages: a block must not vanish with its process before the receiver has it.
-
-Memory ordering: each transition has one writer (FREE->SENT the sender, SENT->MAPPED and
-MAPPED->FREE the receiver) and the state word is an aligned 8-byte store (its values differ
-only in the lowest byte, so even a store split into bytes reads as old or new). The frame's
-bytes are published by the socket message (a system call on both sides orders them). When
-the receiver frees a block, its loads and stores of the data came earlier in its program
-(or in threads it joined, as torch's); on x86-64 (TSO) stores are not reordered with
-earlier loads or stores, so a sender that reads FREE sees the receiver done with the
-block. We rely on that, so shared memory is on only on x86-64 Linux (elsewhere the van
-keeps using the socket).
-
-``D2L_SHM=0`` turns it off (every frame then goes through the socket, as between hosts).
-The van turns it off itself under a simulated network (the simulated link must carry the
-bytes), and for peers on other hosts: "same host" means the peer advertises our address,
-or both are loopback addresses -- so network namespaces with their own addresses on one
-machine keep using the network -- and the peer registered the same ``identity()`` (boot,
-pid namespace, user): containers sharing the host's network but not its processes don't.
+Used only on x86-64 Linux (the memory ordering relies on TSO); ``D2L_SHM=0`` turns it off.
+Why it is safe, and what "same host" means: docs/design/runtime.md, "Shared memory".
 """
 import ctypes
 import mmap
