@@ -206,11 +206,8 @@ class Van:
 
     def send(self, peer_id, kind, header=None, frames=(), track=False):
         """Send a message to a peer; frames are bytes-like (tensor memory, no copy).
-
-        With ``track=True`` it returns the ZeroMQ trackers of the frames sent without
-        a copy: ``tracker.wait()`` returns once ZeroMQ no longer reads that memory,
-        so the caller may overwrite it.
-        """
+        ``track=True``: the trackers of the frames sent without a copy (``wait_sent``:
+        once they are done, the caller may overwrite that memory)."""
         frames = [memoryview(f).cast('B') for f in frames]
         taken = VAN_FIELDS.intersection(header or ())
         if taken:
