@@ -20,11 +20,11 @@ goodbye and no clean-up, so the others must notice (the heartbeats, the launcher
 """
 import os
 import signal
-import sys
 import threading
 import time
 
 from .. import config
+from ..lines import say
 from . import spans
 
 
@@ -64,6 +64,6 @@ def die(when):
     cfg = config.get()
     rank = '' if cfg.rank is None or cfg.role == 'scheduler' else cfg.rank
     who = f"{cfg.role or 'process'} {rank}".strip()
-    print(f'd2ldist: {who} fails on purpose {when} (--fail)', file=sys.stderr, flush=True)
+    say(f'{who} fails on purpose {when} (--fail)', err=True)
     spans.flush()
     os.kill(os.getpid(), signal.SIGKILL)

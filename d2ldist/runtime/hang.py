@@ -1,32 +1,20 @@
 """The hang detector: a node that waits too long says for what, and who is missing.
 
-A distributed job hangs when one node waits for another that never comes: a worker
-that never calls the all-reduce, a dead peer, calls in a different order. Every wait
-of a node for others goes through ``Node.recv(..., wait=Wait(...))``, the ring's wait
-for a chunk, a worker's wait for a server's sync round and a barrier alike. After
-``D2L_HANG_WARN`` seconds (30; ``d2l-launch --hang-warn``) the node asks whoever knows
-who has arrived --
-
-* the **scheduler**: who has entered a barrier, and what every node said it was doing
-  in its last heartbeat (the wait it is in, and how many collectives it has started);
-* a **server**: which workers have not pushed into the round a pull waits for --
-
-and prints one line (and reports it to the dashboard)::
+Every wait of a node for others goes through ``Node.recv(..., wait=Wait(...))``. After
+``D2L_HANG_WARN`` seconds (``d2l-launch --hang-warn``) the node asks whoever knows (the
+scheduler, a server) who has not arrived, and prints one line::
 
     d2ldist: worker 0 has waited 30 s in all-reduce call 12 (Sum, float32, [1000]):
     worker 2 has not arrived (it is at call 11, computing or in its own code)
 
-After ``D2L_HANG_FAIL`` seconds (``--hang-fail``; off by default) it raises ``Hang``
-with that line instead of waiting on: the job fails with a reason, not a silence.
-One wait needs no threshold: after ``LOOK`` seconds a node asks once, and if every node
-it waits for has ended (its script returned: a worker that made fewer calls than the
-others), it raises ``Ended`` at once, for they will never come.
-
-Some hangs need no waiting to be seen: where nodes meet -- the ring's neighbours, a
-server's sync round, the scheduler's barriers -- each checks that both sides called
-the same thing, and if not raises ``Disagree`` naming both, on every node concerned.
+After ``D2L_HANG_FAIL`` seconds (``--hang-fail``) it raises ``Hang`` with that line;
+if all it waits for have ended, ``Ended`` at once. Where nodes meet, a call that
+differs from the other side's raises ``Disagree``. The reasoning:
+docs/design/runtime.md, "The hang detector".
 """
 from dataclasses import dataclass, field
+
+from ..lines import shown
 
 LOOK = 1.0      # seconds of waiting after which a node asks whether those it waits for ended
 
@@ -88,7 +76,7 @@ def sentence(missing):
     """The answer of whoever knows, as the end of the hang line."""
     if not missing:
         return 'every node it waits for has arrived; the message it needs has not come'
-    named = [f"{node.replace(':', ' ')} ({describe(node, doing)})" for node, doing in missing]
+    named = [f"{shown(node)} ({describe(node, doing)})" for node, doing in missing]
     if len(named) == 1:
         return named[0].replace(' (', ' has not arrived (', 1)
     return '; '.join(named) + ' have not arrived'

@@ -9,6 +9,7 @@ raises ``PeerFailed`` instead of waiting forever, and a wait that lasts too long
 who is missing (``hang.py``). With replicated servers (``--server-replicas``) the
 scheduler may say that another server answers for a lost one's shard (``SERVERS``):
 the node takes the new chains, and ``head(shard)`` names whom to ask from then on.
+One message's plain path, and the reasoning: docs/design/runtime.md.
 """
 import atexit
 import itertools
@@ -21,6 +22,7 @@ import time
 from collections import deque
 
 from .. import config
+from ..lines import NAME, clip, say, shown
 from . import faults, hang, hosted, protocol, spans
 from . import shm, started, stream
 from .van import LINGER_SECONDS, Van
@@ -86,8 +88,8 @@ class Node:
         self.doing = None         # (what, since) while in a watched wait (hang.py)
         self.counters = {}        # e.g. {'ring': collectives started}: sent with heartbeats
         self._questions = itertools.count(1)
-        self._receiving = 0       # threads inside recv() now (ZeroMQ sockets are not
-        self._count_lock = threading.Lock()   # thread-safe: stop() must not join them)
+        self._receiving = Inside()   # threads in recv() now (ZeroMQ sockets are not
+                                     # thread-safe: stop() must not join them)
         self.members = None       # the live workers in rank order, after a membership change
         self.round = 0            # which membership (elastic: the scheduler's MEMBERS)
         self.joins_heard = 0      # elastic ring: workers the scheduler said wait to join
@@ -185,22 +187,49 @@ class Node:
         return list(self.members) if self.members is not None else self.peers('worker')
 
     def send(self, peer, kind, header=None, frames=(), track=False):
+        """Send a message to a peer (``Van.send``)."""
         return self.van.send(peer, kind, header, frames, track=track)
 
     def recv(self, kinds=None, timeout=None, wait=None):
-        """The next message of one of ``kinds`` (others wait in a stash for later).
+        """The next message of one of ``kinds`` (others wait in a stash for later), or
+        None after ``timeout`` seconds.
 
         ``wait``: what this node is waiting for (a ``hang.Wait``): watched by the hang
         detector, and a span on the timeline."""
-        with self._count_lock:
-            self._receiving += 1
-        try:
+        with self._receiving:
             if wait is None or timeout is not None:
                 return self._recv(kinds, timeout)
             return self._watched(kinds, wait)
-        finally:
-            with self._count_lock:
-                self._receiving -= 1
+
+    def _recv(self, kinds, timeout):
+        """recv, unwatched: a message stashed before, else the van's next (taking the
+        scheduler's news on the way, and stashing those not of ``kinds``)."""
+        msg = self._stashed(kinds)
+        if msg is not None:
+            return msg
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            msg = self.van.recv(timeout=left) if left is None or left > 0 else None
+            if msg is None:
+                return None
+            if msg.sender == 'scheduler' and self._news(msg, kinds):
+                continue                 # (only news, now taken)
+            if kinds is None or msg.kind in kinds:
+                return msg
+            self._stash.append(msg)      # for a later recv of its kind
+
+    def _stashed(self, kinds):
+        """The oldest message of ``kinds`` in the stash, taken out; or None."""
+        for msg in self._stash:
+            if kinds is None or msg.kind in kinds:
+                self._stash.remove(msg)
+                return msg
+        return None
+
+    def put_back(self, msg):
+        """Return a message just received: the next recv of its kind gets it first."""
+        self._stash.appendleft(msg)
 
     def _watched(self, kinds, wait):
         """_recv that names who is missing after D2L_HANG_WARN s, and raises hang.Hang
@@ -219,24 +248,28 @@ class Node:
                     if warned and self.role == 'worker':
                         report(waiting='')               # the dashboard's warning goes
                     return msg
-                waited, missing = deadlines.pop(0), self.missing(wait)
-                if missing and all(d.get('state') == 'ended' for _, d in missing):
-                    gone = ', '.join(n.replace(':', ' ') for n, _ in missing)
-                    raise hang.Ended(f'{self.id.replace(":", " ")} waits {wait.what}, but '
-                                     f'{gone} ended without coming: every worker must issue '
-                                     'the same calls, as many times')
-                if waited not in (warn, fail):
-                    continue                             # (the early look: nobody ended)
-                line = (f'{self.id.replace(":", " ")} has waited {waited:g} s '
-                        f'{wait.what}: {hang.sentence(missing)}')
-                if waited == fail:
-                    raise hang.Hang(line)
-                print(f'd2ldist: {line}', flush=True)
-                warned = True
-                if self.role == 'worker':
-                    report(waiting=line)
+                warned = self._overdue(wait, deadlines.pop(0), warn, fail) or warned
         finally:
             self.doing = None
+
+    def _overdue(self, wait, waited, warn, fail):
+        """A wait has lasted ``waited`` s: raise hang.Ended if all it waits for ended,
+        hang.Hang at ``fail``; at ``warn``, say who is missing. Whether it warned."""
+        missing = self.missing(wait)
+        if missing and all(d.get('state') == 'ended' for _, d in missing):
+            gone = ', '.join(shown(n) for n, _ in missing)
+            raise hang.Ended(f'{shown(self.id)} waits {wait.what}, but {gone} ended without '
+                             'coming: every worker must issue the same calls, as many times')
+        if waited not in (warn, fail):
+            return False                 # (the early look: nobody ended)
+        line = (f'{shown(self.id)} has waited {waited:g} s '
+                f'{wait.what}: {hang.sentence(missing)}')
+        if waited == fail:
+            raise hang.Hang(line)
+        say(line)
+        if self.role == 'worker':
+            report(waiting=line)
+        return True
 
     def missing(self, wait):
         """Ask whoever knows who has not arrived: [(node, what it is doing)]."""
@@ -264,34 +297,21 @@ class Node:
                 return [(str(m[0]), m[1]) for m in msg['missing']
                         if isinstance(m, list) and len(m) == 2]
 
-    def _recv(self, kinds, timeout):
-        for msg in self._stash:
-            if kinds is None or msg.kind in kinds:
-                self._stash.remove(msg)
-                return msg
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return None
-            msg = self.van.recv(timeout=left)
-            if msg is None:
-                return None
-            if msg.kind == protocol.FAILED and msg.sender == 'scheduler':
-                raise PeerFailed(f'{msg.get("node", "a node").replace(":", " ")} failed '
-                                 f'({msg.get("reason")}); {self.id.replace(":", " ")} gives up')
-            if msg.kind == protocol.MEMBERS and msg.sender == 'scheduler':
-                self._new_members(msg)
-            if msg.kind == protocol.JOINING and msg.sender == 'scheduler' \
-                    and (kinds is None or protocol.JOINING not in kinds):
-                if isinstance(msg.get('joins'), int):      # (noted: the next commit
-                    self.joins_heard = max(self.joins_heard, msg['joins'])   # asks)
-                continue
-            if msg.kind == protocol.SERVERS and msg.sender == 'scheduler':
-                self._take_chains(msg.get('chains'), msg.get('lost'))
-            if kinds is None or msg.kind in kinds:
-                return msg
-            self._stash.append(msg)
+    def _news(self, msg, kinds):
+        """Take the scheduler's news of the job (a failure raises PeerFailed, a new
+        membership WorkersChanged); True if ``msg`` was only news."""
+        if msg.kind == protocol.FAILED:
+            raise PeerFailed(f'{shown(msg.get("node", "a node"))} failed '
+                             f'({msg.get("reason")}); {shown(self.id)} gives up')
+        if msg.kind == protocol.MEMBERS:
+            self._new_members(msg)
+        if msg.kind == protocol.JOINING and (kinds is None or protocol.JOINING not in kinds):
+            if isinstance(msg.get('joins'), int):      # (noted: the next commit asks)
+                self.joins_heard = max(self.joins_heard, msg['joins'])
+            return True
+        if msg.kind == protocol.SERVERS:
+            self._take_chains(msg.get('chains'), msg.get('lost'))
+        return False
 
     def _new_members(self, msg):
         """The scheduler's new membership: take it, and fail what waits on the old one."""
@@ -299,7 +319,7 @@ class Node:
         if not isinstance(rnd, int) or rnd <= self.round or not isinstance(workers, list):
             return
         if self.id not in workers:     # declared lost (silent too long): it cannot go on
-            raise PeerFailed(f'{self.id.replace(":", " ")} was left out of the workers '
+            raise PeerFailed(f'{shown(self.id)} was left out of the workers '
                              f'({msg.get("reason")})')
         self.members, self.round = [str(w) for w in workers], rnd
         self._barriers = {g: n for g, n in self._barriers.items() if g == 'server'}
@@ -314,8 +334,8 @@ class Node:
         said = reason                  # (a worker joins, or is started again)
         if isinstance(lost, str) and lost not in [j[0] for j in joined]:
             self.van.give_up_on(lost)
-            said = f'{lost.replace(":", " ")} was lost ({reason})' + ''.join(
-                f', {j[0].replace(":", " ")} joins' for j in joined)
+            said = f'{shown(lost)} was lost ({reason})' + ''.join(
+                f', {shown(j[0])} joins' for j in joined)
         raise WorkersChanged(f'{said}; {len(workers)} workers go on (round {rnd})',
                              lost if isinstance(lost, str) else None, rnd)
 
@@ -334,7 +354,7 @@ class Node:
         if isinstance(joined, list) and len(joined) == 3:
             peer, address, host = (str(j) for j in joined)
             if not ADDRESS.fullmatch(address):
-                raise ValueError(f'{peer} gave a bad address {address[:100]!r}')
+                raise ValueError(f'{peer} gave a bad address {clip(address, 100)!r}')
             self.book[peer] = address
             self.van.connect(peer, address, same_host=host == shm.identity()
                              and shm.same_host(self.van.address, address))
@@ -357,10 +377,6 @@ class Node:
         except WorkersChanged:
             pass                       # taken: self.round and self.members are the new ones
 
-    def put_back(self, msg):
-        """Return a message just received: the next recv of its kind gets it first."""
-        self._stash.appendleft(msg)
-
     def barrier(self, group='worker', what='barrier()'):
         """Wait until every node of ``group`` ('worker', 'server' or 'all') is here.
 
@@ -374,7 +390,7 @@ class Node:
         while True:
             msg = self.recv([protocol.BARRIER_DONE, protocol.BARRIER_DISAGREE], wait=wait)
             if msg.kind == protocol.BARRIER_DISAGREE:
-                raise hang.Disagree(str(msg.get('error'))[:600])
+                raise hang.Disagree(clip(msg.get('error')))
             if msg.get('group') == group and msg.get('n') == n \
                     and msg.get('round', 0) == self.round:
                 return
@@ -415,13 +431,28 @@ class Node:
             self.van.send('scheduler', protocol.GOODBYE, {'counters': dict(self.counters)})
             # Workers wait: the scheduler counts their goodbyes. (Servers go when told
             # to shut down, by a scheduler that is gone by then.)
-            if self.role == 'worker' and self._receiving == 0:
+            if self.role == 'worker' and self._receiving.now == 0:
                 self.recv([protocol.FAREWELL], timeout=LINGER_SECONDS)
         except PeerFailed:
             pass                        # the job is ending anyway
         finally:
             self._stopped.set()
             self.van.close()
+
+
+class Inside:
+    """How many threads are inside a ``with`` block now (``now``), counted under a lock."""
+
+    def __init__(self):
+        self.now, self._lock = 0, threading.Lock()
+
+    def __enter__(self):
+        with self._lock:
+            self.now += 1
+
+    def __exit__(self, *exc):
+        with self._lock:
+            self.now -= 1
 
 
 # errors whose message says what happened where: uncaught, they end the process in one line
@@ -440,7 +471,7 @@ def report_in_one_line():
 
     def hook(kind, value, tb):
         global _crashed
-        _crashed = f'{kind.__name__}: {value}'[:200]
+        _crashed = clip(f'{kind.__name__}: {value}', NAME)
         if issubclass(kind, ONE_LINE):
             sys.stderr.write(f'd2ldist: {value}\n')   # one write: processes started
             sys.stderr.flush()                        # by mpirun may share the pipe

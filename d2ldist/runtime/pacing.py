@@ -17,7 +17,12 @@ waits only as a token bucket makes it wait: while more than ``burst`` bytes are
 still queued on its link. So latency never serializes a pipeline -- ten messages
 in flight take ten transmission times plus ONE latency, as on a real wire.
 """
+import heapq
+import itertools
+import math
 import time
+
+HEADER_ON_WIRE = 256     # bytes a message's header counts on a simulated link
 
 
 def describe(rate=None, latency=0.0):
@@ -49,6 +54,54 @@ class Pacer:
         self.free_at = max(now, self.free_at) + nbytes / self.rate
         backlog = (self.free_at - now) * self.rate       # bytes still queued
         return self.free_at + self.latency, max(0.0, (backlog - self.burst) / self.rate)
+
+    def stamp(self, head):
+        """Book a message on the link now and stamp its header (``sent``, ``delay``):
+        the seconds the sender must wait."""
+        sent = time.time()
+        due, wait = self.book(sum(head['sizes']) + HEADER_ON_WIRE, sent)
+        head.update(sent=sent, delay=due - sent)
+        return wait
+
+
+class Held:
+    """The receiver's side: messages held until they would have arrived over the link.
+
+    Once one is held, every message queues behind (a message without a delay is due
+    at once), so that none overtakes another that is due earlier."""
+
+    def __init__(self):
+        self._heap, self._arrivals = [], itertools.count()
+
+    def __bool__(self):
+        return bool(self._heap)
+
+    def hold(self, msg):
+        heapq.heappush(self._heap, (due(msg), next(self._arrivals), msg))
+
+    def first(self, left):
+        """(the first message if it is due now, else None; how long a receiver may wait
+        for the socket meanwhile: at most ``left`` seconds, None for no limit)."""
+        while True:
+            hold = self._heap[0][0] - time.time()
+            if hold <= 0:
+                return heapq.heappop(self._heap)[2], left
+            if not (hold < 0.001 and (left is None or hold <= left)):
+                return None, hold if left is None else min(left, hold)
+            time.sleep(hold)            # (a socket's poll counts whole milliseconds)
+            left = None if left is None else max(0.0, left - hold)
+
+
+def due(msg):
+    """When a message sent over a simulated link arrives (now, if it was not).
+
+    ``sent + delay`` in the sender's clock; at most ``delay`` from now, so that a
+    sender whose clock runs ahead of ours cannot make us hold a message longer."""
+    sent, delay = msg.get('sent'), msg.get('delay')
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (sent, delay)):
+        return 0.0
+    now = time.time()
+    return min(sent + delay, now + delay)
 
 
 def pacer_of(cfg):

@@ -11,6 +11,7 @@ chain, and is answered only once the last holder has it (``kv/replication.py``).
 server is lost it leaves every chain it was in, so the next holder of its shard becomes
 that shard's head. A shard whose holders are all lost is lost, and so is the job.
 """
+from ..lines import shown
 
 
 def chains(num_servers, replicas):
@@ -28,6 +29,6 @@ def without(chains, lost):
 def takes_over(chains, left, lost):
     """In words, who answers for the lost server's shards now: 'server 1 answers for
     shard 0'."""
-    taken = [f'{left[s][0].replace(":", " ")} answers for shard {s}'
+    taken = [f'{shown(left[s][0])} answers for shard {s}'
              for s, chain in enumerate(chains) if chain[0] == lost]
     return ', '.join(taken) or 'its shards keep their heads'

@@ -25,6 +25,7 @@ import sys
 import time
 
 from .. import config
+from ..lines import NAME, clip, say, shown
 from . import faults, protocol, replicas
 from .van import Van
 
@@ -90,7 +91,7 @@ class Scheduler:
             self.heard(msg)
         elif msg.kind == protocol.BARRIER and msg.sender in self.nodes \
                 and msg.get('round', 0) == self.round:       # (not one left by a reform)
-            self.barrier(msg.sender, msg.get('group'), msg.get('n'), str(msg.get('what'))[:200])
+            self.barrier(msg.sender, msg.get('group'), msg.get('n'), clip(msg.get('what'), NAME))
         elif msg.kind == protocol.WHO and msg.sender in self.nodes:
             self.van.send(msg.sender, protocol.WHO_ANSWER, {
                 'id': msg.get('id'), 'missing': self.missing(msg.sender, msg.get('question'))})
@@ -98,9 +99,9 @@ class Scheduler:
             self.van.send(msg.sender, protocol.CLOCK, {'id': msg.get('id'), 'time': time.time()})
         elif msg.kind == protocol.FAILED and msg.sender in self.nodes \
                 and msg.sender not in self.lost:      # (one left out says so as it ends)
-            self.lose(msg.sender, str(msg.get('reason', 'failed'))[:200])
+            self.lose(msg.sender, clip(msg.get('reason', 'failed'), NAME))
         elif msg.kind == protocol.ENDED and msg.sender == 'launcher':
-            self.ended(msg.get('node'), msg.get('start'), str(msg.get('how'))[:200])
+            self.ended(msg.get('node'), msg.get('start'), clip(msg.get('how'), NAME))
         elif msg.kind == protocol.READY and msg.sender in self.members('worker') \
                 and msg.get('round') == self.round:
             self.ready.add(msg.sender)
@@ -167,10 +168,10 @@ class Scheduler:
         arrived[node] = what
         if first is not None and first[1] != what:
             (a, from_a), (b, from_b) = sorted([first, (node, what)], key=_by_rank)
-            error = (f'{group} barrier {n}: {a.replace(":", " ")} entered it from {from_a}, '
-                     f'{b.replace(":", " ")} from {from_b}; every node of the group must '
+            error = (f'{group} barrier {n}: {shown(a)} entered it from {from_a}, '
+                     f'{shown(b)} from {from_b}; every node of the group must '
                      'call the same barriers in the same order')
-            print(f'd2ldist: {error}', flush=True)
+            say(error)
             for member in self.members(group):
                 self.van.send(member, protocol.BARRIER_DISAGREE, {'error': error})
         else:
@@ -207,8 +208,8 @@ class Scheduler:
         workers = self.members('worker')
         gone = [w for w in workers if w in self.finished and w not in self.joined]
         if self.joined and gone:
-            waiting = ', '.join(j.replace(':', ' ') for j in self.joined)
-            error = (f'{gone[0].replace(":", " ")} ended without calling join() while '
+            waiting = ', '.join(shown(j) for j in self.joined)
+            error = (f'{shown(gone[0])} ended without calling join() while '
                      f'{waiting} waited in it: every worker must call hvd.join()')
             for worker in self.joined:
                 self.van.send(worker, protocol.JOIN_DONE, {'error': error})
@@ -225,7 +226,7 @@ class Scheduler:
         """A heartbeat: what the node is waiting for (if anything), and its counters."""
         what, counters = msg.get('what'), msg.get('counters')
         self.doing[msg.sender] = {
-            'what': str(what)[:200] if what else None,
+            'what': clip(what, NAME) if what else None,
             'for': float(msg.get('for')) if isinstance(msg.get('for'), (int, float)) else 0.0,
             'counters': counters if isinstance(counters, dict) else {},
             'at': time.monotonic()}
@@ -290,7 +291,7 @@ class Scheduler:
                 or node in self.lost or len(left) < self.min_workers:
             return False
         self.leave_out(node)
-        said = f'{node.replace(":", " ")} failed: {reason}' + (
+        said = f'{shown(node)} failed: {reason}' + (
             f', and {self.welcome()}' if self.newcomers else '')
         self.form(said, lost=node, reason=reason)
         self.van.send(node, protocol.MEMBERS, {      # (the lost one too: if it is only
@@ -307,7 +308,7 @@ class Scheduler:
             self.enter(n, address, host)
         self.newcomers = {}
         workers = self.next_round()
-        print(f'd2ldist: {said}; {self.going_on(workers)}', flush=True)
+        say(f'{said}; {self.going_on(workers)}')
         for n, _, _ in joined:
             self.van.send(n, protocol.ADDRESS_BOOK, {
                 'nodes': self.nodes, 'host_ids': self.host_ids, 'you': n, 'members': workers,
@@ -364,7 +365,7 @@ class Scheduler:
                  and w != node]
         others = [w for w in self.live_workers() + list(self.newcomers) if w != node]
         if ended:                      # the others have left their training: too late
-            error = f'the job is ending ({ended[0].replace(":", " ")} has finished)'
+            error = f'the job is ending ({shown(ended[0])} has finished)'
         elif self.max_workers is None:
             error = 'the job takes no new workers (d2l-launch --max-workers B)'
         elif len(others) >= self.max_workers:
@@ -376,12 +377,11 @@ class Scheduler:
             return
         self.newcomers[node] = (address, host_id if isinstance(host_id, str) else None)
         if replaced or self.num_servers:
-            said = f'{node.replace(":", " ")} {"was started again" if replaced else "joins"}'
+            said = f'{shown(node)} {"was started again" if replaced else "joins"}'
             self.form(said, lost=node if replaced else None)
             return
         self.joins += 1
-        print(f'd2ldist: {node.replace(":", " ")} waits to join; the workers take it in at '
-              'their next commit', flush=True)
+        say(f'{shown(node)} waits to join; the workers take it in at their next commit')
         for n in [node] + self.live_workers():
             self.van.send(n, protocol.JOINING, {'joins': self.joins})
 
@@ -389,7 +389,7 @@ class Scheduler:
         """Every worker is at a commit: in words, who joins now."""
         if not self.newcomers:         # (it ended meanwhile: a membership all the same)
             return 'nobody joins after all'
-        names = [n.replace(':', ' ') for n in self.newcomers]
+        names = [shown(n) for n in self.newcomers]
         return f'{", ".join(names)} join{"s" if len(names) == 1 else ""}'
 
     def enter(self, node, address, host_id):
@@ -406,7 +406,7 @@ class Scheduler:
         if finished.startswith('worker:'):
             for n in self.newcomers:
                 self.van.send(n, protocol.ERROR, {'error': f'cannot join: the job is ending '
-                                                           f'({finished.replace(":", " ")} '
+                                                           f'({shown(finished)} '
                                                            'has finished)'})
             self.newcomers = {}
 
@@ -443,8 +443,7 @@ class Scheduler:
             return False
         chains, self.chains = self.chains, left
         self.leave_out(node)
-        print(f'd2ldist: {node.replace(":", " ")} failed: {reason}; '
-              f'{replicas.takes_over(chains, left, node)}', flush=True)
+        say(f'{shown(node)} failed: {reason}; {replicas.takes_over(chains, left, node)}')
         for other in self.nodes:
             if other not in self.finished:
                 self.van.send(other, protocol.SERVERS, {'chains': left, 'lost': node,
@@ -454,8 +453,7 @@ class Scheduler:
 
     def fail(self, node, reason):
         """Tell every other node that ``node`` is gone, so that nobody waits for it."""
-        print(f'd2ldist: {node.replace(":", " ")} failed: {reason}; telling the others',
-              flush=True)
+        say(f'{shown(node)} failed: {reason}; telling the others')
         for other in self.nodes:
             if other != node and other not in self.finished:
                 self.van.send(other, protocol.FAILED, {'node': node, 'reason': reason})
@@ -485,12 +483,12 @@ def main():
                   port=cfg.scheduler_port or 0, max_message_bytes=1 << 20)
     except Exception as e:   # e.g. the port is taken
         sys.exit(f'd2ldist.scheduler: cannot listen: {e}')
-    print(f'd2ldist: scheduler ready at {van.address}', flush=True)
+    say(f'scheduler ready at {van.address}')
     faults.arm()                 # d2l-launch --fail scheduler@5s
     code = Scheduler(van, cfg.num_worker, cfg.num_server, cfg.heartbeat_timeout,
                      cfg.min_workers, cfg.server_replicas, cfg.max_workers).serve()
     if van.dropped:
-        print(f'd2ldist: the scheduler dropped {van.dropped} invalid messages', flush=True)
+        say(f'the scheduler dropped {van.dropped} invalid messages')
     van.close()
     van.terminate()   # the last farewells and shutdowns leave before the process does
     sys.exit(code)

@@ -1,52 +1,21 @@
 """Shared memory for big frames between processes on the same host (after NCCL's and
-MPI's intra-node transports, and BytePS's shared memory for colocated workers and servers).
+MPI's intra-node transports).
 
-Over TCP loopback a frame is copied twice by the kernel (into the socket, out of it) and
-the receiver's pages are faulted in again and again; on one host the two processes can
-share the memory instead. For a frame of at least ``SHM_MIN_BYTES`` sent to a peer on the
-same host, the van
+For a frame of at least ``SHM_MIN_BYTES`` sent to a peer on the same host, the van copies
+the frame into a *block* of this process's shared memory (``Pool``), sends where it lies
+inside the authenticated header (``[frame index, pid, fd, offset, nbytes]``), and the
+receiver maps ``/proc/<pid>/fd/<fd>`` and hands the application a memoryview of the
+block (``Mapper``): one copy instead of the kernel's two.
 
-1. copies the frame into a *block* of this process's shared memory (one copy),
-2. sends, inside the authenticated header, where the block is:
-   ``[frame index, pid, fd, offset, nbytes]`` (the frame itself goes as an empty frame),
-3. and the receiver maps ``/proc/<pid>/fd/<fd>`` (once per block) and hands the
-   application a writable memoryview of the block: no copy at all.
-
-A block is a **memfd** (``os.memfd_create``): an anonymous file that lives only as long as
-a process holds it open or mapped, so nothing appears in /dev/shm and nothing is left
-behind when a process dies, even by SIGKILL. Only processes of the same user may open
-``/proc/<pid>/fd/<fd>``. A block starts with a 64-byte header: the magic ``d2lshm01``
-and a state word; its data follow.
-
-Who may reuse a block is told by its state word, without any message:
+A block is a memfd, gone with the last process that holds it. Its state word says who
+may reuse it, without any message:
 
     FREE --sender copies a frame in--> SENT --receiver maps it--> MAPPED
       ^                                                             |
       +--- the last user of the receiver's view is gone (finalizer) -+
 
-The receiver's view is a ctypes array over the block; ``weakref.finalize`` marks the block
-FREE when the array dies, i.e. when the last memoryview, tensor (``torch.frombuffer``),
-round sum or stored value of the key-value server that shares it is gone. The sender only
-reuses FREE blocks; above ``SHM_POOL_BYTES`` it falls back to the socket. Before it closes,
-a van waits (a little) for its SENT blocks to be mapped, as ZeroMQ lingers for queued
-messages: a block must not vanish with its process before the receiver has it.
-
-Memory ordering: each transition has one writer (FREE->SENT the sender, SENT->MAPPED and
-MAPPED->FREE the receiver) and the state word is an aligned 8-byte store (its values differ
-only in the lowest byte, so even a store split into bytes reads as old or new). The frame's
-bytes are published by the socket message (a system call on both sides orders them). When
-the receiver frees a block, its loads and stores of the data came earlier in its program
-(or in threads it joined, as torch's); on x86-64 (TSO) stores are not reordered with
-earlier loads or stores, so a sender that reads FREE sees the receiver done with the
-block. We rely on that, so shared memory is on only on x86-64 Linux (elsewhere the van
-keeps using the socket).
-
-``D2L_SHM=0`` turns it off (every frame then goes through the socket, as between hosts).
-The van turns it off itself under a simulated network (the simulated link must carry the
-bytes), and for peers on other hosts: "same host" means the peer advertises our address,
-or both are loopback addresses -- so network namespaces with their own addresses on one
-machine keep using the network -- and the peer registered the same ``identity()`` (boot,
-pid namespace, user): containers sharing the host's network but not its processes don't.
+Used only on x86-64 Linux (the memory ordering relies on TSO); ``D2L_SHM=0`` turns it off.
+Why it is safe, and what "same host" means: docs/design/runtime.md, "Shared memory".
 """
 import ctypes
 import mmap
@@ -58,6 +27,7 @@ import weakref
 from collections import OrderedDict
 
 from .. import config
+from ..lines import clip
 
 # Smaller frames go through the socket. benchmarks/transport.py, two processes on 2 busy
 # cores, CPU per byte of socket / shared memory: 256 KB about even (per-message costs
@@ -97,6 +67,17 @@ class Pool:
         self.limit, self.bytes = limit, 0
         self.blocks = {}                        # capacity -> [Block]
         self.sent = self.created = self.fallbacks = 0
+
+    def share(self, frames):
+        """Put the big frames in shared memory: (the frames to send, where they lie:
+        ``[[frame index, pid, fd, offset, nbytes], ...]``); a shared one goes empty."""
+        out, where = [], []
+        for i, f in enumerate(frames):
+            desc = self.put(f) if f.nbytes >= SHM_MIN_BYTES else None
+            if desc is not None:
+                where.append([i] + desc)
+            out.append(f if desc is None else memoryview(b''))
+        return out, where
 
     def put(self, frame):
         """Copy a frame into a FREE block: its descriptor [pid, fd, offset, nbytes], or None
@@ -150,12 +131,29 @@ class Mapper:
         self.maps = OrderedDict()               # (pid, fd) -> (file identity, mmap)
         self.limit, self.bytes, self.received = limit, 0, 0
 
+    def frames(self, where, data):
+        """The frames received, with those ``where`` names in shared memory mapped in;
+        ValueError if a check fails."""
+        if not isinstance(where, list) or len(where) > len(data):
+            raise ValueError('malformed list')
+        data, seen = list(data), set()
+        for entry in where:       # [frame index, pid, fd, offset, nbytes]
+            if not (isinstance(entry, list) and len(entry) == 5
+                    and all(type(x) is int for x in entry)):
+                raise ValueError(clip(f'malformed entry {entry!r}', 120))
+            i, pid, fd = entry[:3]
+            if not (0 <= i < len(data) and data[i].nbytes == 0) or {i, (pid, fd)} & seen:
+                raise ValueError(clip(f'entry {entry!r} does not fit the frames', 120))
+            seen.update([i, (pid, fd)])
+            data[i] = self.view(entry[1:])
+        return data
+
     def view(self, desc):
         """A writable memoryview of the block ``desc`` = [pid, fd, offset, nbytes] names;
         ValueError if it names no block of ours that is SENT, or reaches past its end."""
         if not (isinstance(desc, list) and len(desc) == 4
                 and all(type(x) is int and 0 <= x < 2**62 for x in desc)):
-            raise ValueError(f'malformed descriptor {desc!r}'[:120])
+            raise ValueError(clip(f'malformed descriptor {desc!r}', 120))
         pid, fd, offset, nbytes = desc
         mm = self._map(pid, fd)
         if offset < HEADER_BYTES or nbytes < 1 or offset + nbytes > len(mm):

@@ -1,32 +1,16 @@
 """The timeline: what every process did, and when (``d2l-launch --timeline FILE``).
 
-Each process records *spans* -- a name, a category, a start and a duration -- of what
-it does: the seven steps of each batch and the time between two batches
-(``training/trainer.py``; a Horovod script's compute, synchronize and update), each
-collective and each push or pull with its bytes, each wait for another node
-(``Node.recv``), and on a server each request it handles. Every step (or second) it prints the new spans as one line
-``@d2l/timeline {...}`` on its stdout: the launcher reads every process's output
-anyway, locally and over ssh, and merges the spans into one Chrome trace-event file
-(``launch/trace.py``).
-
-Clocks: the hosts' clocks differ. When a node joins, it asks the scheduler for its
-time a few times, as NTP does, and keeps the offset of the exchange with the
-shortest round trip: every span is on the scheduler's clock, to within half that
-round trip (each lane's ``clock_error_us`` in the file).
-
-Steps: this module keeps the process's one count of training steps. ``train_batch``
-and ``DistributedOptimizer.step()`` say when a step has ended (``step_done``); the step
-in progress (``step()``) is one more, counted from 1. Every span carries it, and
-``--fail step=N`` (``faults.py``) dies at the end of step N's compute. A job that
-resumes from a checkpoint counts on from the checkpoint's step (``resume``), so that
-a restart's timeline shows the steps computed again under their own numbers.
-
-A process the launcher stops (SIGTERM) has printed the spans of every step it ended,
-and one that fails on purpose (``--fail``) prints its spans before it dies: a timeline
-keeps the moments before a loss.
+Each process records *spans* (a name, a category, a start and a duration): the seven
+steps of each batch, each collective, push and pull, each wait for another node, and a
+server's requests. Every step (or second) it prints the new spans as one line
+``@d2l/timeline {...}`` on its stdout; the launcher merges them into one Chrome
+trace-event file (``launch/trace.py``). Every span is on the scheduler's clock
+(``set_clock``, after ``Node.sync_clock``) and carries the training step (``step()``,
+``step_done``, ``resume``).
 
 Off unless ``D2L_TIMELINE=1`` (set by ``--timeline``); then a span costs two clock
 reads and a small dict. ``D2L_TIMELINE_STEPS=20-40`` records steps 20 to 40 only.
+The reasoning: docs/design/runtime.md, "The timeline".
 """
 import atexit
 import json

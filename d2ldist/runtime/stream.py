@@ -1,42 +1,17 @@
 """Streams: a TCP connection of its own between two nodes, for bulk bytes (after gloo's pairs).
 
-ZeroMQ receives every frame into a buffer of its own, on an I/O thread, and the
-application then copies it to where it belongs. A ring worker knows where each chunk
-belongs before it arrives -- the all-gather's chunk goes straight into the output, the
-reduce-scatter's into one reused buffer -- so between hosts the ring sends its chunks
-over a plain TCP connection to its right neighbour, and the receiver reads each chunk's
-bytes with one ``recv_into`` at the place they belong: no copy, no thread hop. Sending
-is done by a thread of the stream's own, so that, as in the van, a worker sends to the
-right while it receives from the left. A parameter-server worker knows it too, when it
-pulls: each server sends its answer on a stream the worker offered, into ``out``.
-
-A stream is one-way. The receiving node listens (``listen``) and sends the sender, over
-the van, an offer: the port and a fresh nonce. The sender connects (``connect``) and
-first writes a hello: its id and HMAC(secret, nonce, its id, the receiver's id). Then
+A receiver that knows where a message's bytes belong (the ring's chunks, a pull's
+answer) reads them with one ``recv_into`` there: no copy, no thread hop. A stream is
+one-way: the receiver listens (``listen``) and sends an offer (a port, a nonce) over
+the van; the sender connects (``connect``) and proves the job's secret in a hello. Then
 every message is
 
     [header length: 4 bytes][payload length: 8 bytes][MAC: 32 bytes][JSON header][payload]
 
-where the MAC is HMAC-SHA256 under the job's secret of the nonce, the message's number
-on this stream and the first two fields and the header (``D2L_MAC_PAYLOAD=1``: and of
-the payload, whose MAC follows it). So every message carries proof of the secret, and
-none can be replayed or reordered. A connection whose hello fails is closed and the
-listener goes on; one whose message fails a check is closed (a stream that lost its
-place cannot find the next message) -- both with a log line, as the van drops a message.
-
-A message's payload is its frames one after another; the header lists their sizes
-(``sizes``), as the van's do. The receiving end is one of the van's sources: ``Van.recv``
-waits on it with its ZeroMQ socket and delivers its messages like any other (the node's
-stash, hang detector and ``PeerFailed`` work unchanged), with one difference: a message's
-frames are ``Pending`` -- their bytes are still in the socket, and ``read_into`` reads
-each, in order, where it belongs (``discard`` reads what nobody wants). The stream
-delivers nothing more until they have been read. ``read_later`` reads them on a thread
-instead, so that a worker waiting for two servers' answers reads both as they come
-(a posted receive, as MPI_Irecv): reading one whole while the other waited would let
-that server's window fill and its link stall. The thread wakes the van when it is done
-(a socket pair the van waits on meanwhile), since the stream's next message comes after,
-and the van then delivers a message of kind ``READ`` from that peer: so a node waits
-for the bytes as it waits for messages, with its hang detector watching.
+with a MAC over the nonce, the message's number and the header, so none can be forged,
+replayed or reordered. The receiving end is one of the van's sources: ``Van.recv``
+delivers its messages like any other, their frames ``Pending`` (``read_into``,
+``discard``, ``read_later``). The reasoning: docs/design/runtime.md, "Streams".
 """
 import hashlib
 import hmac
@@ -47,6 +22,7 @@ import socket
 import struct
 import threading
 
+from ..lines import clip, shown
 from .van import Message, encoded
 
 PREFIX = struct.Struct('!IQ')     # header length, payload length
@@ -82,11 +58,6 @@ def _head_digest(key, nonce, number, prefix, head_bytes):
     """The MAC of a message's first part when the payload is not covered: one call."""
     return hmac.digest(key, b''.join((nonce, number.to_bytes(8, 'big'), prefix, head_bytes)),
                        'sha256')
-
-
-def _named(peer):
-    """'worker 1' for 'worker:1', as the job's messages name nodes."""
-    return peer.replace(':', ' ')
 
 
 def _as_bytes(buffer):
@@ -241,7 +212,7 @@ class Receiver:
         sender, mac = got[2:2 + n].decode(errors='replace'), got[2 + n:]
         if sender != self.peer or not hmac.compare_digest(
                 mac, _hello_mac(self.van.mac_key, self.nonce, sender, self.van.node_id)):
-            return self._refuse(conn, f'a hello from {sender[:40]!r} failed the check '
+            return self._refuse(conn, f'a hello from {clip(sender, 40)!r} failed the check '
                                       '(wrong job secret?)')
         del self._hellos[conn]
         conn.setblocking(True)
@@ -340,7 +311,7 @@ class Receiver:
 
     def _broke(self, error):
         self._lost(str(error))
-        raise StreamBroken(f'the stream from {_named(self.peer)} broke: {error}') from None
+        raise StreamBroken(f'the stream from {shown(self.peer)} broke: {error}') from None
 
     def _recv_exactly(self, n, eof_ok=False):
         buf = bytearray(n)
@@ -397,9 +368,9 @@ class Sender:
             self.nonce, port = bytes.fromhex(offer['nonce']), int(offer['port'])
             self._sock = socket.create_connection((host, port), timeout=CONNECT_SECONDS)
         except (KeyError, TypeError, ValueError) as e:
-            raise StreamBroken(f'a bad stream offer from {_named(peer)}: {e}') from None
+            raise StreamBroken(f'a bad stream offer from {shown(peer)}: {e}') from None
         except OSError as e:
-            raise StreamBroken(f'cannot open a stream to {_named(peer)} at {host}:{port}: '
+            raise StreamBroken(f'cannot open a stream to {shown(peer)} at {host}:{port}: '
                                f'{e}') from None
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -495,7 +466,7 @@ class Sender:
                 for part in parts:
                     self._sock.sendall(part)
             except OSError as e:
-                self.error = StreamBroken(f'the stream to {_named(self.peer)} broke: {e}')
+                self.error = StreamBroken(f'the stream to {shown(self.peer)} broke: {e}')
             with self._progress:
                 self._written += 1
                 self._progress.notify_all()

@@ -5,44 +5,22 @@ a peer it connects a DEALER socket to the peer's ROUTER. A message on the wire i
 
     [mac, header, frame 0, frame 1, ...]
 
-* ``header`` is UTF-8 JSON: the message's ``kind``, its sender (``from``), a
-  per-sender sequence number (``seq``), the byte size of each data frame
-  (``sizes``) and whatever the application adds (keys, dtypes, shapes) under
-  names of its own (``send`` refuses the van's, ``VAN_FIELDS``).
-* the frames are raw tensor bytes, sent and received without copies.
-* ``mac`` is HMAC-SHA256 of the header under the job's secret. Because the header
-  lists the frame sizes and a sequence number, a stranger without the secret can
-  neither forge a message nor replay one. With ``D2L_MAC_PAYLOAD=1`` the MAC also
-  covers every data byte (against a tamperer on the path), at the cost of hashing
-  them (about 1.3 GB/s per core).
+``header`` is UTF-8 JSON: the ``kind``, the sender (``from``), a per-sender sequence
+number (``seq``), the byte size of each frame (``sizes``) and the application's own
+fields. The frames are raw tensor bytes, sent and received without copies. ``mac`` is
+HMAC-SHA256 of the header under the job's secret: nobody without it can forge or replay
+a message. A message that fails a check is dropped with a log line.
 
-Nothing received is ever turned into objects or code: the header is parsed as JSON, and
-a message that is malformed, oversized or fails the check is dropped with a log
-line while the receiver goes on serving.
-
-With a simulated network (``d2l-launch --bandwidth/--latency``, see pacing.py) the
-sender's ``Pacer`` adds ``sent`` and ``delay`` to the header, and the receiver holds
-the message until ``sent + delay``: the time it would arrive over that link.
-
-Between processes on the same host, frames of ``shm.SHM_MIN_BYTES`` or more travel through
-shared memory instead (shm.py): the header carries, for each, where it lies (``shm``:
-``[[frame index, pid, fd, offset, nbytes], ...]``) and the frame on the wire is empty. The
-descriptor is covered by the MAC like the rest of the header (``D2L_MAC_PAYLOAD`` covers
-the bytes that cross the network; those in shared memory never do, and only processes of
-our own user can write them); the application receives a memoryview as from the socket.
-``D2L_SHM=0`` sends everything through the socket.
-
-A stream (stream.py: a TCP connection of its own from one peer, the ring's between
-hosts) is one more source: ``recv`` waits on its sockets beside the ROUTER socket and
-returns its messages like the others, their frames still to be read in place.
+``Van.send`` and ``Van.recv`` are the plain path. Beside it: big frames to a peer on
+this host go through shared memory (shm.py), a simulated link holds messages until they
+would arrive (pacing.py), and a stream (stream.py) is one more source ``recv`` waits on.
+The reasoning: docs/design/runtime.md.
 """
 import ctypes
 import hashlib
-import heapq
 import hmac
 import itertools
 import json
-import math
 import platform
 import secrets
 import sys
@@ -53,12 +31,11 @@ import zmq
 
 from .. import config
 from . import shm
-from .pacing import pacer_of
+from .pacing import Held, pacer_of
 
 MAX_HEADER_BYTES = 64 * 1024   # a header is small: kinds, keys, shapes
 MAX_FRAMES = 4096              # data frames in one message
 MAC_BYTES = 32                 # HMAC-SHA256
-HEADER_ON_WIRE = 256           # bytes a message's header counts on a simulated link
 # The header fields the van writes itself; an application's header may not use them
 VAN_FIELDS = frozenset({'kind', 'from', 'seq', 'session', 'sizes', 'shm', 'sent', 'delay'})
 LINGER_SECONDS = 2.0           # how long close() lets queued messages leave
@@ -152,7 +129,7 @@ class Van:
         # the simulated link (None: the real network only) and the messages held
         # until their simulated delivery time: a heap of (due, arrival, message)
         self.pacer = pacer_of(cfg) if shaped else None
-        self._held, self._arrivals = [], itertools.count()
+        self._held = Held()
         # shared memory with peers on this host (not under a simulated link: it must
         # carry the bytes): our blocks, the peers that may use them, others' blocks
         self.shm = shm.Pool() if shm.enabled(cfg) and self.pacer is None else None
@@ -229,41 +206,38 @@ class Van:
 
     def send(self, peer_id, kind, header=None, frames=(), track=False):
         """Send a message to a peer; frames are bytes-like (tensor memory, no copy).
-
-        With ``track=True`` it returns the ZeroMQ trackers of the frames sent without
-        a copy: ``tracker.wait()`` returns once ZeroMQ no longer reads that memory,
-        so the caller may overwrite it.
-        """
+        ``track=True``: the trackers of the frames sent without a copy (``wait_sent``:
+        once they are done, the caller may overwrite that memory)."""
         frames = [memoryview(f).cast('B') for f in frames]
         taken = VAN_FIELDS.intersection(header or ())
         if taken:
             raise ValueError(f'header fields {sorted(taken)} are the van\'s own: rename them')
-        trackers, wait = [], 0.0
+        wait = 0.0
         with self.send_lock:
             head = dict(header or {}, kind=kind, seq=next(self._seq),
                         session=self._session, sizes=[f.nbytes for f in frames])
             self.bytes_sent += sum(head['sizes'])
             head['from'] = self.node_id
             if peer_id in self._shm_peers:   # big frames: copied to shared memory
-                frames, where = self._share(frames)
-                if where:
-                    head['shm'] = where
-            if self.pacer is not None:   # the simulated link: when it may arrive
-                sent = time.time()
-                due, wait = self.pacer.book(sum(head['sizes']) + HEADER_ON_WIRE, sent)
-                head.update(sent=sent, delay=due - sent)
-            head_bytes = encoded(head)
-            sock = self._peers[peer_id]
-            sock.send(self._mac(head_bytes, frames), zmq.SNDMORE)
-            sock.send(head_bytes, zmq.SNDMORE if frames else 0)
-            for i, f in enumerate(frames):
-                small = f.nbytes < 64 * 1024   # copying small frames is cheaper
-                more = zmq.SNDMORE if i < len(frames) - 1 else 0
-                tracker = sock.send(f, more, copy=small, track=track and not small)
-                if track and not small:
-                    trackers.append(tracker)
+                frames = self._share(frames, head)
+            if self.pacer is not None:       # the simulated link: when it may arrive
+                wait = self.pacer.stamp(head)
+            trackers = self._put(self._peers[peer_id], encoded(head), frames, track)
         if wait > 0:                     # the token bucket is empty: wait for tokens
             time.sleep(wait)
+        return trackers
+
+    def _put(self, sock, head_bytes, frames, track):
+        """Put one message on a peer's socket; the trackers of its big frames if ``track``."""
+        sock.send(self._mac(head_bytes, frames), zmq.SNDMORE)
+        sock.send(head_bytes, zmq.SNDMORE if frames else 0)
+        trackers = []
+        for i, f in enumerate(frames):
+            small = f.nbytes < 64 * 1024   # copying small frames is cheaper
+            more = zmq.SNDMORE if i < len(frames) - 1 else 0
+            tracker = sock.send(f, more, copy=small, track=track and not small)
+            if track and not small:
+                trackers.append(tracker)
         return trackers
 
     @staticmethod
@@ -278,15 +252,13 @@ class Van:
             return False
         return True
 
-    def _share(self, frames):
-        """Put the big frames in shared memory: (the frames to send, their descriptors)."""
-        out, where = [], []
-        for i, f in enumerate(frames):
-            desc = self.shm.put(f) if f.nbytes >= shm.SHM_MIN_BYTES else None
-            if desc is not None:
-                where.append([i] + desc)
-            out.append(f if desc is None else memoryview(b''))
-        return out, where
+    def _share(self, frames, head):
+        """Put the big frames in shared memory, and where they lie in ``head['shm']``:
+        the frames to send (those shared go empty)."""
+        frames, where = self.shm.share(frames)
+        if where:
+            head['shm'] = where
+        return frames
 
     def _mac(self, head_bytes, frames):
         return mac_of(self.mac_key, head_bytes, frames if self.mac_payload else ())
@@ -298,13 +270,9 @@ class Van:
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if self._held:               # a simulated link: the first one due goes first
-                hold = self._held[0][0] - time.time()
-                if hold <= 0:
-                    return heapq.heappop(self._held)[2]
-                if hold < 0.001 and (left is None or hold <= left):
-                    time.sleep(hold)     # poll counts whole milliseconds
-                    continue
-                left = hold if left is None else min(left, hold)
+                msg, left = self._held.first(left)
+                if msg is not None:
+                    return msg
             msg = self._next(None if left is None else int(left * 1000))
             if msg is None:
                 if deadline is not None and time.monotonic() >= deadline:
@@ -313,13 +281,19 @@ class Van:
             self.bytes_received += sum(f.nbytes for f in msg.frames)
             if 'delay' not in msg.header and not self._held:
                 return msg               # the real network only: deliver now
-            heapq.heappush(self._held, (self._due(msg), next(self._arrivals), msg))
+            self._held.hold(msg)         # until it would arrive over the simulated link
 
     def _next(self, ms):
-        """Wait up to ``ms`` milliseconds for the ROUTER socket and the streams; the
+        """Wait up to ``ms`` milliseconds for the ROUTER socket (and the streams); the
         message that came (checked), or None."""
+        if self.streams:
+            return self._next_of_all(ms)
+        return self._from_router() if self._router.poll(ms) else None
+
+    def _next_of_all(self, ms):
+        """_next with the streams' sockets polled beside the ROUTER socket."""
         socks = [(stream, sock) for stream in self.streams for sock in stream.fds()]
-        if not socks:                    # (the usual case: one socket to wait on)
+        if not socks:                    # (no stream has anything to read now)
             return self._from_router() if self._router.poll(ms) else None
         if self._poller is None or self._polled != socks:   # (kept while they stay)
             self._poller, self._polled = zmq.Poller(), socks
@@ -337,18 +311,6 @@ class Van:
     def _from_router(self):
         parts = self._router.recv_multipart(copy=False)
         return self._check(parts[1:])    # parts[0] is ZeroMQ's routing id
-
-    @staticmethod
-    def _due(msg):
-        """When a message sent over a simulated link arrives (now, if it was not).
-
-        ``sent + delay`` in the sender's clock; at most ``delay`` from now, so that a
-        sender whose clock runs ahead of ours cannot make us hold a message longer."""
-        sent, delay = msg.get('sent'), msg.get('delay')
-        if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (sent, delay)):
-            return 0.0
-        now = time.time()
-        return min(sent + delay, now + delay)
 
     def _check(self, parts):
         """Return the Message if ``parts`` are a valid message, else log and drop."""
@@ -372,29 +334,13 @@ class Van:
             return self.drop(f'replayed message from {sender}')
         if 'shm' in head:                  # frames in shared memory (checked after replay:
             try:                           # a replayed descriptor must not map anything)
-                data = self._shared_frames(head['shm'], data)
+                data = self._shm_maps.frames(head['shm'], data)
             except ValueError as e:
                 return self.drop(f'bad shared-memory descriptor: {e}')
         if head.get('sizes') != [f.nbytes for f in data]:
             return self.drop('header does not match its frames')
         self._last_seq[(sender, session)] = seq
         return Message(kind, sender, head, data)
-
-    def _shared_frames(self, where, data):
-        """The frames with those in shared memory mapped in (ValueError if a check fails)."""
-        if not isinstance(where, list) or len(where) > len(data):
-            raise ValueError('malformed list')
-        data, seen = list(data), set()
-        for entry in where:       # [frame index, pid, fd, offset, nbytes]
-            if not (isinstance(entry, list) and len(entry) == 5
-                    and all(type(x) is int for x in entry)):
-                raise ValueError(f'malformed entry {entry!r}'[:120])
-            i, pid, fd = entry[:3]
-            if not (0 <= i < len(data) and data[i].nbytes == 0) or {i, (pid, fd)} & seen:
-                raise ValueError(f'entry {entry!r} does not fit the frames'[:120])
-            seen.update([i, (pid, fd)])
-            data[i] = self._shm_maps.view(entry[1:])
-        return data
 
     def shm_stats(self):
         """Shared-memory counters: blocks and bytes of our pool, frames sent and received."""
