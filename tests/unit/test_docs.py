@@ -250,7 +250,7 @@ def test_the_hang_line_is_the_one_the_code_prints():
     started = int(re.search(r'it has started (\d+) collectives', m.group(6)).group(1))
     assert m.group(6) == hang.sentence([(f'worker:{who}', {'counter': started})])
     node = (ROOT / 'd2ldist' / 'runtime' / 'node.py').read_text()
-    assert "has waited {waited:g} s '" in node and "print(f'd2ldist: {line}'" in node
+    assert "has waited {waited:g} s '" in node and 'say(line)' in node
     assert "hang.Wait(f'in {call} (collective {self.calls}) for {left}'" in \
         (ROOT / 'd2ldist' / 'collectives' / 'ring.py').read_text()
 
