@@ -142,85 +142,106 @@ def valid(request):
 def serve(listener):
     """Answer requests until the launcher closes our stdin; in a forked child, return
     (request, fds) for it to run."""
-    own_env, python = dict(os.environ), sys.executable
-    sel = selectors.DefaultSelector()
-    sel.register(listener, selectors.EVENT_READ, 'listener')
-    sel.register(0, selectors.EVENT_READ, 'launcher')
-    children = {}                         # guard's socket -> (pid, pidfd)
+    starter = _Serving(listener)
     while True:
-        for key, _ in sel.select():
-            if key.data == 'listener':
-                conn, _ = listener.accept()
-                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-                if int.from_bytes(creds[4:8], sys.byteorder) != os.getuid():
-                    conn.close()          # another user's process: not ours to serve
-                    continue
-                sel.register(conn, selectors.EVENT_READ, 'request')
-            elif key.data == 'launcher':
-                if not os.read(0, 4096):  # the launcher is gone: so is the job
-                    for pid, _ in children.values():
-                        _kill_group(pid)
-                    for conn, (pid, _) in children.items():
-                        _, status = os.waitpid(pid, 0)
-                        _send(conn, {'exit': os.waitstatus_to_exitcode(status)})
-                    return None
-            elif key.data == 'request':
-                conn = key.fileobj
-                sel.unregister(conn)
-                try:
-                    data, fds, _, _ = socket.recv_fds(conn, LIMIT, 2)
-                except OSError:
-                    data, fds = b'', []
-                try:
-                    request = json.loads(data)
-                except ValueError:        # (its descriptors are closed below all the same)
-                    request = None
-                why = 'malformed request' if not (valid(request) and len(fds) == 2) \
-                    else refusal(request, own_env, python)
-                if why:                   # what it carried is closed before the answer
-                    for fd in fds:
-                        os.close(fd)
-                    _send(conn, {'refused': why})
-                    conn.close()
-                    continue
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:              # the child: leave the starter behind
-                    sel.close()
-                    listener.close()
-                    for other in children:
-                        other.close()
-                    conn.close()
-                    for _, pidfd in children.values():
-                        os.close(pidfd)
-                    return request, fds
-                try:
-                    os.setpgid(pid, pid)  # (set on both sides: the guard may stop it at once)
-                except OSError:
-                    pass
-                for fd in fds:
-                    os.close(fd)
-                pidfd = os.pidfd_open(pid)
-                children[conn] = pid, pidfd
-                sel.register(pidfd, selectors.EVENT_READ, conn)
-                sel.register(conn, selectors.EVENT_READ, 'guard')
-                _send(conn, {'pid': pid})
-            elif key.data == 'guard':     # the guard hung up (or spoke out of turn)
-                conn = key.fileobj
-                if not conn.recv(LIMIT):  # a guard killed: its process must not outlive it
-                    sel.unregister(conn)
-                    _kill_group(children[conn][0])
-            else:                         # a child ended: tell its guard how
-                conn = key.data
-                pid, pidfd = children.pop(conn)
-                sel.unregister(pidfd)
-                if conn.fileno() in sel.get_map():
-                    sel.unregister(conn)  # (not if its guard has hung up)
-                os.close(pidfd)
+        for key, _ in starter.selector.select():
+            child = key.data(key.fileobj)     # each source's handler, below
+            if child or starter.ended:
+                return child
+
+
+class _Serving:
+    """The starter at work: what it waits on (the listener, the launcher's pipe, each
+    guard and each child) and the children it forked, by their guard's socket."""
+
+    def __init__(self, listener):
+        self.listener, self.ended = listener, False
+        self.own_env, self.python = dict(os.environ), sys.executable
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(listener, selectors.EVENT_READ, self.accept)
+        self.selector.register(0, selectors.EVENT_READ, self.launcher_spoke)
+        self.children = {}                # guard's socket -> (pid, pidfd)
+
+    def accept(self, listener):
+        conn, _ = listener.accept()
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        if int.from_bytes(creds[4:8], sys.byteorder) != os.getuid():
+            conn.close()                  # another user's process: not ours to serve
+        else:
+            self.selector.register(conn, selectors.EVENT_READ, self.request)
+
+    def launcher_spoke(self, stdin):
+        if not os.read(stdin, 4096):      # the launcher is gone: so is the job
+            for pid, _ in self.children.values():
+                _kill_group(pid)
+            for conn, (pid, _) in self.children.items():
                 _, status = os.waitpid(pid, 0)
                 _send(conn, {'exit': os.waitstatus_to_exitcode(status)})
-                conn.close()
+            self.ended = True
+
+    def request(self, conn):
+        """A guard's request: refused, or forked; in the child, (request, fds)."""
+        self.selector.unregister(conn)
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, LIMIT, 2)
+        except OSError:
+            data, fds = b'', []
+        try:
+            request = json.loads(data)
+        except ValueError:                # (its descriptors are closed below all the same)
+            request = None
+        why = 'malformed request' if not (valid(request) and len(fds) == 2) \
+            else refusal(request, self.own_env, self.python)
+        if why:                           # what it carried is closed before the answer
+            for fd in fds:
+                os.close(fd)
+            _send(conn, {'refused': why})
+            conn.close()
+            return None
+        return self.fork(conn, request, fds)
+
+    def fork(self, conn, request, fds):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:                      # the child: leave the starter behind
+            self.selector.close()
+            self.listener.close()
+            for other in self.children:
+                other.close()
+            conn.close()
+            for _, pidfd in self.children.values():
+                os.close(pidfd)
+            return request, fds
+        try:
+            os.setpgid(pid, pid)          # (set on both sides: the guard may stop it at once)
+        except OSError:
+            pass
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        self.children[conn] = pid, pidfd
+        self.selector.register(pidfd, selectors.EVENT_READ,
+                               lambda pidfd, conn=conn: self.child_ended(conn))
+        self.selector.register(conn, selectors.EVENT_READ, self.guard_spoke)
+        _send(conn, {'pid': pid})
+        return None
+
+    def guard_spoke(self, conn):          # the guard hung up (or spoke out of turn)
+        if not conn.recv(LIMIT):          # a guard killed: its process must not outlive it
+            self.selector.unregister(conn)
+            _kill_group(self.children[conn][0])
+
+    def child_ended(self, conn):
+        """Tell its guard how it ended."""
+        pid, pidfd = self.children.pop(conn)
+        self.selector.unregister(pidfd)
+        if conn.fileno() in self.selector.get_map():
+            self.selector.unregister(conn)  # (not if its guard has hung up)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        _send(conn, {'exit': os.waitstatus_to_exitcode(status)})
+        conn.close()
 
 
 def _send(conn, message):
