@@ -47,6 +47,7 @@ import sys
 import time
 
 from . import config
+from .lines import clip
 
 PREFIX = '@d2l/1 '
 FIELDS = {'epoch': int, 'num_epochs': int, 'batch': int, 'num_batches': int,
@@ -92,7 +93,7 @@ def _clean(record):
         if kind is dict:
             value = _steps(value)
         elif kind is str:
-            value = value[:500] if isinstance(value, str) else None
+            value = clip(value, 500) if isinstance(value, str) else None
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
             value = None
         elif kind is int:
@@ -112,7 +113,7 @@ def _steps(value):
         value = {f'step {i}': t for i, t in enumerate(value, 1)}
     if not isinstance(value, dict):
         return None
-    steps = {str(k)[:40]: float(t) for k, t in list(value.items())[:16]
+    steps = {clip(k, 40): float(t) for k, t in list(value.items())[:16]
              if isinstance(t, (int, float)) and not isinstance(t, bool)
              and math.isfinite(t) and t >= 0}
     return steps or None

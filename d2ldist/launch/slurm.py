@@ -42,6 +42,7 @@ import sys
 import tempfile
 
 from .. import config
+from ..lines import clip
 from ..runtime.started import expand_nodelist, tasks_per_node
 from .processes import free_port, guarded, job_specs, share_cores
 from .step import CANCELLED, StepJob, task_argv
@@ -131,7 +132,7 @@ class Holder:
                 return json.loads(m[1])
             said.append(line.strip())
         self.release()
-        raise SlurmError(f'salloc gave no allocation: {said[-1] if said else "no word"}'[:300])
+        raise SlurmError(clip(f'salloc gave no allocation: {said[-1] if said else "no word"}', 300))
 
     def release(self):
         """End salloc (through its guard): the allocation goes back."""

@@ -44,6 +44,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from .. import config
+from ..lines import NAME, clip
 from ..runtime import started
 from .job import Job, Proc
 from .processes import child_env, guarded, job_specs, share_cores
@@ -135,7 +136,7 @@ def discover(script, timeout=10.0):
     except (OSError, subprocess.TimeoutExpired) as e:
         raise HostError(f'--host-discovery-script {script}: {e}') from None
     if r.returncode != 0:
-        said = (r.stderr.strip().splitlines() or [''])[-1][:200]
+        said = clip((r.stderr.strip().splitlines() or [''])[-1], NAME)
         raise HostError(f'--host-discovery-script {script} exited with {r.returncode}'
                         + (f': {said}' if said else ''))
     entries = []

@@ -44,7 +44,6 @@ import io
 import os
 import random
 import re
-import sys
 import threading
 import time
 from pathlib import Path
@@ -53,6 +52,7 @@ import numpy as np
 import torch
 
 from .. import config
+from ..lines import say
 from ..report import report
 from ..runtime import spans
 
@@ -140,10 +140,6 @@ def _copy(state):
     return state
 
 
-def _warn(text):
-    print(f'd2ldist: {text}', file=sys.stderr, flush=True)
-
-
 class Checkpoint:
     """Save this worker's part of the job every ``every`` steps into ``directory``;
     resume() from the newest complete checkpoint. ``d2ldist.train`` uses one when
@@ -212,7 +208,7 @@ class Checkpoint:
             folder.mkdir(exist_ok=True)
             write_file(self.file(folder, self.rank), state)
         except OSError as e:
-            _warn(f'checkpoint of step {step} not written: {e.strerror or e}')
+            say(f'checkpoint of step {step} not written: {e.strerror or e}', err=True)
             return
         finally:
             self.seconds['write'] += time.perf_counter() - start
@@ -269,7 +265,7 @@ class Checkpoint:
             try:
                 mine, whole = read_file(self.file(folder, self.rank)), 1
             except CheckpointError as e:
-                _warn(f'{e}; trying the checkpoint before it')
+                say(f'{e}; trying the checkpoint before it', err=True)
                 mine, whole = None, 0
             if all(row == [1] for row in self.gather([whole], 1)):
                 break
@@ -279,8 +275,8 @@ class Checkpoint:
         self.restore(mine)
         self._rng = mine['rng']
         if self.rank == 0:
-            print(f'd2ldist: resumed from {folder} (step {step}: epoch '
-                  f'{mine["epoch"] + 1}, batch {mine["batch"]})', flush=True)
+            say(f'resumed from {folder} (step {step}: epoch {mine["epoch"] + 1}, '
+                f'batch {mine["batch"]})')
         report(resumed_from=step, step=step)
         spans.resume(step)                    # (the timeline counts steps on from it)
         return {k: mine[k] for k in ('step', 'epoch', 'batch', 'loop')}
