@@ -1,29 +1,17 @@
 """The starter: one interpreter per host that has imported torch, and forks the job's
 processes from it.
 
-Every process of a job used to start a fresh interpreter and import torch: about 2 s of
-CPU each, the most a small job costs (a job of 2 workers and 2 servers paid it 4 times).
-So the local launcher starts one starter first. It imports torch and numpy once, then
-waits; each guard, instead of starting ``python train.py``, asks the starter for it:
-
-    guard --(argv, environment, cwd, its stdout and stderr)--> starter
-    starter: fork; the child takes the guard's output, the environment and the
-             cwd, and runs train.py as python would ("__main__", sys.argv, sys.path)
-    starter --{"pid": N}, later {"exit": code}--> guard
-
-The child is a real process in its own process group, as before; the guard stops it
-by that group and learns its exit code from the starter. Python's multiprocessing
-``forkserver`` works the same way, and the child ends as multiprocessing's do (``leave``).
-
-What an interpreter reads only when it starts (``PYTHON*``, ``LD_*``, the locale, the
-variables of torch, OpenMP, MKL and oneDNN) cannot change after the fork, so a process
-whose environment differs from the starter's in one of them, or that is not ``python
-SCRIPT`` or ``python -m MODULE`` with the starter's interpreter, is refused, and its guard
-starts it the old way. The starter listens on a Unix socket that only this user may use
-(the kernel's peer credentials are checked); requests are JSON, never unpickled.
+The local launcher starts one starter first; it imports torch and numpy once, then
+waits. Each guard, instead of starting ``python train.py``, sends the starter its argv,
+environment, cwd, stdout and stderr (``start``); the starter forks, and the child runs
+the script as python would (``become``, ``run``, ``leave``). The guard gets
+``{"pid": N}``, later ``{"exit": code}``. A request whose interpreter, options or
+start-up variables differ from the starter's is refused (``refusal``), and its guard
+starts the process the old way.
 
 This file imports nothing of d2ldist: the children import it fresh, under their own
-environment. ``D2L_PRELOAD=0`` turns the starter off.
+environment. ``D2L_PRELOAD=0`` turns the starter off. Why it exists, and what it
+refuses: docs/design/launch.md, "The starter".
 """
 import json
 import os
