@@ -10,19 +10,14 @@ and may receive from several at once. Each message pays ``alpha`` once.
 * Parameter server (push, then pull): every worker sends its M bytes, server by server,
   in M/B; server j holds L_j bytes and then answers m workers, m L_j / B. The step ends
   when the slowest server has answered:
-
       T = max_j (L_0 + ... + L_j + m L_j) / B + 2 alpha  =  (1 + m/n) M/B + 2 alpha  (even)
-
 * Ring all-reduce of N processes: 2(N-1) steps (reduce-scatter, then all-gather), each
   sending M/N bytes to the next process:
-
       T = 2(N-1) (M/(N B) + alpha)
-
 * Hierarchical all-reduce of h machines with g GPUs each: reduce onto one GPU inside
   every machine and, after the ring of the h machines, broadcast from it; each of the
   two, pipelined in chunks, sends every link inside the M bytes once and crosses g-1
   links (B_in, alpha_in):
-
       T = 2 (M/B_in + (g-1) alpha_in) + 2(h-1) (M/(h B_across) + alpha)
 
 ``benchmarks/scaling.py`` and the scaling chapter set measured times against these;

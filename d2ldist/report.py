@@ -5,41 +5,10 @@ loss=1.52, acc=0.44)``. That prints one line::
 
     @d2l/1 {"epoch": 1, "num_epochs": 5, "batch": 20, "num_batches": 98, ...}
 
-on the worker's stdout. The launcher reads every process's stdout anyway (over a
-pipe locally, over the ssh channel remotely), so the line needs no extra connection:
-``d2l-launch`` turns it into a progress line, ``%launch`` into the dashboard's
-bars and curves, and both keep it out of the plain log.
-
-The protocol, version 1 (``@d2l/1``, then one space, then a JSON object):
-
-============  ======  =========================================================
-field         type    meaning
-============  ======  =========================================================
-epoch         int     the current epoch, counted from 1
-num_epochs    int     how many epochs the run has
-batch         int     batches done in this epoch, 0 .. num_batches
-num_batches   int     batches per epoch (on this worker)
-loss          float   latest training loss
-acc           float   latest training accuracy, 0 .. 1
-test_acc      float   latest test accuracy, 0 .. 1
-samples       int     samples this worker has processed since it started
-                      (cumulative: the reader computes samples per second)
-step_times    object  seconds per batch spent in each step, by name, in order
-                      (e.g. the seven steps of multi-machine training)
-time          float   when the worker reported (its clock, Unix seconds; set by
-                      ``report()``): rates use it, not the time the line arrived
-waiting       str     what the worker has waited for too long and who is missing
-                      (the hang detector, ``runtime/hang.py``); '' when it goes on
-step          int     training steps this job has done (a resumed attempt goes on
-                      counting from its checkpoint's step); ``d2ldist.train`` reports
-                      it after every step, so that the launcher knows the steps a
-                      failure loses (alone, a report of only a step prints nothing)
-resumed_from  int     the checkpoint's step this attempt resumed from (once, at its
-                      start; ``training/checkpoint.py``)
-============  ======  =========================================================
-
-Every field is optional. A reader ignores fields it does not know and values of
-the wrong type, and a line that is not a report is just a line of the log.
+on the worker's stdout, which the launcher reads anyway: ``d2l-launch`` turns it into
+a progress line, ``%launch`` into the dashboard's bars and curves (``parse_report``
+reads it back). The protocol, version 1, field by field, and how a reader treats what
+it does not know: docs/design/launch.md, "Progress reports".
 """
 import json
 import math
@@ -47,6 +16,7 @@ import sys
 import time
 
 from . import config
+from .lines import clip
 
 PREFIX = '@d2l/1 '
 FIELDS = {'epoch': int, 'num_epochs': int, 'batch': int, 'num_batches': int,
@@ -92,7 +62,7 @@ def _clean(record):
         if kind is dict:
             value = _steps(value)
         elif kind is str:
-            value = value[:500] if isinstance(value, str) else None
+            value = clip(value, 500) if isinstance(value, str) else None
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
             value = None
         elif kind is int:
@@ -112,7 +82,7 @@ def _steps(value):
         value = {f'step {i}': t for i, t in enumerate(value, 1)}
     if not isinstance(value, dict):
         return None
-    steps = {str(k)[:40]: float(t) for k, t in list(value.items())[:16]
+    steps = {clip(k, 40): float(t) for k, t in list(value.items())[:16]
              if isinstance(t, (int, float)) and not isinstance(t, bool)
              and math.isfinite(t) and t >= 0}
     return steps or None

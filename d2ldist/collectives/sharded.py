@@ -1,44 +1,20 @@
 """ZeRO, stages 1 and 2: each worker keeps the optimizer's state of only 1/N of the weights.
 
-Data parallelism keeps everything on every worker: the weights, their gradients and
-the optimizer's state -- for Adam two more tensors the size of the weights, so that
-with N workers the job holds N copies of each. ZeRO (Rajbhandari et al., SC 2020) cuts
-them into N shards, one per worker:
+``ShardedOptimizer`` wraps a torch optimizer. The parameters go into buckets in
+backward's order (``buckets.py``), each bucket one flat vector padded to a multiple of
+N and cut into N equal shards (FSDP's flat parameters); worker r owns shard r of every
+bucket, and the wrapped optimizer's groups hold the shards only. A step reduce-scatters
+each bucket's gradients (stage 2: during backward, each full ``.grad`` dropped once in
+its bucket), steps the shards, and all-gathers them into every worker's weights: an
+all-reduce cut in its two halves (``ring.py``), the same bytes, Adam's state 1/N.
 
-* stage 1 shards the optimizer's state: worker r updates only shard r of the weights,
-  and the others get it from r afterwards;
-* stage 2 shards the gradients too: a bucket's gradients are reduce-scattered during
-  backward, and each parameter's full ``.grad`` is dropped once it is in its bucket.
-  How many buckets are whole at once depends on how far the reduce-scatters keep up
-  with backward; ``max_whole_buckets=1`` makes backward wait for them instead, so that
-  one bucket at most is whole (DeepSpeed's choice between overlapping and not).
+A parameter that gets no gradient in a step counts as zero there (as in
+DistributedOptimizer's buckets). Each worker's ``state_dict()`` is its own shard's.
+Stage 3, the weights sharded too, is ``sharded_module.py``. At the end of this file,
+what a worker holds: counted (``memory_by_kind``, ``MemoryPeak``), and as the paper
+counts it (``paper_memory``).
 
-The layout is FSDP's *flat parameters*. The parameters are grouped into buckets of about
-``bucket_cap_mb`` in backward's order (``buckets.py``); each bucket's parameters are laid
-back to back in one flat vector, padded with zeros to a multiple of N and cut into N
-equal shards; worker r owns shard r of every bucket. One step, for a bucket of two
-parameters (4 and 3 elements) among N = 3 workers, seen by worker 1:
-
-    #   bucket         w2 w2 w2 w2 w1 w1 w1  0  0     padded from 7 to 9 elements
-    #   shards        |  shard 0 |  shard 1 |  shard 2 |
-    #
-    #   gradients      g  g  g  g  g  g  g  0  0      this worker's own batch
-    #   reduce-scatter            [G  G  G ]           shard 1 of the average (Average)
-    #   Adam's step               [W  W  W ]           its state: 3 elements, not 9
-    #   all-gather     W  W  W  W  W  W  W  .  .      every worker's shard, everywhere
-    #   into the parameters: w2 = W W W W, w1 = W W W
-
-A reduce-scatter followed by an all-gather is an all-reduce cut in its two halves
-(``ring.py``): each worker sends 2(N-1)/N of the padded buckets, the bytes of data
-parallelism's all-reduce, while Adam's state per worker falls to 1/N. The wrapped
-optimizer is kept, and its parameter groups are made to hold the shards only (one flat
-shard per bucket, each bucket within one group, so each group keeps its hyperparameters),
-as DeepSpeed does. A parameter that gets no gradient in a step counts as zero there (as
-in DistributedOptimizer's buckets). Each worker's ``state_dict()`` is its own shard's.
-
-Stage 3, the weights sharded too, is ``sharded_module.py``. At the end of this file, what
-a worker holds: counted (``memory_by_kind``, ``MemoryPeak``), and as the paper counts it
-(``paper_memory``).
+Why shard, and one step drawn: docs/design/zero.md.
 """
 import torch
 

@@ -3,30 +3,15 @@
 Stages 1 and 2 (``sharded.py``) still keep every weight on every worker. Stage 3 keeps
 none whole. ``shard_module(net)`` makes each *unit* of the net (by default each module
 with parameters of its own, a Linear say; or the modules you name) hold one flat
-shard instead of its parameters: the parameters laid back to back, padded with zeros
-to a multiple of N and cut into N equal shards, as ``sharded.py``'s buckets; worker r
-keeps shard r as the unit's only parameter, ``flat_shard``. A plain torch optimizer
-over ``net.parameters()`` then steps the shards alone. One step, for a net of two
-units, on every worker:
+shard instead of its parameters, laid out as ``sharded.py``'s buckets; worker r keeps
+shard r as the unit's only parameter, ``flat_shard``, and a plain torch optimizer over
+``net.parameters()`` steps the shards alone. Hooks all-gather a unit's weights before
+its forward and again for its backward, and free them after; the autograd function
+``Gather`` reduce-scatters its gradient into ``flat_shard.grad``.
 
-    #   forward    unit 1: all-gather W1, compute, free W1  ->  unit 2: the same with W2
-    #   backward   unit 2: all-gather W2 again, compute its gradients, reduce-scatter
-    #              the full gradient dW2 into flat_shard.grad (1/N of it), free W2 and dW2
-    #              unit 1: the same
-    #   step       optimizer.step(): each worker updates its own shards, nothing sent
-    #
-    #   (a hook before the unit's forward gathers; one after it frees; a hook on its
-    #    output's gradient gathers again; the autograd function Gather reduce-scatters)
-
-Each unit's padded flat M_u travels three times, (N-1)/N of it each time: two all-gathers
-and a reduce-scatter, 1.5 times data parallelism's all-reduce. In exchange weights,
-gradients and Adam's state are all 1/N on each worker (16 Psi / N bytes for fp32 Adam),
-plus the one unit gathered at a time.
-
-"Free" keeps the full flat tensor (autograd saved views of it for backward) and gives
-back its memory, ``untyped_storage().resize_(0)``; before backward the memory comes back
-and the all-gather refills it (FSDP1's way). Between steps a unit's ``weight`` is None;
-``full_weights(net)`` gathers them all. Start every worker with the same weights.
+Between steps a unit's ``weight`` is None; ``full_weights(net)`` gathers them all.
+Start every worker with the same weights. One step drawn, its bytes, and how "free"
+keeps autograd's views: docs/design/zero.md, "Stage 3".
 """
 import torch
 from torch import nn

@@ -34,114 +34,141 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+# The launcher's options, a group at a time: (flags, how argparse reads them, help).
+# The order is the help's order; --interface takes its default from config when the
+# parser is built (build_parser).
+OPTIONS = {
+    'the job': (
+        ('-n --num-workers', dict(type=int, required=True),
+         'number of worker processes (>= 1)'),
+        ('-s --num-servers', dict(type=int, default=None),
+         'number of parameter servers (default: as many as workers; '
+         '0 for jobs without servers)'),
+        ('--launcher', dict(choices=['local', 'ssh', 'slurm', 'mpi'], default='local'),
+         'how processes are started (default: local; slurm: as one srun '
+         "step, inside an allocation of salloc or sbatch; mpi: by Open MPI's "
+         'mpirun, on the hosts of -H or on this machine)'),
+    ),
+    'slurm': (
+        ('--partition', dict(default=None, metavar='P'),
+         'slurm, outside an allocation: ask for one in partition P (salloc), '
+         'run the job in it, and give it back when the job ends'),
+        ('--nodes', dict(type=int, default=None, metavar='K'),
+         'slurm, with --partition: the number of nodes to ask for'),
+    ),
+    'hosts (ssh, mpi)': (
+        ('-H --hostfile', dict(default=None),
+         'the hosts to run on (for --launcher ssh or mpi): a file of '
+         '[user@]host[:port] [slots=N] lines, or host1,host2:2222'),
+        ('--host-discovery-script', dict(default=None, metavar='S'),
+         'ssh, elastic (with --min-workers): instead of -H, a program that '
+         'prints the hosts, host or host:slots per line (horovodrun\'s); it runs '
+         'every second: workers start on hosts that appear and stop on hosts '
+         'that go'),
+        ('--sync-dst-dir', dict(default=None, metavar='DIR'),
+         'ssh, mpi: first rsync the current directory to DIR on every host '
+         '(without .git and .venv) and run there'),
+        ('--sync-all', dict(action='store_true'),
+         'ssh, mpi: with --sync-dst-dir, copy .git and .venv too'),
+        ('--python', dict(default=None, metavar='PATH'),
+         "ssh, mpi: the Python on the hosts (default: the launcher's, same path)"),
+        ('--interface', dict(metavar='NAME'),
+         'ssh, mpi: the network interface whose address the '
+         'processes advertise (default: $D2L_INTERFACE, else the route '
+         'to the scheduler)'),
+        ('--ssh-config', dict(default=None, metavar='FILE'),
+         'ssh, mpi: use this ssh config file (ssh -F FILE)'),
+        ('--connect-timeout', dict(type=float, default=10, metavar='SECONDS'),
+         'ssh, mpi: give up on a host that does not answer within this time'),
+    ),
+    'environment': (
+        ('--env', dict(action='append', default=[], metavar='NAME=VALUE'),
+         'set an environment variable in every process (repeatable)'),
+        ('--env-server', dict(action='append', default=[], metavar='NAME=VALUE'),
+         'set an environment variable in the servers only (repeatable; '
+         "MXNet's NAME:VALUE too)"),
+        ('--env-worker', dict(action='append', default=[], metavar='NAME=VALUE'),
+         'set an environment variable in the workers only (repeatable; '
+         "MXNet's NAME:VALUE too)"),
+    ),
+    'a simulated network, stragglers and failures': (
+        ('--bandwidth', dict(default=None, metavar='RATE'),
+         "simulate a network: pace each process's outgoing messages to "
+         'RATE, in bits (1Gbit, 100Mbit/s, 250Mbps) or bytes (100MB/s, 12MiB/s)'),
+        ('--latency', dict(default=None, metavar='TIME'),
+         'simulate a network: deliver every message TIME after it has '
+         'been sent (0.5ms, 200us, 1s)'),
+        ('--slow', dict(action='append', default=[], metavar='worker:R=SLOW'),
+         'make worker R a straggler: each compute step SLOW times as long '
+         '(3x) or longer by a time (+200ms); repeatable'),
+        ('--fail', dict(action='append', default=[], metavar='ROLE:R@WHEN'),
+         'kill a process (SIGKILL, as a crash): worker R after its compute '
+         'step N (worker:1@step=40), server R after its N-th sync round (in '
+         'dist_async: push) (server:0@step=3), or either, or the scheduler, a '
+         'time after it '
+         'joined (server:0@30s, scheduler@5s); repeatable'),
+    ),
+    'what a failure costs': (
+        ('--max-restarts', dict(type=int, default=0, metavar='K'),
+         'when a process fails, stop the job and start every process again, '
+         'up to K times (default: 0); --fail and --slow act in the first '
+         'attempt only'),
+        ('--min-workers --min-np', dict(type=int, default=None, metavar='A'),
+         'elastic workers: a lost worker does not stop the job while at '
+         'least A workers remain; the ring re-forms without it (-s 0), or the '
+         "servers' sync rounds count the workers left (-s 1 or more)"),
+        ('--max-workers --max-np', dict(type=int, default=None, metavar='B'),
+         'with --min-workers: a lost worker is started again, once, and '
+         'joins the job, while fewer than B run (B at least -n)'),
+        ('--server-replicas', dict(type=int, default=0, metavar='R'),
+         "each server's keys are also held by the next R servers (chain "
+         'replication): a lost server does not stop the job, its replica answers '
+         'for it (default: 0)'),
+        ('--checkpoint-dir', dict(default=None, metavar='DIR'),
+         "a folder every worker can read, for the job's checkpoints: "
+         'd2ldist.train saves them there and resumes from the newest'),
+        ('--checkpoint-every', dict(type=int, default=None, metavar='N'),
+         'with --checkpoint-dir: steps between two checkpoints (default: 100)'),
+        ('--checkpoint-keep', dict(type=int, default=None, metavar='K'),
+         'with --checkpoint-dir: how many checkpoints to keep, the newest '
+         '(default: 3)'),
+    ),
+    'watching the job': (
+        ('--hang-warn', dict(default=None, metavar='SECONDS'),
+         'a process that has waited this long for others (a collective, a '
+         'barrier, a sync round) says for what and who is missing (default: 30)'),
+        ('--hang-fail', dict(default=None, metavar='SECONDS'),
+         '... and after this long the job fails with that message '
+         '(default: wait on)'),
+        ('--timeline', dict(default=None, metavar='FILE'),
+         'record what every worker and server does (steps, collectives, '
+         'push/pull, waits) into FILE, a Chrome trace (Perfetto, chrome://tracing)'),
+        ('--timeline-steps', dict(default=None, metavar='FIRST-LAST'),
+         'with --timeline: record only these training steps (20-40)'),
+        ('--log-dir', dict(default=None, metavar='DIR'),
+         "also write each process's output to a file of its own in DIR "
+         '(scheduler.log, server-0.log, worker-1.log, ...), beside the merged '
+         'output'),
+    ),
+    'the scheduler and the end': (
+        ('--port', dict(type=int, default=None),
+         "the scheduler's port (default: a free one)"),
+        ('--timeout', dict(type=float, default=None, metavar='SECONDS'),
+         'stop the whole job after this many seconds'),
+        ('command', dict(nargs=argparse.REMAINDER),
+         'the command each worker runs'),
+    ),
+}
+
+
 def build_parser(prog='d2l-launch'):
     """The launcher's options (the %launch magic takes the same)."""
     p = _Parser(prog=prog, description='Start a distributed job: one scheduler, '
                 'S servers and N workers, with their output merged.')
-    p.add_argument('-n', '--num-workers', type=int, required=True,
-                   help='number of worker processes (>= 1)')
-    p.add_argument('-s', '--num-servers', type=int, default=None,
-                   help='number of parameter servers (default: as many as workers; '
-                   '0 for jobs without servers)')
-    p.add_argument('--launcher', choices=['local', 'ssh', 'slurm', 'mpi'], default='local',
-                   help='how processes are started (default: local; slurm: as one srun '
-                   "step, inside an allocation of salloc or sbatch; mpi: by Open MPI's "
-                   'mpirun, on the hosts of -H or on this machine)')
-    p.add_argument('--partition', default=None, metavar='P',
-                   help='slurm, outside an allocation: ask for one in partition P (salloc), '
-                   'run the job in it, and give it back when the job ends')
-    p.add_argument('--nodes', type=int, default=None, metavar='K',
-                   help='slurm, with --partition: the number of nodes to ask for')
-    p.add_argument('-H', '--hostfile', default=None,
-                   help='the hosts to run on (for --launcher ssh or mpi): a file of '
-                   '[user@]host[:port] [slots=N] lines, or host1,host2:2222')
-    p.add_argument('--host-discovery-script', default=None, metavar='S',
-                   help='ssh, elastic (with --min-workers): instead of -H, a program that '
-                   'prints the hosts, host or host:slots per line (horovodrun\'s); it runs '
-                   'every second: workers start on hosts that appear and stop on hosts '
-                   'that go')
-    p.add_argument('--sync-dst-dir', default=None, metavar='DIR',
-                   help='ssh, mpi: first rsync the current directory to DIR on every host '
-                   '(without .git and .venv) and run there')
-    p.add_argument('--sync-all', action='store_true',
-                   help='ssh, mpi: with --sync-dst-dir, copy .git and .venv too')
-    p.add_argument('--python', default=None, metavar='PATH',
-                   help="ssh, mpi: the Python on the hosts (default: the launcher's, same path)")
-    p.add_argument('--interface', default=config.get().interface,
-                   metavar='NAME', help='ssh, mpi: the network interface whose address the '
-                   'processes advertise (default: $D2L_INTERFACE, else the route '
-                   'to the scheduler)')
-    p.add_argument('--ssh-config', default=None, metavar='FILE',
-                   help='ssh, mpi: use this ssh config file (ssh -F FILE)')
-    p.add_argument('--connect-timeout', type=float, default=10, metavar='SECONDS',
-                   help='ssh, mpi: give up on a host that does not answer within this time')
-    p.add_argument('--env', action='append', default=[], metavar='NAME=VALUE',
-                   help='set an environment variable in every process (repeatable)')
-    p.add_argument('--env-server', action='append', default=[], metavar='NAME=VALUE',
-                   help='set an environment variable in the servers only (repeatable; '
-                   "MXNet's NAME:VALUE too)")
-    p.add_argument('--env-worker', action='append', default=[], metavar='NAME=VALUE',
-                   help='set an environment variable in the workers only (repeatable; '
-                   "MXNet's NAME:VALUE too)")
-    p.add_argument('--bandwidth', default=None, metavar='RATE',
-                   help="simulate a network: pace each process's outgoing messages to "
-                   'RATE, in bits (1Gbit, 100Mbit/s, 250Mbps) or bytes (100MB/s, 12MiB/s)')
-    p.add_argument('--latency', default=None, metavar='TIME',
-                   help='simulate a network: deliver every message TIME after it has '
-                   'been sent (0.5ms, 200us, 1s)')
-    p.add_argument('--slow', action='append', default=[], metavar='worker:R=SLOW',
-                   help='make worker R a straggler: each compute step SLOW times as long '
-                   '(3x) or longer by a time (+200ms); repeatable')
-    p.add_argument('--fail', action='append', default=[], metavar='ROLE:R@WHEN',
-                   help='kill a process (SIGKILL, as a crash): worker R after its compute '
-                   'step N (worker:1@step=40), server R after its N-th sync round (in '
-                   'dist_async: push) (server:0@step=3), or either, or the scheduler, a '
-                   'time after it '
-                   'joined (server:0@30s, scheduler@5s); repeatable')
-    p.add_argument('--max-restarts', type=int, default=0, metavar='K',
-                   help='when a process fails, stop the job and start every process again, '
-                   'up to K times (default: 0); --fail and --slow act in the first '
-                   'attempt only')
-    p.add_argument('--min-workers', '--min-np', type=int, default=None, metavar='A',
-                   help='elastic workers: a lost worker does not stop the job while at '
-                   'least A workers remain; the ring re-forms without it (-s 0), or the '
-                   "servers' sync rounds count the workers left (-s 1 or more)")
-    p.add_argument('--max-workers', '--max-np', type=int, default=None, metavar='B',
-                   help='with --min-workers: a lost worker is started again, once, and '
-                   'joins the job, while fewer than B run (B at least -n)')
-    p.add_argument('--server-replicas', type=int, default=0, metavar='R',
-                   help="each server's keys are also held by the next R servers (chain "
-                   'replication): a lost server does not stop the job, its replica answers '
-                   'for it (default: 0)')
-    p.add_argument('--checkpoint-dir', default=None, metavar='DIR',
-                   help="a folder every worker can read, for the job's checkpoints: "
-                   'd2ldist.train saves them there and resumes from the newest')
-    p.add_argument('--checkpoint-every', type=int, default=None, metavar='N',
-                   help='with --checkpoint-dir: steps between two checkpoints (default: 100)')
-    p.add_argument('--checkpoint-keep', type=int, default=None, metavar='K',
-                   help='with --checkpoint-dir: how many checkpoints to keep, the newest '
-                   '(default: 3)')
-    p.add_argument('--hang-warn', default=None, metavar='SECONDS',
-                   help='a process that has waited this long for others (a collective, a '
-                   'barrier, a sync round) says for what and who is missing (default: 30)')
-    p.add_argument('--hang-fail', default=None, metavar='SECONDS',
-                   help='... and after this long the job fails with that message '
-                   '(default: wait on)')
-    p.add_argument('--timeline', default=None, metavar='FILE',
-                   help='record what every worker and server does (steps, collectives, '
-                   'push/pull, waits) into FILE, a Chrome trace (Perfetto, chrome://tracing)')
-    p.add_argument('--timeline-steps', default=None, metavar='FIRST-LAST',
-                   help='with --timeline: record only these training steps (20-40)')
-    p.add_argument('--log-dir', default=None, metavar='DIR',
-                   help="also write each process's output to a file of its own in DIR "
-                   '(scheduler.log, server-0.log, worker-1.log, ...), beside the merged '
-                   'output')
-    p.add_argument('--port', type=int, default=None,
-                   help="the scheduler's port (default: a free one)")
-    p.add_argument('--timeout', type=float, default=None, metavar='SECONDS',
-                   help='stop the whole job after this many seconds')
-    p.add_argument('command', nargs=argparse.REMAINDER,
-                   help='the command each worker runs')
+    for rows in OPTIONS.values():
+        for flags, how, text in rows:
+            p.add_argument(*flags.split(), help=text, **how)
+    p.set_defaults(interface=config.get().interface)
     return p
 
 
@@ -158,6 +185,18 @@ def parse(argv, prog='d2l-launch'):
         args.num_servers = args.num_workers
     if args.num_servers < 0:
         raise UsageError(f'-s must be 0 or more, got {args.num_servers}')
+    _check_launcher(args)
+    _check_values(args)
+    _set_environments(args)
+    if args.launcher == 'ssh' or args.hostfile:   # the program need only exist on the hosts
+        args.command = command_of(args.command, args.python or sys.executable, local=False)
+    else:
+        args.command = command_of(args.command)
+    return args
+
+
+def _check_launcher(args):
+    """The options that belong to a launcher are given with it, and its hosts answer."""
     if args.launcher not in ('ssh', 'mpi'):
         for name, value in (('-H/--hostfile', args.hostfile),
                             ('--sync-dst-dir', args.sync_dst_dir), ('--python', args.python)):
@@ -194,6 +233,10 @@ def parse(argv, prog='d2l-launch'):
             mpi.hosts_of(args)
         except (mpi.MpiError, mpi.HostError) as e:
             raise UsageError(str(e)) from None
+
+
+def _check_values(args):
+    """The folders, times and numbers given are ones the job can use."""
     if args.log_dir is not None:   # (made when the job starts; a file there is refused)
         args.log_dir = os.path.abspath(args.log_dir)
         if os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
@@ -209,11 +252,16 @@ def parse(argv, prog='d2l-launch'):
     if args.port is not None and not (0 < args.port < 65536 and (
             args.launcher != 'local' or port_is_free(args.port))):
         raise UsageError(f'port {args.port} is not free')
+
+
+def _set_environments(args):
+    """``args.env``, the variables every process gets, and ``args.process_env``, those of
+    each process an option names, by (role, rank)."""
     args.env = dict(_name_value(item) for item in args.env)
     args.env.update(_network_env(args.bandwidth, args.latency))
     args.env.update(_watch_env(args))
     args.env.update(_checkpoint_env(args))
-    args.env.update(_elastic_env(args))
+    args.env.update(_elastic_env(args))      # (reads the backend chosen with --env)
     args.env.update(_replicas_env(args))
     try:               # what every process will read: a bad --env value fails here, once
         config.Config.from_env(args.env)
@@ -222,11 +270,6 @@ def parse(argv, prog='d2l-launch'):
     args.process_env = _role_env(args)
     for process, env in _faults(args).items():
         args.process_env.setdefault(process, {}).update(env)
-    if args.launcher == 'ssh' or args.hostfile:   # the program need only exist on the hosts
-        args.command = command_of(args.command, args.python or sys.executable, local=False)
-    else:
-        args.command = command_of(args.command)
-    return args
 
 
 def _name_value(item, option='--env', mxnet=False):

@@ -2,33 +2,14 @@
 
 ``Job(specs).run()`` starts the scheduler, learns the port it listens on, starts
 the servers and workers, and then loops: it copies every line any process prints
-to our stdout with a ``[worker 0]`` prefix, and watches for exits. It ends when
+to our stdout with a ``[worker 0]`` prefix, and watches for exits. It ends when every
+worker has exited 0, when any process fails, at the timeout, or on an interrupt;
+``max_restarts``, ``min_workers``/``max_workers`` and replicated servers change what
+a failure does. Each process runs under the guard (``guard.py``); the servers' and
+workers' guards have the starter (``starter.py``) fork them from an interpreter that
+has imported torch already, so a job pays for that import once.
 
-* every worker has exited 0: servers and scheduler get a moment to finish, then are
-  stopped; the job succeeds (exit code 0);
-* any process fails: all others are stopped and the failure is reported with the
-  process's last lines (exit code: the process's, or 1);
-* the timeout passes (exit code 124), or we are interrupted (KeyboardInterrupt is
-  raised again once every process is gone).
-
-With ``max_restarts=K`` (``d2l-launch --max-restarts K``) a failure instead stops every
-process, prints one line (``worker 1 failed (exit code 3); restart 1 of 2``) and
-starts them all again, with a fresh secret and ``D2L_RESTART`` set to the attempt, up to
-K times; only the last attempt's failure ends the job as above. A timeout or an
-interrupt is never restarted, and the timeout counts from the first attempt.
-
-With ``min_workers=A`` (``--min-workers``, elastic workers on the ring) a worker that
-fails is only lost: one line says so, and the job goes on while at least A workers
-remain (the scheduler re-forms the ring); it succeeds when the others have finished.
-With ``max_workers=B`` too, a lost worker is started again, once, as a new process that
-joins the job (without its ``--fail`` and ``--slow``), while fewer than B run. With
-replicated servers (``--server-replicas R``) a server that fails is only lost too: its
-replicas answer for it (the scheduler fails the job if a shard has no holder left).
-
-Each process runs under the guard (``guard.py``) in its own session, with a stdin
-pipe from us: if we die, the pipe closes and the guards end their process groups.
-The servers' and workers' guards have the starter (``starter.py``) fork them from an
-interpreter that has imported torch already, so a job pays for that import once.
+When a job ends, and with what exit code: docs/design/launch.md, "A running job".
 """
 import dataclasses
 import os

@@ -2,31 +2,13 @@
 
 ``d2l-launch --launcher mpi -H hosts -n 2 -s 2 python train.py`` does what the ssh
 launcher does, but lets ``mpirun`` start the processes, for sites where MPI is how
-jobs start (its daemons, its ssh set-up, its accounting):
+jobs start: the ssh launcher's preflight checks the hosts (and ``--sync-dst-dir``
+syncs them), then one mpirun runs one app context per process (MPMD), each command the
+task side of ``step.py``, so that task N is process N of the placement. The task side
+marks each whole line, shown as ``[worker 1@hostB] ...``; mpirun ends every process
+when one fails, and the launcher ends mpirun when the job ends otherwise.
 
-1. hosts: ``-H`` as for ssh (a hostfile or ``host1,host2``; ``slots=N`` places workers),
-   checked by the ssh launcher's preflight, which also learns each host's address and
-   cores, and synced first with ``--sync-dst-dir``; without ``-H``, this machine only.
-   mpirun reaches hosts by name: a user or port goes into the ssh config
-   (``--ssh-config FILE`` is passed on to mpirun);
-2. ``processes.py`` places the scheduler, the S servers and the N workers and gives each
-   its environment; what every process shares (the secret among it) is exported by
-   mpirun (``-x NAME`` in every app context: names on the command line, values in
-   mpirun's environment);
-3. one mpirun, one app context per process (MPMD: ``-np 1 --host h0 CMD0 : -np 1
-   --host h1 CMD1 : ...``), each command the task side of ``step.py`` with that
-   process's word, so that task N is process N of the placement;
-4. output: the task side marks each whole line ``N: `` (mpirun's ``--tag-output``
-   marks each piece it reads, which can be half a line); it is shown as
-   ``[worker 1@hostB] ...``. The task side prints its command's exit code, so a process
-   that fails is named as locally; mpirun's own banners are kept in the log, and its
-   report of the first process that failed names one that could not say;
-5. the end: mpirun ends every process when one fails; the launcher ends mpirun (under
-   the guard, SIGTERM then SIGKILL) whenever the job ends otherwise. mpirun's daemons
-   end their processes when mpirun goes, and each command dies with its task.
-
-The scheduler listens on a port chosen before mpirun starts (``--port``, else one free
-on its host, from the preflight), since every process starts at once.
+The steps one by one: docs/design/launch.md, "Under MPI".
 """
 import os
 import re

@@ -2,34 +2,15 @@
 
 ``d2l-launch --launcher slurm -n 2 -s 2 python train.py``, run where ``salloc`` or
 ``sbatch`` put you (``SLURM_JOB_ID`` set), does what the local launcher does, on the
-allocation's nodes:
+allocation's nodes: one ``srun --multi-prog`` step of one task per process
+(``step.py``: ``RANK python -m d2ldist.launch.step --task WORD``), placed with
+``--distribution=arbitrary``; output labelled by srun and shown as ``[worker 1@node2]``;
+the task side's ``d2ldist.task: exit N`` (hidden) names a process that fails. The
+step ends on a failure (``--kill-on-bad-exit``) or is cancelled (``scancel``); srun
+runs under the guard. From a login node, ``--partition P`` (``--nodes K``) first asks
+``salloc`` for an allocation, and gives it back when the job ends.
 
-1. hosts: ``SLURM_JOB_NODELIST`` (``node[01-04,07]``, expanded by
-   ``runtime/started.py``), workers by the allocation's tasks per node; each node's
-   address is what its name resolves to here;
-2. ``processes.py`` places the scheduler, the S servers and the N workers and gives each
-   its environment, as for ssh; what every process shares (the secret among it) goes
-   into srun's own environment, which Slurm hands to every task, never onto a command
-   line;
-3. one step: ``srun --multi-prog`` with a generated file of one line per task,
-   ``RANK python -m d2ldist.launch.step --task WORD`` (``step.py``), where WORD (base64 of JSON)
-   holds that process's command and its own variables; ``--distribution=arbitrary
-   -w node1,node1,node2,...`` puts each task where the placement says;
-4. output: srun's ``--label`` says which task printed a line; it is shown as
-   ``[worker 1@node2] ...``. The task side prints its command's exit code
-   (``d2ldist.task: exit N``, hidden), so a process that fails is named as locally;
-5. the end: a failure ends the step (``--kill-on-bad-exit``), and the launcher cancels
-   it (``scancel JOB.STEP``) whenever the job ends otherwise (Ctrl-C, --timeout).
-   srun runs under the guard: should the launcher die, the guard ends srun, and srun
-   its step.
-
-From a login node, outside any allocation, ``--partition P`` (with ``--nodes K``) asks
-for one first: ``salloc`` runs under the guard with a command that prints the
-allocation's variables and then waits; the step runs in it, and when the job ends (or
-the launcher dies) the guard ends salloc, which gives the allocation back.
-
-The scheduler listens on a port chosen before the step starts (``--port``, else one free
-here), since every task starts at once and cannot wait for its first line.
+The steps one by one: docs/design/launch.md, "Under Slurm".
 """
 import json
 import os
@@ -42,6 +23,7 @@ import sys
 import tempfile
 
 from .. import config
+from ..lines import clip
 from ..runtime.started import expand_nodelist, tasks_per_node
 from .processes import free_port, guarded, job_specs, share_cores
 from .step import CANCELLED, StepJob, task_argv
@@ -131,7 +113,7 @@ class Holder:
                 return json.loads(m[1])
             said.append(line.strip())
         self.release()
-        raise SlurmError(f'salloc gave no allocation: {said[-1] if said else "no word"}'[:300])
+        raise SlurmError(clip(f'salloc gave no allocation: {said[-1] if said else "no word"}', 300))
 
     def release(self):
         """End salloc (through its guard): the allocation goes back."""

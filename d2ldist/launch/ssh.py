@@ -1,33 +1,16 @@
 """The ssh launcher: run a job's processes on other machines with OpenSSH.
 
-``placement.py`` decides what runs where, with which command and environment; this
-module adds only *which host* and *how to get there*:
+``processes.py`` decides what runs where, with which command and environment; this
+module adds only *which host* and *how to get there*: the hosts (a hostfile, ``-H
+a,b:2222``, or ``--host-discovery-script``), a preflight of every host in parallel,
+``--sync-dst-dir``, and every process as ``ssh -T host 'cd DIR && exec python -m
+d2ldist.launch.guard --remote -- cmd'``, its environment and the job's secret sent as
+one JSON line down ssh's stdin, never on a command line.
 
-1. hosts: a hostfile of ``[user@]host[:port] [slots=N]`` lines, or ``-H a,b:2222``;
-2. preflight: before anything starts, every host is checked in parallel (ssh with
-   ``BatchMode=yes`` and a connect timeout; the directory; the remote Python). Each
-   host answers with the address it was reached at (``SSH_CONNECTION``), which is what
-   the others use to reach the scheduler, and a free port for torch.distributed;
-3. ``--sync-dst-dir DIR``: rsync the current directory to DIR on every host, in parallel;
-4. every process is ``ssh -T host 'cd DIR && exec python -m d2ldist.launch.guard --remote -- cmd'``;
-   its environment, with the job secret, goes as one JSON line down ssh's stdin, so no
-   secret (nor any ``--env`` value) is ever on a command line where ``ps`` shows it;
-5. ``--host-discovery-script S`` instead of a hostfile (horovodrun's, for elastic jobs):
-   the launcher runs S every second; on a host that appears it starts workers (one per
-   slot, up to ``--max-workers``), which join the job; on a host that goes it stops them;
-6. clean-up, two ways:
-
-   * the guard watches its stdin, which is the ssh channel. We do not ask for a tty
-     (``-T``): whether the launcher closes the pipe, dies, or the ssh client or the
-     connection dies, sshd closes the session's pipes and the guard reads EOF and ends
-     the process group. A tty would add nothing (sshd's SIGHUP reaches only the tty's
-     foreground group, and the command runs in its own session) and would cost: it
-     echoes stdin (the secret would come back in the output) and mangles the output
-     (``\\r\\n``, stderr merged into the tty);
-   * the guard prints the group's number (``d2ldist.guard: pgid N``); when the job
-     ends, the launcher logs in once more to every host whose processes did not end
-     cleanly and ends any such group still alive (SIGTERM, then SIGKILL), after
-     checking via ``D2L_JOB_ID`` that the group still belongs to this job.
+No process outlives the job: the guard ends its process group when its stdin, the ssh
+channel, closes; and after the job the launcher logs in again to end any group
+(``d2ldist.guard: pgid N``) still alive. The steps, and why no tty:
+docs/design/launch.md, "Over ssh".
 """
 import dataclasses
 import inspect
@@ -44,6 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from .. import config
+from ..lines import NAME, clip
 from ..runtime import started
 from .job import Job, Proc
 from .processes import child_env, guarded, job_specs, share_cores
@@ -135,7 +119,7 @@ def discover(script, timeout=10.0):
     except (OSError, subprocess.TimeoutExpired) as e:
         raise HostError(f'--host-discovery-script {script}: {e}') from None
     if r.returncode != 0:
-        said = (r.stderr.strip().splitlines() or [''])[-1][:200]
+        said = clip((r.stderr.strip().splitlines() or [''])[-1], NAME)
         raise HostError(f'--host-discovery-script {script} exited with {r.returncode}'
                         + (f': {said}' if said else ''))
     entries = []

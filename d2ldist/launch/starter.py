@@ -1,29 +1,17 @@
 """The starter: one interpreter per host that has imported torch, and forks the job's
 processes from it.
 
-Every process of a job used to start a fresh interpreter and import torch: about 2 s of
-CPU each, the most a small job costs (a job of 2 workers and 2 servers paid it 4 times).
-So the local launcher starts one starter first. It imports torch and numpy once, then
-waits; each guard, instead of starting ``python train.py``, asks the starter for it:
-
-    guard --(argv, environment, cwd, its stdout and stderr)--> starter
-    starter: fork; the child takes the guard's output, the environment and the
-             cwd, and runs train.py as python would ("__main__", sys.argv, sys.path)
-    starter --{"pid": N}, later {"exit": code}--> guard
-
-The child is a real process in its own process group, as before; the guard stops it
-by that group and learns its exit code from the starter. Python's multiprocessing
-``forkserver`` works the same way, and the child ends as multiprocessing's do (``leave``).
-
-What an interpreter reads only when it starts (``PYTHON*``, ``LD_*``, the locale, the
-variables of torch, OpenMP, MKL and oneDNN) cannot change after the fork, so a process
-whose environment differs from the starter's in one of them, or that is not ``python
-SCRIPT`` or ``python -m MODULE`` with the starter's interpreter, is refused, and its guard
-starts it the old way. The starter listens on a Unix socket that only this user may use
-(the kernel's peer credentials are checked); requests are JSON, never unpickled.
+The local launcher starts one starter first; it imports torch and numpy once, then
+waits. Each guard, instead of starting ``python train.py``, sends the starter its argv,
+environment, cwd, stdout and stderr (``start``); the starter forks, and the child runs
+the script as python would (``become``, ``run``, ``leave``). The guard gets
+``{"pid": N}``, later ``{"exit": code}``. A request whose interpreter, options or
+start-up variables differ from the starter's is refused (``refusal``), and its guard
+starts the process the old way.
 
 This file imports nothing of d2ldist: the children import it fresh, under their own
-environment. ``D2L_PRELOAD=0`` turns the starter off.
+environment. ``D2L_PRELOAD=0`` turns the starter off. Why it exists, and what it
+refuses: docs/design/launch.md, "The starter".
 """
 import json
 import os
@@ -142,85 +130,106 @@ def valid(request):
 def serve(listener):
     """Answer requests until the launcher closes our stdin; in a forked child, return
     (request, fds) for it to run."""
-    own_env, python = dict(os.environ), sys.executable
-    sel = selectors.DefaultSelector()
-    sel.register(listener, selectors.EVENT_READ, 'listener')
-    sel.register(0, selectors.EVENT_READ, 'launcher')
-    children = {}                         # guard's socket -> (pid, pidfd)
+    starter = _Serving(listener)
     while True:
-        for key, _ in sel.select():
-            if key.data == 'listener':
-                conn, _ = listener.accept()
-                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-                if int.from_bytes(creds[4:8], sys.byteorder) != os.getuid():
-                    conn.close()          # another user's process: not ours to serve
-                    continue
-                sel.register(conn, selectors.EVENT_READ, 'request')
-            elif key.data == 'launcher':
-                if not os.read(0, 4096):  # the launcher is gone: so is the job
-                    for pid, _ in children.values():
-                        _kill_group(pid)
-                    for conn, (pid, _) in children.items():
-                        _, status = os.waitpid(pid, 0)
-                        _send(conn, {'exit': os.waitstatus_to_exitcode(status)})
-                    return None
-            elif key.data == 'request':
-                conn = key.fileobj
-                sel.unregister(conn)
-                try:
-                    data, fds, _, _ = socket.recv_fds(conn, LIMIT, 2)
-                except OSError:
-                    data, fds = b'', []
-                try:
-                    request = json.loads(data)
-                except ValueError:        # (its descriptors are closed below all the same)
-                    request = None
-                why = 'malformed request' if not (valid(request) and len(fds) == 2) \
-                    else refusal(request, own_env, python)
-                if why:                   # what it carried is closed before the answer
-                    for fd in fds:
-                        os.close(fd)
-                    _send(conn, {'refused': why})
-                    conn.close()
-                    continue
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:              # the child: leave the starter behind
-                    sel.close()
-                    listener.close()
-                    for other in children:
-                        other.close()
-                    conn.close()
-                    for _, pidfd in children.values():
-                        os.close(pidfd)
-                    return request, fds
-                try:
-                    os.setpgid(pid, pid)  # (set on both sides: the guard may stop it at once)
-                except OSError:
-                    pass
-                for fd in fds:
-                    os.close(fd)
-                pidfd = os.pidfd_open(pid)
-                children[conn] = pid, pidfd
-                sel.register(pidfd, selectors.EVENT_READ, conn)
-                sel.register(conn, selectors.EVENT_READ, 'guard')
-                _send(conn, {'pid': pid})
-            elif key.data == 'guard':     # the guard hung up (or spoke out of turn)
-                conn = key.fileobj
-                if not conn.recv(LIMIT):  # a guard killed: its process must not outlive it
-                    sel.unregister(conn)
-                    _kill_group(children[conn][0])
-            else:                         # a child ended: tell its guard how
-                conn = key.data
-                pid, pidfd = children.pop(conn)
-                sel.unregister(pidfd)
-                if conn.fileno() in sel.get_map():
-                    sel.unregister(conn)  # (not if its guard has hung up)
-                os.close(pidfd)
+        for key, _ in starter.selector.select():
+            child = key.data(key.fileobj)     # each source's handler, below
+            if child or starter.ended:
+                return child
+
+
+class _Serving:
+    """The starter at work: what it waits on (the listener, the launcher's pipe, each
+    guard and each child) and the children it forked, by their guard's socket."""
+
+    def __init__(self, listener):
+        self.listener, self.ended = listener, False
+        self.own_env, self.python = dict(os.environ), sys.executable
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(listener, selectors.EVENT_READ, self.accept)
+        self.selector.register(0, selectors.EVENT_READ, self.launcher_spoke)
+        self.children = {}                # guard's socket -> (pid, pidfd)
+
+    def accept(self, listener):
+        conn, _ = listener.accept()
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        if int.from_bytes(creds[4:8], sys.byteorder) != os.getuid():
+            conn.close()                  # another user's process: not ours to serve
+        else:
+            self.selector.register(conn, selectors.EVENT_READ, self.request)
+
+    def launcher_spoke(self, stdin):
+        if not os.read(stdin, 4096):      # the launcher is gone: so is the job
+            for pid, _ in self.children.values():
+                _kill_group(pid)
+            for conn, (pid, _) in self.children.items():
                 _, status = os.waitpid(pid, 0)
                 _send(conn, {'exit': os.waitstatus_to_exitcode(status)})
-                conn.close()
+            self.ended = True
+
+    def request(self, conn):
+        """A guard's request: refused, or forked; in the child, (request, fds)."""
+        self.selector.unregister(conn)
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, LIMIT, 2)
+        except OSError:
+            data, fds = b'', []
+        try:
+            request = json.loads(data)
+        except ValueError:                # (its descriptors are closed below all the same)
+            request = None
+        why = 'malformed request' if not (valid(request) and len(fds) == 2) \
+            else refusal(request, self.own_env, self.python)
+        if why:                           # what it carried is closed before the answer
+            for fd in fds:
+                os.close(fd)
+            _send(conn, {'refused': why})
+            conn.close()
+            return None
+        return self.fork(conn, request, fds)
+
+    def fork(self, conn, request, fds):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:                      # the child: leave the starter behind
+            self.selector.close()
+            self.listener.close()
+            for other in self.children:
+                other.close()
+            conn.close()
+            for _, pidfd in self.children.values():
+                os.close(pidfd)
+            return request, fds
+        try:
+            os.setpgid(pid, pid)          # (set on both sides: the guard may stop it at once)
+        except OSError:
+            pass
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        self.children[conn] = pid, pidfd
+        self.selector.register(pidfd, selectors.EVENT_READ,
+                               lambda pidfd, conn=conn: self.child_ended(conn))
+        self.selector.register(conn, selectors.EVENT_READ, self.guard_spoke)
+        _send(conn, {'pid': pid})
+        return None
+
+    def guard_spoke(self, conn):          # the guard hung up (or spoke out of turn)
+        if not conn.recv(LIMIT):          # a guard killed: its process must not outlive it
+            self.selector.unregister(conn)
+            _kill_group(self.children[conn][0])
+
+    def child_ended(self, conn):
+        """Tell its guard how it ended."""
+        pid, pidfd = self.children.pop(conn)
+        self.selector.unregister(pidfd)
+        if conn.fileno() in self.selector.get_map():
+            self.selector.unregister(conn)  # (not if its guard has hung up)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        _send(conn, {'exit': os.waitstatus_to_exitcode(status)})
+        conn.close()
 
 
 def _send(conn, message):

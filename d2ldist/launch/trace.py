@@ -14,6 +14,7 @@ import json
 import math
 import time
 
+from ..lines import shown
 from ..runtime.spans import PREFIX
 
 MAX_SPANS = 1_000_000          # of the whole job; beyond it, lines are dropped
@@ -74,7 +75,7 @@ class Trace:
         out = []
         for pid, label in enumerate(labels, 1):
             out.append({'ph': 'M', 'name': 'process_name', 'pid': pid, 'tid': 0,
-                        'args': {'name': label.replace(':', ' ')}})
+                        'args': {'name': shown(label)}})
             out.append({'ph': 'M', 'name': 'process_sort_index', 'pid': pid, 'tid': 0,
                         'args': {'sort_index': pid}})
             tids = {}

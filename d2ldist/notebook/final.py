@@ -1,31 +1,14 @@
 """What a finished ``%launch`` leaves in the notebook: a text summary and one figure.
 
-The live dashboard (``dashboard.py``) needs a kernel and ipywidgets; most readers meet
-a chapter where neither runs (a repository page, nbviewer, an HTML export, the book).
-So when a job ends, the magic shows its final form as plain outputs every viewer
-shows: ``summary()``, a text table, and ``figure()``, a PNG of the curves and the
-time per step (matplotlib, Agg; none when the workers never reported)::
+The live dashboard (``dashboard.py``) needs a kernel and ipywidgets, which most
+readers of a chapter lack. So when a job ends, the magic shows its final form as plain
+outputs every viewer shows: ``summary()``, a text table of the processes, the attempts
+of a restarted job, the last reports and the time per step, and ``figure()``, a PNG of
+the curves and the time per step (matplotlib, Agg; none when the workers never
+reported). What is measured stands only in the last two tables, in a form
+``notebooks/sanitize.cfg`` masks, so nbval compares the rest.
 
-    job finished after 41.3 s
-      process    host       state     exit  progress
-      scheduler  localhost  finished  0
-      worker 0   localhost  finished  0     |██████████| 100% epoch 2/2, batch 47/47
-      ...
-      last report   worker 0  worker 1
-      loss            0.4321    0.4310
-      train acc        0.877     0.880
-      ...
-      time per batch        worker 0  worker 1
-      1 forward, backward   230.1 ms  228.7 ms
-
-A job that was restarted (``--max-restarts``) lists its attempts after the processes::
-
-      attempt 0, started at 0.0 s: worker 1 failed (killed by SIGKILL (exit code 137))
-      attempt 1, started at 3.2 s, resumed from step 40 (3 steps lost): finished
-
-What is measured (a loss, an accuracy, samples/s, milliseconds) stands only in the
-rows of the last two tables, in a form ``notebooks/sanitize.cfg`` masks, so nbval
-compares the rest: the states, the exit codes, how far every worker got.
+A summary, printed: docs/design/notebook.md, "What a finished job leaves".
 """
 
 from ..launch.progress import bar

@@ -4,31 +4,14 @@
     %launch -n 2 -s 2 train.py --lr {lr}
 
 The magic takes exactly ``d2l-launch``'s options (it asks the launcher's parser)
-and runs the job with the launcher's ``Job``; it adds only the display:
+and runs the job with the launcher's ``Job``; it adds only the display: the
+dashboard (``dashboard.py``), a view of the launcher's ``JobModel``, kept up to date
+while the job runs; the processes' lines in the cell's output; and, when the job ends,
+its final form after the log (``final.py``). A failed job raises ``JobFailed``; the
+variable ``_launch`` then holds a ``LaunchResult`` for later cells.
 
-* the job's hooks feed the launcher's ``JobModel`` (``launch/progress.py``, the
-  model d2l-launch's terminal view reads too), and its view, the dashboard
-  (``dashboard.py``), is shown once when the cell starts and then kept up to date,
-  in the kernel's main thread;
-* every line the processes print goes to the cell's output once, as ``d2l-launch``
-  prints it (report lines become the dashboard's bars and curves instead), except
-  the scheduler's 'ready at tcp://...:PORT' line: where the job meets is the
-  launcher's business, and a chapter's reader would see a new port each run
-  (``--log-dir`` still keeps it);
-* when the job ends (finished, failed or stopped) the dashboard gives way to its
-  one-line header, and the job's final form follows the log: a text summary and a
-  figure (``final.py``), plain outputs that every viewer of the notebook shows;
-* with ``--max-restarts``, a failure before the last attempt is one line of the log,
-  and the dashboard and the final summary list the attempts (``JobModel.attempts``);
-* a failed job raises ``JobFailed``: its first line names the process and how it
-  ended, the next ones are that process's last lines (the log above shows them once);
-  the stop button stops every process and raises KeyboardInterrupt again;
-* the variable ``_launch`` then holds a ``LaunchResult`` for later cells.
-
-Why the final form comes after the log rather than in the dashboard's place: nbval
-(``make test``) sees only a cell's first display of an output, never its updates, so
-what it compares must be shown as new outputs; the header is the same line before
-and after.
+What the magic shows and hides, and why the final form follows the log:
+docs/design/notebook.md.
 """
 import sys
 

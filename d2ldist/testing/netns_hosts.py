@@ -14,14 +14,9 @@ so a test can tell a file that rsync really copied from one that the shared
 filesystem shows everywhere. The client side is an ssh config file (``ssh -F``) with
 a throw-away key and the hosts' keys in its own known_hosts.
 
-Everything is removed in ``stop()``; ``start()`` first removes what a crashed earlier
-run may have left (anything named with the ``d2lssh`` prefix). Another ``prefix`` and
-``subnet`` give a second, independent set of hosts (tests that may run concurrently).
-
-``shape(rate, latency)`` shapes every host's outgoing link with Linux ``tc`` (a token
-bucket filter; netem when there is a latency), the real counterpart of d2l-launch's
-simulated network; ``unshape()`` removes it. ``cut(name)`` and ``mend(name)`` take a
-host off the network and put it back (a partition).
+``shape(rate, latency)`` shapes every host's outgoing link with Linux ``tc``, the real
+counterpart of d2l-launch's simulated network; ``unshape()`` removes it. ``cut(name)``
+and ``mend(name)`` take a host off the network and put it back (a partition).
 
 The ssh tests (tests/system, through ``hosts_for_tests`` in tests/support.py) and
 benchmarks/between_hosts.py use these hosts; everything here needs root.
@@ -63,7 +58,11 @@ def remove_stale(prefix=PREFIX):
 
 
 class NetnsHosts:
-    """Hosts ``hostA``, ``hostB``, ... as namespaces with sshd; see the module docstring."""
+    """Hosts ``hostA``, ``hostB``, ... as namespaces with sshd; see the module docstring.
+
+    Everything is removed in ``stop()``; ``start()`` first removes what a crashed earlier
+    run may have left (anything named with the ``d2lssh`` prefix). Another ``prefix`` and
+    ``subnet`` give a second, independent set of hosts (tests that may run concurrently)."""
 
     def __init__(self, names=('hostA', 'hostB'), prefix=PREFIX, subnet=SUBNET):
         self.names, self.prefix, self.subnet = list(names), prefix, subnet

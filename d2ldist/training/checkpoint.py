@@ -1,50 +1,26 @@
 """Checkpoints of a whole job, and resuming from the newest: what a restart needs.
 
-A job that loses one process loses every step since it started, unless it saved them.
-Every ``every`` steps, at the step boundary, each worker saves what only it knows, and
-worker 0 also what all workers share::
+Every ``every`` steps, at the step boundary, each worker saves what only it knows (its
+place in the data, its random generators, its loop's sums, ...) and worker 0 also what
+all workers share (the weights, the servers' optimizer states), into
+``DIR/step-00000120/worker-R-of-N.ckpt``. A job resumes from the newest checkpoint that
+every worker holds whole, agreed through the store; in ``dist_sync`` and on the ring it
+then goes on bit for bit. A thread writes each snapshot while training goes on, each
+file whole or not at all, with the SHA-256 of its bytes; a write that fails (a full
+disk) is one warning line, and training goes on.
 
-    DIR/step-00000120/worker-0-of-2.ckpt   the model's weights, the servers' optimizer
-                                           states (gathered from all of them, key by
-                                           key), and what every worker's file has:
-    DIR/step-00000120/worker-1-of-2.ckpt   the model's buffers (BatchNorm's), the step,
-                                           its place in the data (epoch, batch), its
-                                           random generators (torch, numpy, random),
-                                           its loop's running sums, the learning rate,
-                                           what 2-bit compression kept back, and the
-                                           optimizer's states if the workers run it
+One more limit: a DataLoader with worker processes (``num_workers > 0``, d2ldist's
+loaders use none by default) seeds them afresh each epoch, so random augmentation after
+a resume differs from the uninterrupted run's; the weights then do too.
 
-A checkpoint is *complete* when every worker's file is there and reads back whole, and a
-job resumes from the newest complete one. The workers need not share the folder (each
-host may keep its files on its own disk): each says which steps it holds, through the
-store, and all take the newest step every one of them holds. Each reads only its own
-file; the store then gives all of them worker 0's weights. In ``dist_sync`` and on the
-ring all the pieces belong to one step: every worker saves after the same step, and no
-server can start the next round before worker 0 has asked for their states and pushed
-again. So a resumed job goes on bit for bit as the one that never stopped. In
-``dist_async`` the workers are never at one step: worker ``r``'s file holds its own step
-120, and the model is what the servers held when worker 0 had done its step 120. A
-resume gives a state asynchronous training could have been in, not the one it was in.
-One more limit: a DataLoader with worker processes (``num_workers > 0``, d2ldist's loaders
-use none by default) seeds them afresh each epoch, so random augmentation after a resume
-differs from the uninterrupted run's; the weights then do too.
-
-How it is written (after CheckFreq, Mohan et al., FAST 2021): the snapshot copies the
-state in memory at the step boundary, and a thread writes it while training goes on (the
-next snapshot waits for that write). A file is written whole or not at all: a temporary
-name, fsync, rename. Its first line holds the SHA-256 of the rest (torch.save's bytes,
-read back with ``weights_only``: nothing is unpickled), so a file cut short or damaged is
-found and the checkpoint before it used. A write that fails (a full disk) is one
-warning line, and training goes on. The newest ``keep`` complete checkpoints stay; a
-worker that sees only its own files keeps its newest ``keep`` (3, the default, is
-enough in sync modes: a failure finds no worker more than two writes behind another).
+What each file holds, why one step, and how a file is written:
+docs/design/checkpoints.md; how to use them: docs/checkpoints.md.
 """
 import hashlib
 import io
 import os
 import random
 import re
-import sys
 import threading
 import time
 from pathlib import Path
@@ -53,6 +29,7 @@ import numpy as np
 import torch
 
 from .. import config
+from ..lines import say
 from ..report import report
 from ..runtime import spans
 
@@ -140,10 +117,6 @@ def _copy(state):
     return state
 
 
-def _warn(text):
-    print(f'd2ldist: {text}', file=sys.stderr, flush=True)
-
-
 class Checkpoint:
     """Save this worker's part of the job every ``every`` steps into ``directory``;
     resume() from the newest complete checkpoint. ``d2ldist.train`` uses one when
@@ -212,7 +185,7 @@ class Checkpoint:
             folder.mkdir(exist_ok=True)
             write_file(self.file(folder, self.rank), state)
         except OSError as e:
-            _warn(f'checkpoint of step {step} not written: {e.strerror or e}')
+            say(f'checkpoint of step {step} not written: {e.strerror or e}', err=True)
             return
         finally:
             self.seconds['write'] += time.perf_counter() - start
@@ -269,7 +242,7 @@ class Checkpoint:
             try:
                 mine, whole = read_file(self.file(folder, self.rank)), 1
             except CheckpointError as e:
-                _warn(f'{e}; trying the checkpoint before it')
+                say(f'{e}; trying the checkpoint before it', err=True)
                 mine, whole = None, 0
             if all(row == [1] for row in self.gather([whole], 1)):
                 break
@@ -279,8 +252,8 @@ class Checkpoint:
         self.restore(mine)
         self._rng = mine['rng']
         if self.rank == 0:
-            print(f'd2ldist: resumed from {folder} (step {step}: epoch '
-                  f'{mine["epoch"] + 1}, batch {mine["batch"]})', flush=True)
+            say(f'resumed from {folder} (step {step}: epoch {mine["epoch"] + 1}, '
+                f'batch {mine["batch"]})')
         report(resumed_from=step, step=step)
         spans.resume(step)                    # (the timeline counts steps on from it)
         return {k: mine[k] for k in ('step', 'epoch', 'batch', 'loop')}
