@@ -26,7 +26,7 @@ import pytest
 from support import ROOT
 
 PAGES = sorted([ROOT / 'README.md', ROOT / 'CONTRIBUTING.md', ROOT / 'ARCHITECTURE.md',
-                *(ROOT / 'docs').glob('*.md')])
+                *(ROOT / 'docs').rglob('*.md')])
 README = (ROOT / 'README.md').read_text()
 PYPROJECT = tomllib.loads((ROOT / 'pyproject.toml').read_text())
 
