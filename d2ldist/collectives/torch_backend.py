@@ -44,7 +44,6 @@ import math
 import os
 import socket
 import struct
-import sys
 import time
 from datetime import timedelta
 
@@ -52,6 +51,7 @@ import torch
 import torch.distributed as dist
 
 from .. import config
+from ..lines import NAME, clip, say
 from ..runtime import started
 from ..runtime.hang import Disagree
 from ..runtime.split import even_slices
@@ -64,15 +64,6 @@ from .ring_backend import REFUSED, equal_shard, row_shape_code, stand_in
 # benchmarks call torch's own through these names too)
 REDUCE_SCATTER = getattr(dist, 'reduce_scatter_single', None) or dist.reduce_scatter_tensor
 ALL_GATHER = getattr(dist, 'all_gather_single', None) or dist.all_gather_into_tensor
-
-
-def rendezvous_env(env=os.environ):
-    """Fill torchrun's variables (RANK, ..., MASTER_PORT) where the tool that started this
-    process set its own (mpirun, srun: ``runtime/started.py``); who started it, a Start."""
-    start = started.detect(env)
-    for name, value in start.torchrun_env().items():
-        env.setdefault(name, value)
-    return start
 
 
 def _destroy():
@@ -216,7 +207,7 @@ def choose(gpus):
 
 def agree_on_gpus(store, rank, size, uuid):
     """Every worker's GPU UUID, rank by rank, exchanged through the rendezvous store."""
-    prefix = f'd2ldist/gpu/{os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")}/'
+    prefix = f'd2ldist/gpu/{started.restarts()}/'
     store.set(f'{prefix}{rank}', uuid or '-')
     return [v if v != '-' else '' for v in
             (store.get(f'{prefix}{r}').decode() for r in range(size))]
@@ -304,7 +295,7 @@ class TorchBackend:
     def _start(self):
         """Meet the others (torch.distributed's env:// rendezvous), agree on NCCL or gloo
         from every worker's GPU, start the process group; rank 0 says what it chose."""
-        start = rendezvous_env()
+        start = started.fill_torchrun_env()
         fail = config.get().hang_fail   # --hang-fail: a collective gives up after it
         timeout = timedelta(seconds=fail) if fail else None
         store, rank, size = next(dist.rendezvous(
@@ -320,8 +311,7 @@ class TorchBackend:
         # active exception', seen on a loaded machine).
         atexit.register(_destroy)
         if rank == 0:
-            print(f'd2ldist: torch backend ({kind}): {start.who}, {why}', file=sys.stderr,
-                  flush=True)
+            say(f'torch backend ({kind}): {start.who}, {why}', err=True)
 
     def allreduce_(self, tensor, op):
         self._say('allreduce_', tensor, op=op)
@@ -519,7 +509,7 @@ class TorchBackend:
             except RuntimeError as e:      # (gloo: 'Connection closed by peer ...')
                 raise RuntimeError('join(): a worker stopped while this one waited in it: '
                                    'every worker must call hvd.join() (torch.distributed: '
-                                   f'{str(e).strip().splitlines()[0][:200]})') from None
+                                   f'{clip(str(e).strip().splitlines()[0], NAME)})') from None
             if not heard[ACTIVE]:         # all are here: the last came in this round
                 return heard[FIRST] - 1
             code[FIRST] = 0
