@@ -1,42 +1,23 @@
 """The production backend: the same collectives on torch.distributed.
 
 gloo on CPU, NCCL when every worker has a GPU of its own (``choose``: the workers
-compare their GPUs' UUIDs). The rendezvous comes from the environment torchrun sets (and
-d2l-launch sets too): MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
-LOCAL_WORLD_SIZE. Started by mpirun or srun, the process fills them from that tool's
-own variables first (``runtime/started.py``). Rank 0 says in one line what was chosen
-and why: 'd2ldist: torch backend (gloo): 2 workers started by mpirun, CPU'.
+compare their GPUs' UUIDs). The rendezvous is torch.distributed's env://: torchrun's
+variables, which ``runtime/started.py`` fills from mpirun's or srun's own first. Rank 0
+says in one line what was chosen and why:
+'d2ldist: torch backend (gloo): 2 workers started by mpirun, CPU'.
 
-A reduce-scatter on gloo is one all-to-all, each worker adding up the parts it receives:
-torch.distributed's own ``reduce_scatter_single`` on gloo all-reduces the whole tensor
-and keeps a shard, twice the bytes. ``wire_bytes_sent()`` counts what gloo's connections
-carried, as the kernel counts it (``benchmarks/allreduce.py --reduce-scatter`` times both).
+* A reduce-scatter on gloo is one all-to-all, each worker adding up the parts it
+  receives (half the bytes of gloo's own); ``wire_bytes_sent()`` counts what gloo's
+  connections carried, as the kernel counts it.
+* Hangs and calls that disagree: ``--hang-fail`` becomes the process group's timeout
+  (and a monitored barrier on gloo), ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` compares the
+  ranks' calls.
+* ``hvd.join()``: the Horovod API's backend (``joinable``) begins each collective by
+  all-reducing (max) a few integers that say what it is (``_said``); a worker in join()
+  contributes zeros, learns the call from the result and takes part with the ring's
+  stand-in. The Trainer's 'torch' store makes its backend without it.
 
-Hangs and calls that disagree, with what torch.distributed offers (d2ldist's own
-detector, ``runtime/hang.py``, cannot see inside gloo or NCCL):
-
-* ``--hang-fail SECONDS`` becomes the process group's timeout: a collective that does
-  not complete fails after it, with gloo's message, which names no rank ('Timed out
-  waiting ... for recv operation'); a ``barrier()`` on gloo becomes a monitored
-  barrier: rank 0 fails naming the ranks that did not come ('Ranks 1 failed to pass
-  monitoredBarrier in 2000 ms'), the other ranks time out without names;
-* ``--env TORCH_DISTRIBUTED_DEBUG=DETAIL``: before each collective torch compares the
-  ranks' calls (operation, shapes, dtypes) and fails naming both ranks and their calls
-  ('Detected mismatch between collectives on ranks. Rank 1 is running collective:
-  ... TensorShape=[4] ..., but Rank 0 is running collective: ... TensorShape=[2]'),
-  at the price of one more small collective per call. The Horovod API's calls compare
-  themselves first (below), and every worker refuses a call that disagrees with d2ldist's
-  one line; torch's check is then for the Trainer's 'torch' store;
-* ``--hang-warn``: no warning; torch.distributed has none to give.
-
-``hvd.join()`` (a worker out of data) on torch.distributed: the backend of the Horovod
-API (``joinable``) begins each collective by all-reducing (max) a few integers that say
-what it is (``_said``); a worker in join() contributes zeros there, learns the call from
-the result and takes part with the ring's stand-in (zeros, the op's identity, no rows).
-With ``--hang-fail`` on gloo that all-reduce is preceded by the monitored barrier, which
-every worker (joined or not) enters, so a late worker is named there too.
-It costs one small all-reduce more per collective; the Trainer's 'torch' store, which
-has no join(), makes its backend without it.
+Each of these, and what it costs: docs/design/collectives.md.
 """
 import atexit
 import glob

@@ -1,7 +1,7 @@
 """Which backend the collectives run on, and this worker's place among the workers.
 
 The job's state lives here and in ``runtime/node.py`` (the node), both made from the
-process's variables (``config.py``), nowhere else:
+process's variables (``config.py``; other tools' in ``runtime/started.py``), nowhere else:
 
 * ``init(backend)`` joins the job and chooses the backend: 'ring', d2ldist's own ring
   over the van (the default under d2l-launch; under another tool rank 0 hosts the
