@@ -276,7 +276,7 @@ class TorchBackend:
     def _start(self):
         """Meet the others (torch.distributed's env:// rendezvous), agree on NCCL or gloo
         from every worker's GPU, start the process group; rank 0 says what it chose."""
-        start = started.fill_torchrun_env()
+        start = started.rendezvous_env()
         fail = config.get().hang_fail   # --hang-fail: a collective gives up after it
         timeout = timedelta(seconds=fail) if fail else None
         store, rank, size = next(dist.rendezvous(

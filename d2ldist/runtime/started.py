@@ -13,7 +13,7 @@ tells its processes their rank and number in variables of its own:
 ``detect()`` reads them into a ``Start``; ``Start.rendezvous()`` says where rank 0
 listens, or raises ``StartError`` naming what is missing. This module is the one place
 that reads (and, for torch.distributed's env://, fills) other tools' variables: the
-collectives ask it (``local_rank``, ``group_rank``, ``restarts``, ``fill_torchrun_env``).
+collectives ask it (``local_rank``, ``group_rank``, ``restarts``, ``rendezvous_env``).
 Where the processes meet, and why: docs/design/collectives.md.
 
     >>> s = detect({'OMPI_COMM_WORLD_RANK': '1', 'OMPI_COMM_WORLD_SIZE': '2',
@@ -118,7 +118,7 @@ def restarts(env=os.environ):
     return env.get('TORCHELASTIC_RESTART_COUNT', '0')
 
 
-def fill_torchrun_env(env=os.environ):
+def rendezvous_env(env=os.environ):
     """Fill torchrun's variables (RANK, ..., MASTER_PORT), which torch.distributed's env://
     reads, where the tool that started this process set its own (mpirun, srun); the Start."""
     start = detect(env)
