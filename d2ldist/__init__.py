@@ -19,9 +19,8 @@ inside the package imports it. The layers, bottom up (ARCHITECTURE.md draws them
 when a collective, the parameter server or the training API is first used.
 """
 from .collectives.world import (BACKENDS, barrier, cross_rank, cross_size,  # noqa: F401
-                                gloo_built, init, is_initialized, local_rank, local_size,
-                                mpi_built, mpi_enabled, nccl_built, rank, shutdown, size,
-                                ccl_built, cuda_built, ddl_built)
+                                init, is_initialized, local_rank, local_size, rank,
+                                shutdown, size)
 from . import cost  # noqa: F401  (pure arithmetic: light)
 from .book import download_chapters  # noqa: F401
 from .report import report  # noqa: F401
@@ -59,6 +58,9 @@ _LAZY = {
     'Trainer': 'training.trainer', 'train_batch': 'training.trainer',
     'evaluate_accuracy': 'training.loop', 'train': 'training.loop',
     'Checkpoint': 'training.checkpoint', 'CheckpointError': 'training.checkpoint',
+    **{name: 'horovod' for name in (   # what Horovod was built with
+        'nccl_built', 'gloo_built', 'mpi_built', 'mpi_enabled', 'ccl_built', 'cuda_built',
+        'ddl_built')},
 }
 _LAZY_MODULES = {'kv': 'kv', 'horovod': 'horovod', 'timeline': 'timeline',
                  'elastic': 'collectives.elastic',

@@ -13,7 +13,8 @@ Every collective runs on the communication thread (``engine.py``), in the order 
 asked for, so that the ``_async_`` variants (which return a ``Handle``) overlap
 communication with computation -- DistributedOptimizer all-reduces gradients while
 backward goes on -- and all workers still run the collectives in the same order. Each
-is a call of the backend's method (``backend.py``), bound: ``world.run(b.allreduce_, X, op)``.
+is a call of the backend's method (``backend.py``), bound: ``world.run(b.broadcast_, X,
+root)``; an all-reduce goes through ``compressed.allreduce_`` (scaled, compressed or not).
 """
 import base64
 import itertools
@@ -22,7 +23,8 @@ import json
 import torch
 
 from ..runtime.compression import Cast, Identity
-from . import ops, world
+from ..lines import clip
+from . import compressed, ops, world
 from .engine import Handle  # noqa: F401  (re-exported: what the _async_ variants return)
 from .ops import Average, Max, Min, Product, Sum  # noqa: F401  (re-exported)
 
@@ -73,19 +75,9 @@ def _reduction(average, op):
     return ops.get(ops.Average if op is None else op)
 
 
-def _scale_(tensor, factor):
-    """tensor *= factor, in place; integers in float64, then cast back (Horovod's)."""
-    if factor == 1.0:
-        return tensor
-    if tensor.is_floating_point():
-        return tensor.mul_(factor)
-    return tensor.copy_(tensor.double() * factor)
-
-
-def _scaled_allreduce_(tensor, op, prescale_factor, postscale_factor):
-    _scale_(tensor, prescale_factor)
-    world.backend().allreduce_(tensor, op)
-    return _scale_(tensor, postscale_factor)
+def _codec(compression):
+    """``compression`` as ``compressed.allreduce_`` takes it: None for none."""
+    return None if compression in (None, Compression.none) else compression
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -95,20 +87,9 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     (``compression``, not Horovod's here: what DistributedOptimizer's buckets go through.)"""
     op = _reduction(average, op)
     _check_name(name)
-    if compression not in (None, Compression.none):
-        return _named(name, world.run(_compressed_allreduce_, tensor, compression, op,
-                                      prescale_factor, postscale_factor))
-    if prescale_factor == 1.0 and postscale_factor == 1.0:
-        return _named(name, world.run(world.backend().allreduce_, tensor, op))
-    return _named(name, world.run(_scaled_allreduce_, tensor, op, prescale_factor,
+    return _named(name, world.run(compressed.allreduce_, world.backend(), tensor, op,
+                                  _codec(compression), None, prescale_factor,
                                   postscale_factor))
-
-
-def _compressed_allreduce_(tensor, compression, op, prescale_factor, postscale_factor):
-    """Horovod's way: compress, reduce the compressed tensor, decompress into ``tensor``."""
-    wire, ctx = compression.compress(tensor)
-    _scaled_allreduce_(wire, op, prescale_factor, postscale_factor)
-    return tensor.copy_(compression.decompress(wire, ctx)) if wire is not tensor else tensor
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -130,26 +111,29 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None,
     """The reduction of ``tensor`` across all workers, as a new tensor (differentiable);
     ``compression=Compression.fp16``: through 16 bits, back in the tensor's dtype."""
     op = _reduction(average, op)
-    if compression not in (None, Compression.none):
-        wire, ctx = compression.compress(tensor)
-        return compression.decompress(allreduce(wire, op=op, prescale_factor=prescale_factor,
-                                                postscale_factor=postscale_factor), ctx)
     _check_name(name)
     if tensor.requires_grad and torch.is_grad_enabled():
-        return _AllreduceGrad.apply(tensor, op, prescale_factor, postscale_factor)
-    return allreduce_(tensor.detach().clone(), name=name, op=op,
-                      prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+        return _AllreduceGrad.apply(tensor, op, prescale_factor, postscale_factor, compression)
+    return allreduce_async_(tensor.detach().clone(), name=name, op=op,
+                            prescale_factor=prescale_factor,
+                            postscale_factor=postscale_factor, compression=compression).wait()
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None,
                              prescale_factor=1.0, postscale_factor=1.0):
     """Start reducing a list of tensors in place, in one go; one Handle for all."""
-    op = _reduction(average, op)
+    return _grouped_async_(tensors, _reduction(average, op), name, prescale_factor,
+                           postscale_factor)
+
+
+def _grouped_async_(tensors, op, name, prescale_factor, postscale_factor, compression=None):
+    """grouped_allreduce_async_, each tensor through ``compression``."""
     _check_name(name)
+    backend, codec = world.backend(), _codec(compression)
 
     def reduce_all():
-        return [_scaled_allreduce_(t, op, prescale_factor, postscale_factor)
-                for t in tensors]
+        return [compressed.allreduce_(backend, t, op, codec, None, prescale_factor,
+                                      postscale_factor) for t in tensors]
     return _named(name, world.run(reduce_all))
 
 
@@ -174,11 +158,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
         _check_name(name)
         return [allreduce(t, average, None, compression, op, prescale_factor,
                           postscale_factor) for t in tensors]
-    compression = compression or Compression.none
-    wires, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
-    summed = grouped_allreduce_async(list(wires), average, name, op, prescale_factor,
-                                     postscale_factor).wait()
-    return [compression.decompress(t, ctx) for t, ctx in zip(summed, ctxs)]
+    return _grouped_async_([t.detach().clone() for t in tensors], _reduction(average, op),
+                           name, prescale_factor, postscale_factor, compression).wait()
 
 
 def sparse_allreduce_async(tensor, name=None, op=Average):
@@ -343,7 +324,7 @@ def _untag(value):
         if tag == 'dict' and isinstance(inner, list) and all(
                 isinstance(p, list) and len(p) == 2 for p in inner):
             return {_untag(k): _untag(v) for k, v in inner}
-    raise ValueError(f'not an encoded object: {str(value)[:100]}')
+    raise ValueError(f'not an encoded object: {clip(value, 100)}')
 
 
 def encode_object(obj):
@@ -457,16 +438,19 @@ class _AllreduceGrad(torch.autograd.Function):
     """y = reduce(x) over the workers; dL/dx = the same reduction of dL/dy."""
 
     @staticmethod
-    def forward(ctx, tensor, op, prescale_factor, postscale_factor):
+    def forward(ctx, tensor, op, prescale_factor, postscale_factor, compression):
         if op not in (ops.Sum, ops.Average):
             raise RuntimeError(f'allreduce: no gradient through {op.name}; use Sum or Average')
-        ctx.op, ctx.scale = op, prescale_factor * postscale_factor
-        return allreduce_(tensor.detach().clone(), op=op, prescale_factor=prescale_factor,
-                          postscale_factor=postscale_factor)
+        ctx.op, ctx.scale, ctx.compression = op, prescale_factor * postscale_factor, compression
+        return allreduce_async_(tensor.detach().clone(), op=op, prescale_factor=prescale_factor,
+                                postscale_factor=postscale_factor,
+                                compression=compression).wait()
 
     @staticmethod
     def backward(ctx, grad):
-        return allreduce_(grad.clone(), op=ctx.op, postscale_factor=ctx.scale), None, None, None
+        summed = allreduce_async_(grad.clone(), op=ctx.op, postscale_factor=ctx.scale,
+                                  compression=ctx.compression).wait()
+        return summed, None, None, None, None
 
 
 class _BroadcastGrad(torch.autograd.Function):

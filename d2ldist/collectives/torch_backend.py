@@ -1,42 +1,23 @@
 """The production backend: the same collectives on torch.distributed.
 
 gloo on CPU, NCCL when every worker has a GPU of its own (``choose``: the workers
-compare their GPUs' UUIDs). The rendezvous comes from the environment torchrun sets (and
-d2l-launch sets too): MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
-LOCAL_WORLD_SIZE. Started by mpirun or srun, the process fills them from that tool's
-own variables first (``runtime/started.py``). Rank 0 says in one line what was chosen
-and why: 'd2ldist: torch backend (gloo): 2 workers started by mpirun, CPU'.
+compare their GPUs' UUIDs). The rendezvous is torch.distributed's env://: torchrun's
+variables, which ``runtime/started.py`` fills from mpirun's or srun's own first. Rank 0
+says in one line what was chosen and why:
+'d2ldist: torch backend (gloo): 2 workers started by mpirun, CPU'.
 
-A reduce-scatter on gloo is one all-to-all, each worker adding up the parts it receives:
-torch.distributed's own ``reduce_scatter_single`` on gloo all-reduces the whole tensor
-and keeps a shard, twice the bytes. ``wire_bytes_sent()`` counts what gloo's connections
-carried, as the kernel counts it (``benchmarks/allreduce.py --reduce-scatter`` times both).
+* A reduce-scatter on gloo is one all-to-all, each worker adding up the parts it
+  receives (half the bytes of gloo's own); ``wire_bytes_sent()`` counts what gloo's
+  connections carried, as the kernel counts it.
+* Hangs and calls that disagree: ``--hang-fail`` becomes the process group's timeout
+  (and a monitored barrier on gloo), ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` compares the
+  ranks' calls.
+* ``hvd.join()``: the Horovod API's backend (``joinable``) begins each collective by
+  all-reducing (max) a few integers that say what it is (``_said``); a worker in join()
+  contributes zeros, learns the call from the result and takes part with the ring's
+  stand-in. The Trainer's 'torch' store makes its backend without it.
 
-Hangs and calls that disagree, with what torch.distributed offers (d2ldist's own
-detector, ``runtime/hang.py``, cannot see inside gloo or NCCL):
-
-* ``--hang-fail SECONDS`` becomes the process group's timeout: a collective that does
-  not complete fails after it, with gloo's message, which names no rank ('Timed out
-  waiting ... for recv operation'); a ``barrier()`` on gloo becomes a monitored
-  barrier: rank 0 fails naming the ranks that did not come ('Ranks 1 failed to pass
-  monitoredBarrier in 2000 ms'), the other ranks time out without names;
-* ``--env TORCH_DISTRIBUTED_DEBUG=DETAIL``: before each collective torch compares the
-  ranks' calls (operation, shapes, dtypes) and fails naming both ranks and their calls
-  ('Detected mismatch between collectives on ranks. Rank 1 is running collective:
-  ... TensorShape=[4] ..., but Rank 0 is running collective: ... TensorShape=[2]'),
-  at the price of one more small collective per call. The Horovod API's calls compare
-  themselves first (below), and every worker refuses a call that disagrees with d2ldist's
-  one line; torch's check is then for the Trainer's 'torch' store;
-* ``--hang-warn``: no warning; torch.distributed has none to give.
-
-``hvd.join()`` (a worker out of data) on torch.distributed: the backend of the Horovod
-API (``joinable``) begins each collective by all-reducing (max) a few integers that say
-what it is (``_said``); a worker in join() contributes zeros there, learns the call from
-the result and takes part with the ring's stand-in (zeros, the op's identity, no rows).
-With ``--hang-fail`` on gloo that all-reduce is preceded by the monitored barrier, which
-every worker (joined or not) enters, so a late worker is named there too.
-It costs one small all-reduce more per collective; the Trainer's 'torch' store, which
-has no join(), makes its backend without it.
+Each of these, and what it costs: docs/design/collectives.md.
 """
 import atexit
 import glob
@@ -44,7 +25,6 @@ import math
 import os
 import socket
 import struct
-import sys
 import time
 from datetime import timedelta
 
@@ -52,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from .. import config
+from ..lines import NAME, clip, say
 from ..runtime import started
 from ..runtime.hang import Disagree
 from ..runtime.split import even_slices
@@ -64,15 +45,6 @@ from .ring_backend import REFUSED, equal_shard, row_shape_code, stand_in
 # benchmarks call torch's own through these names too)
 REDUCE_SCATTER = getattr(dist, 'reduce_scatter_single', None) or dist.reduce_scatter_tensor
 ALL_GATHER = getattr(dist, 'all_gather_single', None) or dist.all_gather_into_tensor
-
-
-def rendezvous_env(env=os.environ):
-    """Fill torchrun's variables (RANK, ..., MASTER_PORT) where the tool that started this
-    process set its own (mpirun, srun: ``runtime/started.py``); who started it, a Start."""
-    start = started.detect(env)
-    for name, value in start.torchrun_env().items():
-        env.setdefault(name, value)
-    return start
 
 
 def _destroy():
@@ -216,7 +188,7 @@ def choose(gpus):
 
 def agree_on_gpus(store, rank, size, uuid):
     """Every worker's GPU UUID, rank by rank, exchanged through the rendezvous store."""
-    prefix = f'd2ldist/gpu/{os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")}/'
+    prefix = f'd2ldist/gpu/{started.restarts()}/'
     store.set(f'{prefix}{rank}', uuid or '-')
     return [v if v != '-' else '' for v in
             (store.get(f'{prefix}{r}').decode() for r in range(size))]
@@ -304,7 +276,7 @@ class TorchBackend:
     def _start(self):
         """Meet the others (torch.distributed's env:// rendezvous), agree on NCCL or gloo
         from every worker's GPU, start the process group; rank 0 says what it chose."""
-        start = rendezvous_env()
+        start = started.rendezvous_env()
         fail = config.get().hang_fail   # --hang-fail: a collective gives up after it
         timeout = timedelta(seconds=fail) if fail else None
         store, rank, size = next(dist.rendezvous(
@@ -320,8 +292,7 @@ class TorchBackend:
         # active exception', seen on a loaded machine).
         atexit.register(_destroy)
         if rank == 0:
-            print(f'd2ldist: torch backend ({kind}): {start.who}, {why}', file=sys.stderr,
-                  flush=True)
+            say(f'torch backend ({kind}): {start.who}, {why}', err=True)
 
     def allreduce_(self, tensor, op):
         self._say('allreduce_', tensor, op=op)
@@ -519,7 +490,7 @@ class TorchBackend:
             except RuntimeError as e:      # (gloo: 'Connection closed by peer ...')
                 raise RuntimeError('join(): a worker stopped while this one waited in it: '
                                    'every worker must call hvd.join() (torch.distributed: '
-                                   f'{str(e).strip().splitlines()[0][:200]})') from None
+                                   f'{clip(str(e).strip().splitlines()[0], NAME)})') from None
             if not heard[ACTIVE]:         # all are here: the last came in this round
                 return heard[FIRST] - 1
             code[FIRST] = 0

@@ -1,7 +1,7 @@
 """Which backend the collectives run on, and this worker's place among the workers.
 
 The job's state lives here and in ``runtime/node.py`` (the node), both made from the
-process's variables (``config.py``), nowhere else:
+process's variables (``config.py``; other tools' in ``runtime/started.py``), nowhere else:
 
 * ``init(backend)`` joins the job and chooses the backend: 'ring', d2ldist's own ring
   over the van (the default under d2l-launch; under another tool rank 0 hosts the
@@ -16,8 +16,6 @@ process's variables (``config.py``), nowhere else:
 Light on purpose: ``init`` alone does not load torch (a script that only passes
 messages starts fast); torch loads with the first collective.
 """
-import os
-
 from .. import config
 from ..runtime import node, started
 from . import backend as backends
@@ -138,18 +136,18 @@ def size():
 
 def local_rank():
     """This worker's rank among the workers on its machine."""
-    return int(os.environ.get('LOCAL_RANK', os.environ.get('SLURM_LOCALID', 0)))
+    return started.local_rank()
 
 
 def local_size():
     """The number of workers on this machine."""
-    return int(os.environ.get('LOCAL_WORLD_SIZE', '1'))
+    return started.local_size()
 
 
 def cross_rank():
     """The index of this worker's machine among the machines with workers (Horovod's)."""
     cross = config.get().cross_rank
-    return int(os.environ.get('GROUP_RANK', 0)) if cross is None else cross
+    return started.group_rank() if cross is None else cross
 
 
 def cross_size():
@@ -174,52 +172,6 @@ def shutdown():
         if dist.is_initialized():
             dist.destroy_process_group()
     _name = _backend = _engine = None
-
-
-def nccl_built():
-    """NCCL's version code, as Horovod's (2.18.3: 21803), where torch.distributed has NCCL
-    and a GPU is usable (backend 'torch' on GPUs); else 0."""
-    import torch
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_nccl_available() and cuda_built()):
-        return 0
-    return nccl_code(torch.cuda.nccl.version())
-
-
-def nccl_code(version):
-    """NCCL's NCCL_VERSION_CODE for (major, minor, patch): before 2.9 1000/100/1, then
-    10000/100/1 (2.8.4: 2804, 2.18.3: 21803)."""
-    major, minor, patch = version[:3]
-    return major * (1000 if major <= 2 and minor <= 8 else 10000) + minor * 100 + patch
-
-
-def cuda_built():
-    """Whether torch has CUDA and a GPU is usable here (Horovod: built with CUDA)."""
-    import torch
-    return torch.version.cuda is not None and torch.cuda.is_available()
-
-
-def ccl_built():
-    """d2ldist does not use oneCCL (False, as Horovod built without it)."""
-    return False
-
-
-def ddl_built():
-    """d2ldist does not use IBM's DDL (False, as Horovod built without it)."""
-    return False
-
-
-def gloo_built():
-    import torch.distributed as dist
-    return dist.is_available() and dist.is_gloo_available()
-
-
-def mpi_built():
-    """d2ldist does not use MPI (False), as Horovod answers when built without it."""
-    return False
-
-
-mpi_enabled = mpi_built
 
 
 def barrier():

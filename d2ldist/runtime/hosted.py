@@ -16,7 +16,6 @@ reads the same D2L_JOB_SECRET, or fails in one line saying so.
 """
 import atexit
 import ctypes
-import os
 import signal
 import socket
 import subprocess
@@ -24,7 +23,8 @@ import sys
 import threading
 
 from .. import config
-from .started import StartError
+from ..lines import say
+from .started import StartError, child_env
 
 
 
@@ -50,7 +50,7 @@ def meeting_place(start):
 
 def start_scheduler(start, address, port, secret):
     """Start the job's scheduler as this process's child; return once it listens."""
-    env = dict(os.environ, PYTHONUNBUFFERED='1', **config.env(
+    env = child_env(PYTHONUNBUFFERED='1', **config.env(
         role='scheduler', num_worker=start.size, num_server=0, job_secret=secret,
         scheduler_uri=address, scheduler_port=port))
     scheduler = subprocess.Popen([sys.executable, '-m', 'd2ldist.runtime.scheduler'],
@@ -62,8 +62,8 @@ def start_scheduler(start, address, port, secret):
         said = ready.strip().removeprefix('d2ldist.scheduler: ') or 'it ended'
         raise StartError(f'{start.who}: rank 0 cannot host the scheduler at '
                          f'{address}:{port}: {said}')
-    print(f"d2ldist: ring backend: {start.who}; rank 0 hosts the scheduler at "
-          f'tcp://{address}:{port}', file=sys.stderr, flush=True)
+    say(f'ring backend: {start.who}; rank 0 hosts the scheduler at tcp://{address}:{port}',
+        err=True)
     threading.Thread(target=_copy, args=(scheduler.stdout,), daemon=True).start()
     atexit.register(_wait_for, scheduler)    # (before the node's goodbye: runs after it)
 

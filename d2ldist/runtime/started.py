@@ -1,7 +1,7 @@
 """Who started this process, and its place among the processes started with it.
 
-A d2ldist script runs unchanged under any of the tools that start N copies of a
-program; each tells its processes their rank and number in variables of its own:
+A d2ldist script runs unchanged under any tool that starts N copies of a program; each
+tells its processes their rank and number in variables of its own:
 
     tool          rank, size                               local rank, local size
     d2l-launch    RANK, WORLD_SIZE (and D2L_*)             LOCAL_RANK, LOCAL_WORLD_SIZE
@@ -10,14 +10,11 @@ program; each tells its processes their rank and number in variables of its own:
                   PMI_RANK, PMI_SIZE (MPICH, Intel MPI)    MPI_LOCALRANKID, MPI_LOCALNRANKS
     srun          SLURM_PROCID, SLURM_NTASKS (in a step)   SLURM_LOCALID, SLURM_TASKS_PER_NODE
 
-``detect()`` reads them into a ``Start``. The processes then meet where rank 0 listens
-(torch.distributed's rendezvous, ``collectives/torch_backend.py``): at MASTER_ADDR and
-MASTER_PORT when they are set (torchrun and d2l-launch set them); else, under srun, at
-the first host of the step's node list (``node[01-04,07]`` -> node01); under mpirun with
-every process on this host, at 127.0.0.1; the port is MASTER_PORT, or DEFAULT_PORT
-(29500, torchrun's default). A process started as one of several never runs as a job of
-one: where the place to meet cannot be found, ``Start.rendezvous()`` raises
-``StartError`` naming what is missing, which ends the process in one line.
+``detect()`` reads them into a ``Start``; ``Start.rendezvous()`` says where rank 0
+listens, or raises ``StartError`` naming what is missing. This module is the one place
+that reads (and, for torch.distributed's env://, fills) other tools' variables: the
+collectives ask it (``local_rank``, ``group_rank``, ``restarts``, ``rendezvous_env``).
+Where the processes meet, and why: docs/design/collectives.md.
 
     >>> s = detect({'OMPI_COMM_WORLD_RANK': '1', 'OMPI_COMM_WORLD_SIZE': '2',
     ...             'OMPI_COMM_WORLD_LOCAL_RANK': '1', 'OMPI_COMM_WORLD_LOCAL_SIZE': '2'})
@@ -99,6 +96,40 @@ def detect(env=os.environ, cfg=None):
     except ValueError as e:
         raise StartError(str(e)) from None
     return Start(addr='127.0.0.1', port=_port(env) if 'MASTER_PORT' in env else 0)
+
+
+def local_rank(env=os.environ):
+    """This process's rank among those on its host: LOCAL_RANK, else srun's SLURM_LOCALID; 0."""
+    return int(env.get('LOCAL_RANK', env.get('SLURM_LOCALID', 0)))
+
+
+def local_size(env=os.environ):
+    """The number of processes on this host: LOCAL_WORLD_SIZE; 1."""
+    return int(env.get('LOCAL_WORLD_SIZE', '1'))
+
+
+def group_rank(env=os.environ):
+    """This host's index among the job's hosts: torchrun's GROUP_RANK; 0."""
+    return int(env.get('GROUP_RANK', 0))
+
+
+def restarts(env=os.environ):
+    """How many times torchrun has restarted the job, as it writes it: '0' at first."""
+    return env.get('TORCHELASTIC_RESTART_COUNT', '0')
+
+
+def rendezvous_env(env=os.environ):
+    """Fill torchrun's variables (RANK, ..., MASTER_PORT), which torch.distributed's env://
+    reads, where the tool that started this process set its own (mpirun, srun); the Start."""
+    start = detect(env)
+    for name, value in start.torchrun_env().items():
+        env.setdefault(name, value)
+    return start
+
+
+def child_env(**names):
+    """This process's variables with ``names`` added: a child's (the scheduler rank 0 hosts)."""
+    return dict(os.environ, **names)
 
 
 def _number(env, name, default=None):

@@ -1,49 +1,27 @@
 """The store interface the Trainer talks to, and the stores that are all-reduces.
 
-A *store* holds one value per key (here: one tensor per parameter of the
-network, keys 0, 1, 2, ...) and is shared by all workers. What the Trainer needs:
+A *store* holds one value per key (one tensor per parameter of the network) and is
+shared by all workers. What the Trainer needs of every store:
 
 - ``rank``, ``num_workers``: this worker's place in the job;
-- ``init(keys, values)`` then ``pull(keys, out=values)``: start every worker
-  from rank 0's values;
-- ``pushpull(keys, values, out)``: push this worker's values and pull back the
-  sum over all workers into ``out`` (an all-reduce; ``out`` may be ``values``).
-  The Trainer's values are views of one flat buffer, in key order
-  (``trainer.flat_grads``), so a ring all-reduces that buffer at once;
-- optionally ``device``: where the store sums (the CPU unless said otherwise; 'torch'
-  on NCCL: the worker's GPU; None: anywhere, as the ring alone, which sums nothing); the
-  Trainer keeps ``flat_grads`` there (None: on its first device);
-- ``init(keys, values, optimizer=False)`` for keys that are not weights (the
-  BatchNorm statistics the Trainer shares): a store that runs an optimizer must
-  not apply it to them, only sum (or, asynchronous, add) their pushes;
-- optionally ``allreduce_async_(tensor, after)``: start summing one slice of that
-  buffer (once the CUDA event ``after``, if any, has happened) and return a handle to
-  ``wait()`` on; the Trainer then starts the slices (buckets) during backward instead
-  of calling ``pushpull``.
+- ``init(keys, values)`` then ``pull(keys, out=values)``: start from rank 0's values;
+  ``init(keys, values, optimizer=False)`` for keys that are not weights (only summed);
+- ``pushpull(keys, values, out)``: the sum over all workers into ``out``;
+- optionally ``device`` (where it sums) and ``allreduce_async_(tensor, after)`` (start
+  summing one bucket during backward; a handle to ``wait()`` on).
 
-A store that can also run the optimizer itself (a parameter server does: the
-servers update the weights they hold) has more; the Trainer then pushes
-gradients and pulls back weights:
+A store that runs the optimizer itself (a parameter server) also has
+``set_optimizer``, ``push`` and ``pull`` (the two halves of a round), ``set_learning_rate``,
+``is_async`` and ``init(keys, values, optimizer=False, compress=True)``. Each is spelled
+out in docs/design/training.md.
 
-- ``set_optimizer(name, **hyper)``: the update rule, e.g. ``('sgd', lr=0.1)``
-  (a name and numbers in torch.optim's names, so it can cross the network without
-  pickling code);
-- ``push(keys, values)`` and ``pull(keys, out)``: the two halves of a round,
-  so that sending the gradients and waiting for the new weights are timed
-  apart; ``pull`` returns the weights after all workers' gradients are applied;
-- ``set_learning_rate(lr)``, for learning-rate schedules (optimizer states stay);
-- ``is_async``: True if each worker's push updates the weights on its own
-  (dist_async) instead of being summed with the others';
-- ``init(keys, values, optimizer=False, compress=True)``: how a Trainer that updates the
-  weights itself (``update_on_kvstore=False``) makes its keys in such a store: summed
-  only, whatever optimizer another Trainer sets, and still compressed.
-
-The stores: ``d2ldist.kv.create(kind)`` for 'local' (one process) and the
-parameter server ('dist_sync', 'dist_async', 'dist_sync_device'); here
-``AllreduceStore`` for 'ring' (d2ldist's ring) and 'torch' (torch.distributed).
+The stores: ``d2ldist.kv.create(kind)`` for 'local' (one process) and the parameter
+server ('dist_sync', 'dist_async', 'dist_sync_device'); here ``AllreduceStore`` for
+'ring' (d2ldist's ring) and 'torch' (torch.distributed).
 """
 import torch
 
+from ..collectives import compressed, ops
 from ..collectives.engine import Handle
 from ..runtime.staging import staged
 from ..runtime import compression
@@ -52,16 +30,11 @@ from ..runtime import compression
 class AllreduceStore:
     """kvstore='ring' or 'torch': no servers; the workers all-reduce the gradients.
 
-    'ring' is d2ldist's ring all-reduce (``d2ldist/collectives/ring.py``);
-    'torch' is ``torch.distributed.all_reduce`` on gloo (CPU) or NCCL (GPUs).
-    Both sum the Trainer's flat gradient buffer in step 4; then every worker
-    applies the same optimizer step to the same sum (step 5), so the weights
-    stay identical without being sent. This is what DistributedDataParallel
-    does too, and like DDP the Trainer starts all-reducing buckets of gradients
-    while backward is still running (``allreduce_async_``). But DDP wraps one
-    replica per process -- it cannot drive the several replicas of a worker the
-    Trainer keeps. So 'torch' is torch.distributed's all-reduce in step 4, and
-    ``benchmarks/train_throughput.py`` measures both against real DDP.
+    'ring' is d2ldist's ring all-reduce (``d2ldist/collectives/ring.py``); 'torch' is
+    ``torch.distributed.all_reduce`` on gloo (CPU) or NCCL (GPUs). Both sum the Trainer's
+    flat gradient buffer in step 4; then every worker applies the same optimizer step to
+    the same sum (step 5), as DistributedDataParallel does (why not DDP itself:
+    docs/design/training.md).
     """
 
     def __init__(self, kind='ring'):
@@ -124,8 +97,9 @@ class AllreduceStore:
     def pushpull(self, keys, values, out):
         """Sum values over all workers into out: one all-reduce of the flat buffer
         (through the codec, unless the keys were made with ``optimizer=False``)."""
+        codec = None if self._plain.intersection(keys) else self._codec
         with staged(values, self.device or values[0].device) as flat:
-            self._run(self._allreduce_, flat, not self._plain.intersection(keys)).wait()
+            self._run(compressed.allreduce_, self._backend, flat, ops.Sum, codec).wait()
         for v, o in zip(values, out):
             if o is not v:
                 o.copy_(v)
@@ -139,20 +113,8 @@ class AllreduceStore:
         ``after``: a CUDA event recorded behind the copies that fill ``tensor`` from a
         GPU; the thread that sums waits for it, so backward's thread never does.
         """
-        return self._run(self._allreduce_, tensor, True, after)
-
-    def _allreduce_(self, tensor, coded, after=None):
-        """On the thread that sums (once ``after`` has happened): the sum over all
-        workers, in place; through 16 bits if ``coded`` and compression is on (cast,
-        all-reduce, cast back). (Its name is the timeline's: 'allreduce'.)"""
-        from ..collectives import ops
-        if after is not None:
-            after.synchronize()         # step 3's copies from the GPU have landed
-        if self._codec is None or not coded:
-            return self._backend.allreduce_(tensor, ops.Sum)
-        wire, ctx = self._codec.compress(tensor)
-        self._backend.allreduce_(wire, ops.Sum)
-        return tensor.copy_(self._codec.decompress(wire, ctx))
+        return self._run(compressed.allreduce_, self._backend, tensor, ops.Sum, self._codec,
+                         after)
 
     def barrier(self):
         self._run(self._backend.barrier).wait()

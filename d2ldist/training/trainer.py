@@ -11,54 +11,15 @@ Every batch, on every worker (one machine with several devices):
 6. the weights are copied to one device;
 7. and from there broadcast to all devices.
 
-``train_batch`` does step 1, ``Trainer.step`` steps 2 to 7, on one page; each step
-is timed (``trainer.step_times``). The store is anything with the small interface of
-``training/stores.py``; ``create_store`` makes them by name:
+``train_batch`` does step 1, ``Trainer.step`` steps 2 to 7, on one page; each step is
+timed (``trainer.step_times``). The store is anything with the small interface of
+``training/stores.py`` ('local', 'dist_sync', 'dist_async', 'ring', 'torch', ...:
+``create_store``). With 'ring' and 'torch' the Trainer overlaps: backward's hook runs
+steps 2 and 3 of each gradient (``_gradient_ready``) and starts a full bucket's
+all-reduce, step 4 (``_start_bucket``), while backward computes the earlier layers.
 
-- 'local': one process (``d2ldist.kv``'s local store, which runs the optimizer);
-- 'dist_sync', 'dist_async': the parameter server -- step 4 pushes the gradients,
-  the servers update the weights, step 5 pulls them (async: each push alone);
-- 'dist_sync_device': the same as dist_sync here, because step 2 always sums on
-  ``devices[0]`` (on the GPU when there are GPUs); the name matters when a
-  ``d2ldist.kv`` store is given the device copies itself;
-- 'ring' and 'torch': no servers -- step 4 all-reduces the flat gradient buffer
-  (d2ldist's ring, or torch.distributed on gloo/NCCL) and in step 5 every worker
-  applies the same optimizer step to the same sum.
-
-Overlap: with 'ring' and 'torch' the Trainer does not wait for backward to end.
-The gradients go into buckets (``collectives/buckets.py``'s ``BackwardBuckets``, as
-DistributedDataParallel's and Horovod's), last layers first; a hook runs steps 2 and 3
-for each gradient the moment backward has produced it on every device, and a full
-bucket's all-reduce (step 4) starts while backward computes the earlier layers.
-``step`` then only waits for the buckets still running. Each step's time counts its
-own work, wherever it ran (step 1 does not count the hooks' steps 2 to 4).
-``overlap=False`` runs the steps one after the other, as with the parameter server.
-
-Where the buffers live. ``flat_grads`` is where the store sums: host memory (pinned
-when there are GPUs, so step 3's copies do not block), or the GPU itself for 'torch' on
-NCCL, which sums there, and for a ring of one worker, which sums nothing. ``flat_weights``
-is where the update runs: host memory that the servers' new weights are pulled into,
-when the store updates; ``devices[0]`` when the Trainer updates ('ring', 'torch', ...: on
-a GPU, as DDP's optimizer runs), and then the weights of the network on ``devices[0]``
-are views of it, so step 6 has nothing to copy (on the CPU that is always so). From a
-GPU through the host, overlap keeps the GPU busy: backward's hook only queues a bucket's
-copies down and a CUDA event behind them (the communication thread waits for the event,
-not backward), and step 4 sends each bucket's sum back up as soon as it is in, while
-the next is still being summed.
-
-BatchNorm: each replica normalizes its own slice with that slice's statistics
-(as MXNet and DistributedDataParallel do without synchronized BatchNorm); its
-running mean and variance (buffers, not parameters: no gradient, no optimizer)
-are updated from that slice alone. Left so, every worker would evaluate the same
-weights with statistics of its own data, and the workers would report different
-test accuracies. So step 7 also shares the running statistics: it averages them
-over the replicas (on the first device), then over the workers through the store
--- one more key, ``'trainer0.buffers'``, the floating-point buffers in one flat tensor,
-which the servers' optimizer does not touch -- and gives the result to every
-replica. With a synchronous store all workers then hold the same statistics, as
-they hold the same weights, and report the same test accuracy (with dist_async
-neither weights nor statistics are ever quite the same on two workers). Why
-averaging: see the Trainer's docstring.
+Why each step is where it is (the stores, overlap, where the buffers live, BatchNorm's
+statistics): docs/design/training.md.
 """
 import copy
 import itertools
@@ -74,6 +35,7 @@ from ..kv import optimizers
 from ..kv.optimizers import ON_SERVERS, torch_names
 from ..kv.worker import sum_copies
 from .devices import split_and_load
+from .statistics import RunningStatistics
 from .stores import create_store
 
 
@@ -96,31 +58,15 @@ STEPS = {1: Step('forward and backward on each device', '1 forward, backward'),
 class Trainer:
     """Trains the replicas of net on devices through a key-value store (after gluon.Trainer).
 
-    ``net`` itself becomes the replica on ``devices[0]``; the other replicas are
-    deep copies. The arguments are checked at once; the store is filled at the first
-    step (``init()``, as gluon's Trainer does), and each Trainer has keys of its own
-    ('trainer0.0', 'trainer0.1', ...), so Trainers can share a store (updating in the
-    store, they must use the same optimizer: it runs for every key). With a store that
-    runs the optimizer (``set_optimizer``) the update happens in the store; otherwise
-    the store only sums the gradients and every worker applies the same update to the
-    same sum. ``overlap``: start the all-reduce of finished buckets of about
-    ``bucket_cap_mb`` during backward (stores with ``allreduce_async_``: 'ring',
-    'torch'). ``compression_params`` (gluon's): the gradients through 2 bits
-    (``{'type': '2bit', 'threshold': 0.5}``, parameter servers) or 16
-    (``{'type': 'fp16'}``, every store; see ``runtime/compression.py``).
-
-    BatchNorm statistics (step 7) are averaged over all replicas of all workers
-    rather than broadcast from rank 0 (DistributedDataParallel's way): the mean of
-    the replicas' moving averages is the moving average of all replicas' batch
-    statistics (the update is linear), so it follows every example of the job where
-    rank 0's follow 1/N of them; it is what step 7 already did for the replicas of
-    one worker, so N workers with D devices each keep the statistics of one process
-    with N*D replicas; and it fits every store: the parameter server sums a pushed
-    1/N share of each worker's statistics (dist_sync), or adds each worker's change
-    on arrival, like a gradient (dist_async: nobody waits for anybody), and 'ring'
-    and 'torch' all-reduce them. It costs one small round trip per step (ResNet-18:
-    7,808 numbers, 31 KB, against 45 MB of gradients), timed in step 7. Integer
-    buffers (``num_batches_tracked``) stay local: every worker counts the same steps.
+    ``net`` itself becomes the replica on ``devices[0]``; the other replicas are deep
+    copies. The store is filled at the first step (``init()``), and each Trainer has keys
+    of its own ('trainer0.0', 'trainer0.1', ...), so Trainers can share a store. With a
+    store that runs the optimizer (``set_optimizer``) the update happens in the store;
+    otherwise every worker applies the same update to the same sum. ``overlap``: start
+    the all-reduce of finished buckets of about ``bucket_cap_mb`` during backward ('ring',
+    'torch'). ``compression_params`` (gluon's): ``{'type': '2bit', 'threshold': 0.5}``
+    (parameter servers) or ``{'type': 'fp16'}`` (every store). Step 7 averages BatchNorm's
+    running statistics over all replicas of all workers (why: docs/design/training.md).
     """
 
     def __init__(self, net, optimizer='sgd', optimizer_params=None, kvstore='local',
@@ -140,11 +86,12 @@ class Trainer:
         # every worker, they number themselves alike).
         self.name = f'trainer{next(Trainer._made)}'
         self.keys = [f'{self.name}.{i}' for i in range(len(self.params[0]))]
+        self._statistics = RunningStatistics(self.buffers, self.store, f'{self.name}.buffers')
         self.optimizer_params = torch_names(optimizer_params)   # torch.optim's, from here on
         self._optimizer_name = optimizer
         # One tensor per key, all views of one flat buffer (which a ring can all-reduce
         # in one go): step 3 lands in the gradients, step 5 in the weights. Where each
-        # buffer lives: see the module's docstring.
+        # buffer lives: docs/design/training.md.
         if len({p.dtype for p in self.params[0]}) != 1:
             raise ValueError('all parameters must have the same dtype')
         numels = [p.numel() for p in self.params[0]]
@@ -208,7 +155,7 @@ class Trainer:
                 raise ValueError(f'the store already runs {held[0]} {held[1]} for another '
                                  f'Trainer: give this one its own store, the same optimizer, '
                                  'or update_on_kvstore=False')
-        self._init_buffers()
+        self._statistics.init()
         self._copy_to_device()                    # steps 6 and 7, without the workers:
         self._broadcast(over_workers=False)       # the store gave every worker rank 0's
         self._initialized = True
@@ -224,55 +171,6 @@ class Trainer:
                              f'use an optimizer they know ({", ".join(ON_SERVERS)}) and '
                              'update_on_kvstore=True')
         return update_on_kvstore
-
-    @property
-    def initialized(self):
-        """Whether the store has the weights (the first step, or init(), has run)."""
-        return self._initialized
-
-    @property
-    def learning_rate(self):
-        return self.optimizer_params.get('lr')
-
-    def optimizer_states(self):
-        """The optimizer's states (momenta, ...), wherever it runs: on the servers (the
-        store gathers them; ask on rank 0 only) or here. Tensors and numbers only."""
-        if self.update_on_kvstore:        # by parameter index: the keys' names may differ
-            held = self.store.optimizer_states()
-            return {'on': 'store', 'optimizer': held['optimizer'], 'states': {
-                i: held['states'][k] for i, k in enumerate(self.keys) if k in held['states']}}
-        return {'on': 'worker', 'states': self._optimizer.state_dict()}
-
-    def set_optimizer_states(self, data):
-        """Take back what optimizer_states() gave, after init(); every worker calls it
-        (on the servers, rank 0's ``data`` is sent)."""
-        if self.update_on_kvstore:
-            self.store.set_optimizer_states(data and {'optimizer': data['optimizer'], 'states': {
-                self.keys[i]: state for i, state in data['states'].items()}})
-        else:
-            self._optimizer.load_state_dict(data['states'])
-
-    def compression_residuals(self):
-        """What 2-bit gradient compression has kept back on this worker, by parameter
-        index ({} without it): a resumed job needs them to go on bit for bit."""
-        held = self.store.compression_residuals() \
-            if hasattr(self.store, 'compression_residuals') else {}
-        return {i: held[k] for i, k in enumerate(self.keys) if k in held}
-
-    def set_compression_residuals(self, data):
-        """Take back what compression_residuals() gave."""
-        if data:
-            self.store.set_compression_residuals({self.keys[i]: r for i, r in data.items()})
-
-    def set_learning_rate(self, lr):
-        """Change the learning rate of the optimizer, wherever it runs (states stay)."""
-        self.optimizer_params['lr'] = lr
-        if self.update_on_kvstore:
-            if self._initialized:            # (else init() sends it with the optimizer)
-                self.store.set_learning_rate(lr)
-        else:
-            for group in self._optimizer.param_groups:
-                group['lr'] = lr
 
     def step(self, batch_size):
         """Steps 2 to 7: update every replica with the mean gradient of all workers' examples.
@@ -312,6 +210,26 @@ class Trainer:
         grads += [ps[i].grad for ps in self.params[1:] if ps[i].grad is not None]
         return sum_copies(grads, into_first=True)
 
+    def _gradient_ready(self, i):
+        """With overlap, when backward has produced gradient i on every device: its steps
+        2 and 3, now (``BackwardBuckets`` then starts its bucket's step 4 if complete)."""
+        with self.timed(2, count=False):
+            g = self._sum_replicas(i)                          # 2. (step 5 scales it)
+        with self.timed(3, count=False):
+            staging.copy_([self._grads[i]], [g], wait=False)   # 3. (the summing thread waits)
+
+    def _start_bucket(self, b, indices):
+        """Step 4 for one bucket: start all-reducing its slice of flat_grads (from a GPU,
+        once step 3's copies have landed: the thread that sums waits for them, backward
+        goes on)."""
+        with self.timed(4, count=False):
+            landed = None
+            if self.devices[0].type == 'cuda' and self.flat_grads.device.type == 'cpu':
+                landed = torch.cuda.Event()      # behind the copies to the host, in order
+                landed.record(torch.cuda.current_stream(self.devices[0]))
+            return self.store.allreduce_async_(self.flat_grads[self._span(indices)],
+                                               after=landed)
+
     def _push(self):
         """Step 4: push the gradients to the store, which sums them over all workers (and
         runs the optimizer, if it updates). With overlap: wait for the buckets' all-reduces."""
@@ -323,6 +241,17 @@ class Trainer:
             self.store.push(self.keys, self._grads)
         else:
             self.store.pushpull(self.keys, self._grads, out=self._grads)
+
+    def _bucket_summed(self, b, indices):
+        """When a bucket's sum is in (step 4 waits for it): from the host on to the GPU
+        the weights are on, while the next bucket is still being summed."""
+        if self._grads_up is not None:
+            span = self._span(indices)
+            self._grads_up[span].copy_(self.flat_grads[span], non_blocking=True)
+
+    def _span(self, indices):
+        """The slice of flat_grads that holds parameters min(indices)..max(indices)."""
+        return slice(self._offsets[min(indices)], self._offsets[max(indices) + 1])
 
     def _update(self, scale):
         """Step 5: the summed gradients update the weights; the new weights come back."""
@@ -355,83 +284,10 @@ class Trainer:
         for r in range(1, len(self.replicas)):
             for p, p0 in zip(params[r], params[0]):
                 p.copy_(p0, non_blocking=True)
-        self._average_buffers(over_workers)
+        self._statistics.average(over_workers)
         for r in range(1, len(self.replicas)):
             for b, b0 in zip(buffers[r], buffers[0]):
                 b.copy_(b0, non_blocking=True)
-
-    def _gradient_ready(self, i):
-        """With overlap, when backward has produced gradient i on every device: its steps
-        2 and 3, now (``BackwardBuckets`` then starts its bucket's step 4 if complete)."""
-        with self.timed(2, count=False):
-            g = self._sum_replicas(i)                          # 2. (step 5 scales it)
-        with self.timed(3, count=False):
-            staging.copy_([self._grads[i]], [g], wait=False)   # 3. (the summing thread waits)
-
-    def _start_bucket(self, b, indices):
-        """Step 4 for one bucket: start all-reducing its slice of flat_grads (from a GPU,
-        once step 3's copies have landed: the thread that sums waits for them, backward
-        goes on)."""
-        with self.timed(4, count=False):
-            landed = None
-            if self.devices[0].type == 'cuda' and self.flat_grads.device.type == 'cpu':
-                landed = torch.cuda.Event()      # behind the copies to the host, in order
-                landed.record(torch.cuda.current_stream(self.devices[0]))
-            return self.store.allreduce_async_(self.flat_grads[self._span(indices)],
-                                               after=landed)
-
-    def _bucket_summed(self, b, indices):
-        """When a bucket's sum is in (step 4 waits for it): from the host on to the GPU
-        the weights are on, while the next bucket is still being summed."""
-        if self._grads_up is not None:
-            span = self._span(indices)
-            self._grads_up[span].copy_(self.flat_grads[span], non_blocking=True)
-
-    def _span(self, indices):
-        """The slice of flat_grads that holds parameters min(indices)..max(indices)."""
-        return slice(self._offsets[min(indices)], self._offsets[max(indices) + 1])
-
-    def _init_buffers(self):
-        """The host copy of the floating-point buffers (BatchNorm's running means and
-        variances), one flat tensor; with several workers, rank 0's, from the store."""
-        b0 = self.buffers[0]
-        self._floats = [i for i, b in enumerate(b0) if b.is_floating_point()]
-        self._share = self.store.num_workers > 1 and bool(self._floats)
-        if not self._share:
-            return
-        if len({b0[i].dtype for i in self._floats}) != 1:
-            raise ValueError('all floating-point buffers must have the same dtype')
-        self.flat_buffers = torch.cat([b0[i].detach().reshape(-1).cpu() for i in self._floats])
-        self._host_buffers = [v.view_as(b0[i]) for v, i in zip(
-            self.flat_buffers.split([b0[i].numel() for i in self._floats]), self._floats)]
-        self._buffers_key = f'{self.name}.buffers'   # the BatchNorm statistics of all workers
-        self.store.init([self._buffers_key], [self.flat_buffers], optimizer=False)
-        self.store.pull([self._buffers_key], out=[self.flat_buffers])
-        self._pulled_buffers = self.flat_buffers.clone()    # what the store held last
-        with torch.no_grad():
-            for h, i in zip(self._host_buffers, self._floats):
-                b0[i].copy_(h)
-
-    def _average_buffers(self, over_workers):
-        """In step 7: the mean of the replicas' running statistics, on the first device;
-        over_workers: then the mean over all workers', through the store."""
-        buffers, floats = self.buffers, self._floats
-        if len(self.replicas) > 1:
-            for i in floats:
-                b0 = buffers[0][i]
-                b0.copy_(torch.stack([b[i].to(b0.device) for b in buffers]).mean(0))
-        if not (over_workers and self._share):
-            return
-        for h, i in zip(self._host_buffers, floats):
-            h.copy_(buffers[0][i])
-        if getattr(self.store, 'is_async', False):
-            self.flat_buffers.sub_(self._pulled_buffers)    # servers add each worker's change
-        else:
-            self.flat_buffers.div_(self.store.num_workers)  # the store sums the N shares
-        self.store.pushpull([self._buffers_key], [self.flat_buffers], out=[self.flat_buffers])
-        self._pulled_buffers.copy_(self.flat_buffers)
-        for h, i in zip(self._host_buffers, floats):
-            buffers[0][i].copy_(h, non_blocking=True)
 
     @contextmanager
     def timed(self, step, count=True):
@@ -474,6 +330,55 @@ class Trainer:
         dashboard labels its bars with the keys, in this order.
         """
         return {STEPS[s].label: t for s, t in self.step_times.items() if t is not None}
+
+    @property
+    def initialized(self):
+        """Whether the store has the weights (the first step, or init(), has run)."""
+        return self._initialized
+
+    @property
+    def learning_rate(self):
+        return self.optimizer_params.get('lr')
+
+    def set_learning_rate(self, lr):
+        """Change the learning rate of the optimizer, wherever it runs (states stay)."""
+        self.optimizer_params['lr'] = lr
+        if self.update_on_kvstore:
+            if self._initialized:            # (else init() sends it with the optimizer)
+                self.store.set_learning_rate(lr)
+        else:
+            for group in self._optimizer.param_groups:
+                group['lr'] = lr
+
+    def optimizer_states(self):
+        """The optimizer's states (momenta, ...), wherever it runs: on the servers (the
+        store gathers them; ask on rank 0 only) or here. Tensors and numbers only."""
+        if self.update_on_kvstore:        # by parameter index: the keys' names may differ
+            held = self.store.optimizer_states()
+            return {'on': 'store', 'optimizer': held['optimizer'], 'states': {
+                i: held['states'][k] for i, k in enumerate(self.keys) if k in held['states']}}
+        return {'on': 'worker', 'states': self._optimizer.state_dict()}
+
+    def set_optimizer_states(self, data):
+        """Take back what optimizer_states() gave, after init(); every worker calls it
+        (on the servers, rank 0's ``data`` is sent)."""
+        if self.update_on_kvstore:
+            self.store.set_optimizer_states(data and {'optimizer': data['optimizer'], 'states': {
+                self.keys[i]: state for i, state in data['states'].items()}})
+        else:
+            self._optimizer.load_state_dict(data['states'])
+
+    def compression_residuals(self):
+        """What 2-bit gradient compression has kept back on this worker, by parameter
+        index ({} without it): a resumed job needs them to go on bit for bit."""
+        held = self.store.compression_residuals() \
+            if hasattr(self.store, 'compression_residuals') else {}
+        return {i: held[k] for i, k in enumerate(self.keys) if k in held}
+
+    def set_compression_residuals(self, data):
+        """Take back what compression_residuals() gave."""
+        if data:
+            self.store.set_compression_residuals({self.keys[i]: r for i, r in data.items()})
 
 
 def train_batch(X, y, net, loss, trainer, devices):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import d2ldist.horovod as hvd
-from d2ldist.collectives import api, world
+from d2ldist.collectives import api
 
 
 @pytest.mark.parametrize('obj', [
@@ -40,9 +40,9 @@ def test_anything_else_on_the_wire_is_refused(data):
 
 
 def test_nccl_version_code_as_horovod_encodes_it():
-    assert world.nccl_code((2, 18, 3)) == 21803
-    assert world.nccl_code((2, 8, 4)) == 2804
-    assert world.nccl_code((2, 9, 6)) == 20906
+    assert hvd._nccl_code((2, 18, 3)) == 21803
+    assert hvd._nccl_code((2, 8, 4)) == 2804
+    assert hvd._nccl_code((2, 9, 6)) == 20906
 
 
 def test_what_was_built():
@@ -56,7 +56,7 @@ def test_what_was_built():
         assert face.ccl_built() is False and face.ddl_built() is False
         assert face.cuda_built() == gpu
     if gpu and torch.distributed.is_nccl_available():
-        assert hvd.nccl_built() == world.nccl_code(torch.cuda.nccl.version())
+        assert hvd.nccl_built() == hvd._nccl_code(torch.cuda.nccl.version())
 
 
 def test_a_name_is_taken_until_its_handle_is_waited_for():
