@@ -83,19 +83,11 @@ class Link:
         """Start collective ``call`` on ``numel`` values. Its first chunk to the right
         carries ``call`` and ``replay`` (what a worker in join() needs to take part);
         ``root``: a broadcast's, which must not be in join()."""
-        if self.node.round != self.round:     # the membership changed: make a new Ring
-            self._put_back(self._newer)
-            raise WorkersChanged(f'the workers changed (round {self.node.round}): '
-                                 f'{self.node.id} called a collective on the old ring',
-                                 round=self.node.round)
+        self._check_membership()
         self.calls += 1
         self._numel, self._call, self._replay = numel, call, replay
         self._described = self._heard = False
-        self.node.counters['ring'] = self.calls       # the heartbeats tell the scheduler
-        left = shown(self.left)
-        self._wait = hang.Wait(f'in {call} (collective {self.calls}) for {left}',
-                               [('scheduler', {'counter': 'ring', 'n': self.calls})],
-                               span=f'wait for {left}')
+        self._wait = self._watched(call)
         if not self.opened:
             self.open(self._wait)
         self._root = root
@@ -199,6 +191,23 @@ class Link:
             else:                             # another worker called join(): note, wait on
                 self.joined[msg.sender] = msg.get('round')
                 self._check_root()
+
+    def _check_membership(self):
+        """A collective on the ring of an old membership fails: make a new Ring."""
+        if self.node.round != self.round:
+            self._put_back(self._newer)
+            raise WorkersChanged(f'the workers changed (round {self.node.round}): '
+                                 f'{self.node.id} called a collective on the old ring',
+                                 round=self.node.round)
+
+    def _watched(self, call):
+        """The wait for the left neighbour's chunks, watched for hangs: the heartbeats
+        tell the scheduler how many collectives this worker has started."""
+        self.node.counters['ring'] = self.calls
+        left = shown(self.left)
+        return hang.Wait(f'in {call} (collective {self.calls}) for {left}',
+                         [('scheduler', {'counter': 'ring', 'n': self.calls})],
+                         span=f'wait for {left}')
 
     def _put_back(self, kept):
         """Messages kept for later: back in the order they came."""
