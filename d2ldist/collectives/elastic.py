@@ -12,20 +12,14 @@
     train(state)
 
 Under ``d2l-launch --min-workers A`` a lost worker does not stop the job: the
-scheduler forms a new membership of the workers left (ranks 0..N'-1, a new round), the
 collective in flight fails on every survivor with ``WorkersChanged`` (Horovod's
 HorovodInternalError), and ``run`` catches it: each survivor goes back to its last
-commit (``restore``), the ring is made anew (``world.reform``), the reset callbacks run
-(Horovod's idiom: scale the learning rate by ``hvd.size()``), every worker takes rank
-0's state (``sync``: by broadcast, nothing pickled) and ``train`` is called again.
-A worker that joins (``--max-workers``, a host discovery script) loses nobody a step:
-it waits until the next ``commit()``, where the workers agree to take it in (one small
-all-reduce at each commit of a job that workers may join), then ``HostsUpdatedInterrupt``
-resets them from the commit just made, and the sync gives the newcomer rank 0's state.
-Which data a worker reads is the script's: a batch cut by ``hvd.rank()`` and
-``hvd.size()`` from a position kept in the state (``state.batch``) is cut anew after
-a reset, so that from the commit on no sample is lost or read twice (``part``, or
-``ElasticSampler`` for a DataLoader).
+commit (``restore``), the ring is made anew (``world.reform``), the reset callbacks run,
+every worker takes rank 0's state (``sync``) and ``train`` is called again. A worker
+that joins (``--max-workers``) is taken in at a ``commit()`` (``HostsUpdatedInterrupt``).
+A batch cut by ``hvd.rank()`` and ``hvd.size()`` from a position kept in the state is
+cut anew after a reset (``part``, ``ElasticSampler``). The whole story:
+docs/design/ring.md#elastic-workers.
 """
 import copy
 import functools
@@ -33,6 +27,7 @@ import functools
 import torch
 
 from .. import config
+from ..lines import say, shown
 from ..runtime import node
 from ..runtime.node import WorkersChanged
 from ..runtime.split import even_slices
@@ -236,8 +231,8 @@ def run(func):
                 return func(state, *args, **kwargs)
             except WorkersChanged as e:
                 state.restore()
-                me = node.current().id.replace(':', ' ') if node.current() else 'worker'
-                print(f'd2ldist: {me}: {e}; back to the last commit', flush=True)
+                me = shown(node.current().id) if node.current() else 'worker'
+                say(f'{me}: {e}; back to the last commit')
                 skip_sync = False
             except HostsUpdatedInterrupt as e:
                 skip_sync = e.skip_sync

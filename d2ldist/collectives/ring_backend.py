@@ -12,11 +12,14 @@ import zlib
 
 import torch
 
+from ..lines import NAME, clip
 from ..runtime.split import even_slices
 from ..runtime.staging import staged
 from ..runtime.wire import DTYPES, dtype_name
 from . import ops
-from .ring import Refused
+from .join import Join, Refused
+from .link import Link
+from .ring import Ring
 
 
 def _call(name, tensor, detail):
@@ -51,7 +54,7 @@ def stand_in(replay, size):
     dtype = DTYPES.get(str(what.get('dtype')))
     if method not in _STAND_INS or dtype is None or not isinstance(shape, list) \
             or not all(isinstance(n, int) and n >= 0 for n in shape):
-        raise ValueError(f'no collective described: {str(replay)[:200]}')
+        raise ValueError(f'no collective described: {clip(replay, NAME)}')
     if method in ('allgather', 'alltoall'):
         return method, torch.zeros((0, *shape[1:]), dtype=dtype), ()
     if method == 'all_gather_flat_':
@@ -92,11 +95,13 @@ class RingBackend:
     name = 'ring'
 
     def __init__(self, node):
-        from .ring import Ring
         self.dtypes = list(DTYPES.values())    # the wire's; allgather sends a dtype's index
         self.node = node
         workers = node.workers() if node is not None else []
-        self.ring = Ring(node) if len(workers) > 1 else None
+        self.ring = self.joining = None        # the ring, and hvd.join() on its link
+        if len(workers) > 1:
+            link = Link(node)
+            self.ring, self.joining = Ring(link), Join(link)
         self.rank, self.size = (workers.index(node.id), len(workers)) if node else (0, 1)
 
     def allreduce_(self, tensor, op):
@@ -208,7 +213,7 @@ class RingBackend:
         Horovod's); their broadcasts and allgathers fail on every worker, as Horovod's
         (this one has no data: ``REFUSED``), and it waits on; a barrier counts it as
         there. Alone: 0."""
-        return 0 if self.ring is None else self.ring.join(self._take_part)
+        return 0 if self.ring is None else self.joining.join(self._take_part)
 
     def _take_part(self, replay):
         """Take part, with nothing of our own, in the collective ``replay`` describes."""
@@ -226,5 +231,5 @@ class RingBackend:
             error = (f'd2ldist collectives do not support {tensor.dtype}; use one '
                      f'of {", ".join(sorted(DTYPES))}')
             if self.ring is not None:
-                self.ring.refuse(f'{self.node.id} refused the call: {error}')
+                self.joining.refuse(f'{self.node.id} refused the call: {error}')
             raise TypeError(error)

@@ -154,7 +154,7 @@ for n in (0, 1, 65_537, 1_000_003):
     d2ldist.allreduce_(x, op=d2ldist.Sum)
     want = torch.arange(n, dtype=torch.float32) * kv.num_workers + sum(range(kv.num_workers))
     assert torch.equal(x, want), f'wrong all-reduce of {n}'
-stream = d2ldist.collectives.world.backend().ring._out is not None   # the ring's own link
+stream = d2ldist.collectives.world.backend().ring.link.out is not None   # its stream
 answers = sum(s.received for s in van.streams           # kv's VALUES on streams
               if isinstance(s, d2ldist.runtime.stream.Receiver) and s.peer.startswith('server'))
 print('STATS', json.dumps(dict(van.shm_stats(), kv_blocks=kv_blocks, per_step=per_step,
@@ -231,7 +231,7 @@ x = torch.ones(1_000_000)
 d2ldist.allreduce_(x, op=d2ldist.Sum)
 assert bool((x == 2).all())
 ring = world.backend().ring
-print('STATS', json.dumps(dict(ring.node.van.shm_stats(), stream=ring._out is not None)),
+print('STATS', json.dumps(dict(ring.link.node.van.shm_stats(), stream=ring.link.out is not None)),
       flush=True)
 '''
 

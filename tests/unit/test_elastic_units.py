@@ -9,6 +9,7 @@ import torch
 
 from d2ldist import config
 from d2ldist.collectives import elastic, world
+from d2ldist.collectives.link import Link
 from d2ldist.collectives.ring import Ring
 from d2ldist.launch import cli
 from d2ldist.runtime import protocol
@@ -294,17 +295,17 @@ def test_the_ring_drops_an_older_rounds_chunks_and_keeps_a_newer_ones_for_the_ne
     newer = message('ring', 'worker:2', membership=2, n=1)
     node = QueueNode(id='worker:0', workers=lambda: workers, round=1, counters={}, back=[],
                      queue=[old, newer, ours, WorkersChanged('round 2', round=2)])
-    ring = Ring(node)
-    assert (ring.rank, ring.size, ring.left, ring.right) == (0, 2, 'worker:2', 'worker:2')
-    assert ring._next(['ring'], None) is ours
+    link = Link(node)
+    assert (link.rank, link.size, link.left, link.right) == (0, 2, 'worker:2', 'worker:2')
+    assert link._next(['ring'], None) is ours
     with pytest.raises(WorkersChanged):
-        ring._next(['ring'], None)
+        link._next(['ring'], None)
     assert node.back == [newer]
     node.round, node.back = 2, []                # a collective on the old ring fails at once
-    ring._newer = [newer]                        # (the news came by another path)
+    link._newer = [newer]                        # (the news came by another path)
     with pytest.raises(WorkersChanged, match='called a collective on the old ring'):
-        ring.allreduce_(torch.ones(2), None)
-    assert ring.calls == 0 and node.back == [newer]
+        Ring(link).allreduce_(torch.ones(2), None)
+    assert link.calls == 0 and node.back == [newer]
 
 
 # -- TorchState and run() ---------------------------------------------------------------------
@@ -450,18 +451,18 @@ def test_a_broken_stream_to_the_right_waits_for_the_schedulers_word(monkeypatch)
     workers = ['worker:0', 'worker:1']
     node = QueueNode(id='worker:0', workers=lambda: workers, round=0, counters={}, back=[],
                      queue=[news])
-    ring = Ring(node)
-    ring._out = SimpleNamespace(flush=broken)
+    link = Link(node)
+    link.out = SimpleNamespace(flush=broken)
     with pytest.raises(StreamBroken):             # not elastic: as before
-        ring._end()
+        link.end()
     monkeypatch.setattr(config, 'get', lambda: config.Config.from_env({'D2L_MIN_WORKERS': '1'}))
     with pytest.raises(WorkersChanged) as e:
-        ring._end()
+        link.end()
     assert e.value is news
     waited = []                                   # with no stream, the end waits for
-    ring._out, ring._sent = None, [SimpleNamespace(wait=lambda: waited.append(1))]   # ZeroMQ
-    ring._end()
-    assert waited == [1] and ring._sent == []
+    link.out, link._sent = None, [SimpleNamespace(wait=lambda: waited.append(1))]   # ZeroMQ
+    link.end()
+    assert waited == [1] and link._sent == []
 
 
 # -- the parameter server counts the workers left (dist_sync) ---------------------------------

@@ -7,6 +7,8 @@ import torch
 
 from d2ldist.collectives import ops
 from d2ldist.collectives.ring_backend import RingBackend, _call, _describe, stand_in
+from d2ldist.collectives.join import Join
+from d2ldist.collectives.link import STALE, Link, classify
 from d2ldist.collectives.ring import Ring
 from d2ldist.runtime import protocol
 from d2ldist.runtime.wire import DTYPES
@@ -55,7 +57,7 @@ def fake_node(rank, size):
 
 
 def test_an_empty_segment_still_sends_one_empty_chunk():
-    ring = Ring(fake_node(0, 2), chunk_bytes=8)
+    ring = Ring(Link(fake_node(0, 2)), chunk_bytes=8)
     ring._itemsize = 4
     assert ring.chunks((3, 3)) == [(3, 3)]
     assert ring.chunks((0, 5)) == [(0, 2), (2, 4), (4, 5)]
@@ -123,12 +125,15 @@ def test_the_scheduler_counts_joined_workers_at_barriers_and_names_the_last():
 def test_after_join_calls_a_worker_never_saw_count_as_failed():
     """Refused while it was in join(): their notices may come after the scheduler's word
     (another path); the next call has the same number everywhere, the notices are dropped."""
-    ring = Ring(fake_node(1, 3), chunk_bytes=8)
-    ring.calls, ring._failed = 5, {2}
-    assert ring._all_joined(message(protocol.JOIN_DONE, 'scheduler', last=0, calls=8)) == 0
-    assert (ring.calls, ring._failed, ring.joins) == (8, {2, 6, 7, 8}, 1)
-    assert ring._stale(message('ring_disagree', 'worker:0', n=7, error='refused'))
-    assert not ring._stale(message('ring_disagree', 'worker:0', n=9, error='refused'))
+    link = Link(fake_node(1, 3))
+    link.calls, link.failed = 5, {2}
+    assert Join(link).all_joined(message(protocol.JOIN_DONE, 'scheduler', last=0, calls=8)) == 0
+    assert (link.calls, link.failed, link.joins) == (8, {2, 6, 7, 8}, 1)
+
+    def what(msg):
+        return classify(msg, link.round, link.calls, link.failed, link.left)
+    assert what(message('ring_disagree', 'worker:0', n=7, error='refused')) == STALE
+    assert what(message('ring_disagree', 'worker:0', n=9, error='refused')) != STALE
 
 
 def test_the_scheduler_tells_joined_workers_when_one_ends_without_join():

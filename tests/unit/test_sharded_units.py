@@ -12,7 +12,7 @@ import d2ldist
 from d2ldist.collectives import world
 from d2ldist.collectives.distributed_optimizer import DistributedOptimizer
 from d2ldist.collectives.engine import Handle
-from d2ldist.collectives.ring import Refused
+from d2ldist.collectives.join import Refused
 from d2ldist.collectives.ring_backend import RingBackend, equal_shard, stand_in
 from d2ldist.collectives.sharded import MemoryPeak, paper_memory, plan
 from d2ldist.collectives.sharded_module import full_weights, units_of
