@@ -252,7 +252,7 @@ def test_the_hang_line_is_the_one_the_code_prints():
     node = (ROOT / 'd2ldist' / 'runtime' / 'node.py').read_text()
     assert "has waited {waited:g} s '" in node and 'say(line)' in node
     assert "hang.Wait(f'in {call} (collective {self.calls}) for {left}'" in \
-        (ROOT / 'd2ldist' / 'collectives' / 'ring.py').read_text()
+        (ROOT / 'd2ldist' / 'collectives' / 'link.py').read_text()
 
 
 def test_shared_memory_is_x86_64_linux_only_as_the_readme_says():
