@@ -21,6 +21,8 @@ only: bytes that are not what ``encode`` makes raise ValueError.
 """
 import torch
 
+from ..lines import NAME, clip
+
 PLUS, MINUS = 1, 2           # 2-bit codes; 0 is zero, 3 is never sent
 
 
@@ -31,8 +33,8 @@ def create(params):
     if isinstance(params, str):
         params = {'type': params}
     if not isinstance(params, dict):
-        raise ValueError(f'gradient compression takes a dict like {{"type": "2bit", '
-                         f'"threshold": 0.5}}, got {params!r}'[:200])
+        raise ValueError(clip(f'gradient compression takes a dict like {{"type": "2bit", '
+                              f'"threshold": 0.5}}, got {params!r}', NAME))
     params = dict(params)
     kind = params.pop('type', 'none')
     if kind == 'none' and not params:
