@@ -1,0 +1,123 @@
+"""The reading path: the lines a student reads to follow one all-reduce and one push/pull.
+
+Each path lists, in the order a call reaches them, the functions on its plain way through
+the layers: from the Trainer's step down to the van and back. The script prints each
+one's place and length and each path's total; ARCHITECTURE.md's "Read this first" is its
+output, and tests/unit/test_reading_path.py keeps both true (the names exist, the page
+shows what the script prints, the totals stay within the bounds below).
+
+    python book/reading_path.py
+"""
+import ast
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# the bounds issue 49 set: one all-reduce, one push/pull
+BOUNDS = {'one ring all-reduce': 450, 'one push/pull': 550}
+
+# what both paths read: one message sent and received (runtime/)
+MESSAGE = [
+    ('d2ldist/runtime/node.py', ['Node.send', 'Node.recv', 'Node._watched', 'Node._recv']),
+    ('d2ldist/runtime/van.py', ['Van.send', 'Van._put', 'Van._mac', 'mac_of', 'encoded',
+                                'Van.recv', 'Van._next', 'Van._from_router', 'Van._check']),
+]
+
+PATHS = {
+    'one ring all-reduce': [
+        ('d2ldist/training/trainer.py', ['Trainer.step', 'Trainer._gradient_ready',
+                                         'Trainer._sum_replicas', 'Trainer._start_bucket',
+                                         'Trainer._span', 'Trainer._push',
+                                         'Trainer._bucket_summed', 'Trainer._update']),
+        ('d2ldist/collectives/buckets.py', ['BackwardBuckets._produced', 'Buckets.ready',
+                                            'Buckets.wait']),
+        ('d2ldist/training/stores.py', ['AllreduceStore.allreduce_async_']),
+        ('d2ldist/collectives/world.py', ['run']),
+        ('d2ldist/collectives/engine.py', ['Engine.run', 'Engine._loop', 'Handle.wait']),
+        ('d2ldist/collectives/compressed.py', ['allreduce_']),
+        ('d2ldist/collectives/ring_backend.py', ['RingBackend.allreduce_']),
+        ('d2ldist/collectives/ring.py', ['Ring.allreduce_', 'Ring._begin', 'Ring.chunks',
+                                         'Ring._relay']),
+        ('d2ldist/collectives/link.py', ['Link.begin', 'Link.send', 'Link.recv', 'Link._next',
+                                         'classify', 'Link._take', 'Link.end']),
+        *MESSAGE,
+    ],
+    'one push/pull': [
+        ('d2ldist/training/trainer.py', ['Trainer.step', 'Trainer._push', 'Trainer._update']),
+        ('d2ldist/kv/worker.py', ['KVStore.push', 'KVStore.pull', 'DistKVStore._push',
+                                  'DistKVStore._pull', 'DistKVStore._numbered',
+                                  'DistKVStore._messages', 'DistKVStore._receiver',
+                                  'DistKVStore._ask']),
+        ('d2ldist/kv/asking.py', ['InFlight.send', 'InFlight.answers', 'InFlight.answered',
+                                  'InFlight._receive', 'InFlight._send']),
+        ('d2ldist/kv/messages.py', ['Part.head', 'read_parts']),
+        *MESSAGE,
+        ('d2ldist/kv/serving.py', ['ServerLoop.serve', 'ServerLoop.dispatch',
+                                   'ServerLoop.receive']),
+        ('d2ldist/kv/server.py', ['KVServer.handle', 'KVServer.push', 'Round.add', 'Round._add',
+                                  'KVServer.pushed', 'KVServer.close', 'Round.total',
+                                  'KVServer.update', 'apply_update', 'KVServer.pull',
+                                  'KVServer.answer_push', 'KVServer.answer_ready',
+                                  'KVServer.send_values']),
+    ],
+}
+
+# What the plain path calls on its own object but a first reading may skip, and why
+# (tests/unit/test_reading_path.py: every such call is on a path or here).
+ASIDE = {
+}
+
+
+def spans(path):
+    """{'Class.method' or 'function': (first line, last line)} of a module's functions."""
+    found = {}
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                found[prefix + child.name] = (first, child.end_lineno)
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + '.')
+
+    visit(ast.parse((ROOT / path).read_text()), '')
+    return found
+
+
+def rows(path_steps):
+    """[(file, name, first, last)] of one path; a name that is not there is a KeyError."""
+    out = []
+    for file, names in path_steps:
+        where = spans(file)
+        for name in names:
+            if name not in where:
+                raise KeyError(f'{file} has no function {name} (book/reading_path.py)')
+            out.append((file, name, *where[name]))
+    return out
+
+
+def table(title, path_steps):
+    """The path as the lines of a table, with its total."""
+    lines, total = [f'{title}:'], 0
+    for file, name, first, last in rows(path_steps):
+        n = last - first + 1
+        total += n
+        lines.append(f'  {file:36} {name:30} {first:4}-{last:<4} {n:3}')
+    files = len({file for file, _ in path_steps})
+    lines.append(f'  {"total":36} {f"{files} files":30} {"":9} {total:3}'
+                 f'   (at most {BOUNDS[title]})')
+    return lines, total
+
+
+def report():
+    """The whole printout: every path's table."""
+    out = []
+    for title, steps in PATHS.items():
+        out += table(title, steps)[0] + ['']
+    return '\n'.join(out[:-1])
+
+
+if __name__ == '__main__':
+    print(report())
+    sys.exit(0)
