@@ -8,7 +8,7 @@ NBVAL   = --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.c
 # pass nbval under them too (nbval compares only what any CPU prints).
 OTHER_CPU = ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: venv demo lab wheel test test-load test-fast test-jobs test-system notebooks figures refs book benchmarks gpu clean
+.PHONY: venv demo lab wheel test test-load test-fast test-jobs test-system notebooks figures refs reading-path book benchmarks gpu clean
 
 venv: $(VENV)/.installed
 
@@ -73,6 +73,11 @@ figures: venv
 # the chapters' :label: and :numref: written as anchors and links (--check: change nothing)
 refs: venv
 	$(PY) book/refs.py
+
+# the functions a student reads for one all-reduce and one push/pull, with their lines,
+# written into ARCHITECTURE.md's "Read this first" (after changing one of them)
+reading-path: venv
+	$(PY) book/reading_path.py --write
 
 # the chapters (answers.ipynb last) as a static site, no kernel and no network needed:
 # build/book/index.html

@@ -6,10 +6,12 @@ one's place and length and each path's total; ARCHITECTURE.md's "Read this first
 output, and tests/unit/test_reading_path.py keeps both true (the names exist, the page
 shows what the script prints, the totals stay within the bounds below).
 
-    python book/reading_path.py
+    python book/reading_path.py            # print it
+    python book/reading_path.py --write    # and write it into ARCHITECTURE.md
 """
 import ast
 import pathlib
+import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -118,6 +120,16 @@ def report():
     return '\n'.join(out[:-1])
 
 
+def write(page=ROOT / 'ARCHITECTURE.md'):
+    """Put the printout into the page's "Read this first" block."""
+    text = page.read_text()
+    block = re.compile(r'(^## Read this first\n.*?^```text\n).*?(^```)', re.S | re.M)
+    if not block.search(text):
+        raise SystemExit(f'{page.name} has no "Read this first" block with a ```text printout')
+    page.write_text(block.sub(lambda m: m.group(1) + report() + '\n' + m.group(2), text, 1))
+
+
 if __name__ == '__main__':
     print(report())
-    sys.exit(0)
+    if sys.argv[1:] == ['--write']:
+        write()

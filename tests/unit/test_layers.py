@@ -8,6 +8,7 @@ public names the README and the chapters use are listed here and imported one by
 """
 import ast
 import importlib
+import re
 import subprocess
 import sys
 
@@ -318,3 +319,44 @@ def test_horovod_names_not_in_d2ldist_say_so(face):
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         getattr(module, 'no_such_name')
     assert module.Compression.none.name == 'none' and module.Compression.fp16.name == 'fp16'
+
+
+# -- ARCHITECTURE.md: the map names every module, every place of state, every collective ---
+ARCHITECTURE = (ROOT / 'ARCHITECTURE.md').read_text()
+
+
+def architecture_tree(text=ARCHITECTURE):
+    """The page's map of the folders: the first fenced block."""
+    return re.search(r'^```\n(.*?)^```', text, re.S | re.M).group(1)
+
+
+def test_architecture_names_every_module():
+    tree = architecture_tree()
+    missing = [str(p.relative_to(ROOT)) for p in sorted((ROOT / 'd2ldist').rglob('*.py'))
+               if p.name != '__init__.py' and not re.search(rf'(?<!\w){re.escape(p.name)}', tree)]
+    assert missing == [], f'modules ARCHITECTURE.md does not name: {missing}'
+
+
+def rebound_globals(root=ROOT):
+    """Every module-level name a function of d2ldist rebinds (``global x``)."""
+    names = set()
+    for path in (root / 'd2ldist').rglob('*.py'):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Global):
+                names.update(node.names)
+    return names
+
+
+def test_architecture_names_every_place_of_state():
+    """The state a module keeps, job's or process's, is in the page's paragraph on it."""
+    state = ARCHITECTURE[ARCHITECTURE.index('A process learns its part'):
+                         ARCHITECTURE.index('## Read this first')]
+    assert sorted(n for n in rebound_globals() if f'`{n}`' not in state) == []
+
+
+def test_architecture_shows_every_method_of_a_backend():
+    from d2ldist.collectives.backend import Backend
+    block = re.search(r'^class Backend\(Protocol\):.*?^```', ARCHITECTURE, re.S | re.M).group(0)
+    shown = set(re.findall(r'def (\w+)\(', block))
+    assert shown == {n for n, v in vars(Backend).items()
+                     if callable(v) and not n.startswith('_')}
