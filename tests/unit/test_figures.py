@@ -2,30 +2,35 @@
 
 A **figure** is a number in a markdown cell of a chapter (or an appendix) with a decimal
 point (``4.8``, ``0.37``) or three or more significant digits (``512,408``, ``125``; not
-``120``, ``4,000``, ``35`` or ``1,000``: an integer's trailing zeros are not significant). Each must be
+``120``, ``4,000``, ``35`` or ``1,000``: an integer's trailing zeros are not significant).
+Each must be
 
 1. **printed by a saved output** of a code cell of the same notebook (stream text or a
-   ``text/plain``/``text/markdown``/``text/html`` result), where the figure is what the
-   output prints **rounded to the figure's own precision** (half a unit of its last
-   decimal, or of its last significant digit for an integer: ``11.2`` reads 11.15 to
-   11.25, ``2,130,000`` reads 2,125,000 to 2,135,000), in the same unit or another of
-   powers of 1,000 (bytes as MB, seconds as ms) or of 1,024 (bytes as MiB), or as a
-   percentage of a printed fraction (``4.8 %`` for 0.048) and the other way round; or
-2. in a chapter's ``## Exercises`` section only (the hints and checks), **printed by
-   answers.ipynb** in its section on that chapter (the ``##`` heading with the chapter's
-   title), where a cell computes the exercise's answer; or
-   or as a number in an inline ```assert ...``` of the same markdown cell that holds when
-   this test runs it with nothing but ``math`` (an exercise's arithmetic check); or
+   ``text/plain``/``text/markdown``/``text/html`` result), or **checked by an assert**
+   there (a number in an ``assert`` line of a code cell, which nbval runs: ``assert
+   round(x / 1e6, 1) == 5.8`` backs 5.8 MB). The figure is what the output prints
+   **rounded to the figure's own precision** (half a unit of its last decimal, or of its
+   last significant digit for an integer: ``11.2`` reads 11.15 to 11.25, ``2,130,000``
+   reads 2,125,000 to 2,135,000), in the same unit or another of powers of 1,000 (bytes
+   as MB, seconds as ms) or of 1,024 (bytes as MiB), or as a percentage of a printed
+   fraction (``4.8 %`` for 0.048) and the other way round; or
+2. in a chapter's ``## Exercises`` section only (the hints and checks): a number of
+   **answers.ipynb**'s section on that chapter (the ``##`` heading with the chapter's
+   title, up to a colon), in a saved output or in its code (the answer's cells use it as
+   a given or assert it; nbval runs them), or a number in an inline ```assert ...``` of
+   the same markdown cell that holds when this test runs it with nothing but ``math`` (an
+   exercise's arithmetic check; test_the_arithmetic_checks_of_the_exercises_hold runs
+   them all); or
 3. **sourced in its own sentence**: the sentence (or the table row, or the list item's
    sentence) holds an author-year citation, i.e. a parenthesis or bracket with a year in
    it (``(Rajbhandari et al., 2020)``, ``Goyal et al. (2017)``), or names a file of the
-   repository's ``docs/`` (``docs/performance.md``, whose table a cell can show), or links
-   to a page on the web (``https://...``).
+   repository's ``docs/`` (``docs/performance.md``, as code or not), or links to a page
+   on the web (``https://...``).
 
-Not figures (the exclusions, applied in this order):
+Not figures (the exclusions):
 
 * anything in a code block, inline code (```...```) or math (``$...$``, ``$$...$$``):
-  code is code, and a formula's constants are its definition;
+  code is code, and a formula's numbers are its derivation, shown to the reader;
 * link targets and HTML tags (anchors), and d2l's ``:label:`` lines;
 * a chapter's ``## References`` section (volumes and pages);
 * years: integers from 1950 to 2029 written without a thousands comma;
@@ -38,11 +43,11 @@ Not figures (the exclusions, applied in this order):
   (``4.2.5``, ``127.0.0.1``), after ``v``, ``:`` or ``/``, or after the name of a piece of
   software (torch, PyTorch, Python, CUDA, NCCL, JupyterLab, Horovod, ...).
 
-The answers are checked by their asserts instead (each compares with values its cell
-computes), and they are outside this test. Besides: no saved output of any notebook,
-answers too, shows an absolute path of the machine it ran on (``/work/``, ``/tmp/``,
-``/home/``, ``/root/``, ...), except the ones listed in KNOWN_PATHS, each with why; the
-test fails if one of those is gone too, so the list cannot outlive what it excuses.
+The answers notebook is outside this rule: its asserts compare with values its cells
+compute. Besides: no saved output of any notebook, answers too, shows an absolute path of
+the machine it ran on (``/work/``, ``/tmp/``, ``/home/``, ``/root/``, ...), except the
+ones listed in KNOWN_PATHS, each with why; the test fails if one of those is gone too, so
+the list cannot outlive what it excuses.
 """
 import ast
 import math
@@ -166,12 +171,25 @@ def output_text(cell):
     return '\n'.join(parts)
 
 
-def printed_values(nb):
-    """Every number the notebook's saved outputs print (with commas read both ways)."""
+def code_values(source, asserts_only=True):
+    """The numbers in a cell's ``assert`` lines (or all its lines), ``1_000`` read as 1000."""
+    values = set()
+    for line in source.splitlines():
+        if asserts_only and not line.lstrip().startswith('assert'):
+            continue
+        for m in PRINTED.finditer(re.sub(r'(?<=\d)_(?=\d)', '', line.split('#')[0])):
+            values.add(abs(float(m.group(0).replace(',', ''))))
+    return values
+
+
+def printed_values(nb, code=False):
+    """Every number the notebook's saved outputs print (with commas read both ways), and
+    those of its ``assert`` lines (nbval runs them); with code, of all its code lines."""
     values = set()
     for cell in nb.cells:
         if cell.cell_type != 'code':
             continue
+        values |= code_values(cell.source, asserts_only=not code)
         for m in PRINTED.finditer(output_text(cell)):
             for part in [m.group(0)] + m.group(0).split(','):
                 try:
@@ -215,13 +233,7 @@ def answers_values(chapter_title):
         elif section and chapter_title.split(':')[0] == section.split(':')[0]:
             cells.append(cell)
     assert cells, f'answers.ipynb has no section "{chapter_title}"'
-    values = set(printed_values(nbformat.v4.new_notebook(cells=cells)))
-    for cell in cells:          # and what its asserts check (nbval runs them)
-        for line in cell.source.splitlines():
-            if line.lstrip().startswith('assert'):
-                for m in PRINTED.finditer(re.sub(r'(?<=\d)_(?=\d)', '', line)):
-                    values.add(abs(float(m.group(0).replace(',', ''))))
-    return sorted(values)
+    return printed_values(nbformat.v4.new_notebook(cells=cells), code=True)
 
 
 def inline_asserts(markdown):
