@@ -13,7 +13,11 @@ Each must be
    last significant digit for an integer: ``11.2`` reads 11.15 to 11.25, ``2,130,000``
    reads 2,125,000 to 2,135,000), in the same unit or another of powers of 1,000 (bytes
    as MB, seconds as ms) or of 1,024 (bytes as MiB), or as a percentage of a printed
-   fraction (``4.8 %`` for 0.048) and the other way round; or
+   fraction (``4.8 %`` for 0.048) and the other way round; a figure followed by no unit
+   (bytes, bits, seconds, minutes, hours, k, M, G, thousand, million, ...) or percent sign
+   must be printed as it stands. A figure's caption line (``*Figure 9.2: ...*`` right
+   under the code cell that draws it) may also take its numbers from that cell's code
+   (the plot's settings and title are what the figure shows); or
 2. in a chapter's ``## Exercises`` section only (the hints and checks): a number of
    **answers.ipynb**'s section on that chapter (the ``##`` heading with the chapter's
    title, up to a colon), in a saved output or in its code (the answer's cells use it as
@@ -139,7 +143,8 @@ def significant(digits):
 
 
 def figures_of(sentence):
-    """The figures of one sentence: (text as written, value, half a unit of its precision)."""
+    """The figures of one sentence: (text as written, value, half a unit of its precision,
+    the scales it may be printed in)."""
     plain = LINK_TARGET.sub(r'\1', sentence)
     out = []
     for m in NUMBER.finditer(plain):
@@ -156,7 +161,7 @@ def figures_of(sentence):
             half = 0.5 * 10 ** -len(frac)
         else:
             half = 0.5 * 10 ** (len(whole) - len(whole.rstrip('0')))
-        out.append((text, float(text.replace(',', '')), half))
+        out.append((text, float(text.replace(',', '')), half, scales_for(plain[m.end():])))
     return out
 
 
@@ -199,12 +204,26 @@ def printed_values(nb, code=False):
     return sorted(values)
 
 
-SCALES = sorted({1000.0 ** k for k in range(-4, 5)} | {1024.0 ** k for k in range(-3, 4)}
-                | {100.0, 0.01})
+UNIT_SCALES = sorted({1000.0 ** k for k in range(-4, 5)} | {1024.0 ** k for k in range(-3, 4)})
+PERCENT_SCALES = [0.01, 1.0, 100.0]
+# a unit after a figure: bytes, times, rates, counts in words (a figure with one of these may
+# be printed in another power of 1,000 or 1,024); a percentage (printed as a fraction or not)
+UNIT = re.compile(r'\s?(?:[kKMGT]i?B|[kKMGT]?bit|[kMGT]?B/s|bytes?|ms|µs|us|ns|s\b|sec|seconds?|'
+                  r'minutes?|hours?|[kKMGT]\b|thousand|million|billion|trillion)')
+PERCENT = re.compile(r'\s?(?:%|percent)')
 
 
-def printed(value, half, values):
-    for scale in SCALES:
+def scales_for(after):
+    """The scales a figure may be printed in, from the words right after it."""
+    if PERCENT.match(after):
+        return PERCENT_SCALES
+    if UNIT.match(after):
+        return UNIT_SCALES
+    return [1.0]
+
+
+def printed(value, half, values, scales=(1.0,)):
+    for scale in scales:
         for v in values:
             if abs(v * scale - value) <= half * (1 + 1e-9) + 1e-12:
                 return True
@@ -279,10 +298,15 @@ def unprinted(name):
                 continue
             if section == 'Exercises' and answered is None:
                 answered = answers_values(title(nb)) if name in chapters() else []
-            for text, value, half in figures_of(sentence):
-                if not printed(value, half, values) and not (
-                        section == 'Exercises' and (printed(value, half, answered) or
-                                                    printed(value, half, checked(cell)))):
+            drawn = []
+            if sentence.lstrip().startswith('*Figure ') and i and nb.cells[i - 1].cell_type == 'code':
+                drawn = sorted(code_values(nb.cells[i - 1].source, asserts_only=False))
+            for text, value, half, scales in figures_of(sentence):
+                if printed(value, half, drawn, scales):
+                    continue
+                if not printed(value, half, values, scales) and not (
+                        section == 'Exercises' and (printed(value, half, answered, scales) or
+                                                    printed(value, half, checked(cell), scales))):
                     missing.append(f'[{i}] {text}: {" ".join(sentence.split())}')
     return missing
 
@@ -296,7 +320,7 @@ def test_every_figure_is_printed_by_a_cell_or_sourced(name):
 
 # The figures rule itself, on made-up prose
 def test_what_counts_as_a_figure():
-    got = [t for t, _, _ in figures_of(
+    got = [t for t, _, _, _ in figures_of(
         'In 2018 Section 3.2 showed ResNet-18 on 4,000 fp16 A100s with torch 2.4 in 35 steps '
         'and 123 GB, 512,408 bytes, 0.37 s and 4.8 % (step 125, exercise 6, 127.0.0.1).')]
     assert got == ['123', '512,408', '0.37', '4.8']
@@ -306,9 +330,14 @@ def test_rounding_and_units():
     values = [11.25, 512408.0, 0.0482, 24_705_000.0]
     assert printed(11.2, 0.05, values) and printed(11.3, 0.05, values)   # 11.25 either way
     assert not printed(11.1, 0.05, values)
-    assert printed(512.4, 0.05, values)                                  # bytes as kB
-    assert printed(4.8, 0.05, values)                                    # a fraction as %
-    assert printed(24.7, 0.05, values)                                   # as millions
+    (_, v, half, scales), = figures_of('FSDP2 held 512.4 KB')                # bytes as kB
+    assert printed(v, half, values, scales) and not printed(v, half, values)
+    (_, v, half, scales), = figures_of('it sent 4.8 % more')                 # a fraction as %
+    assert printed(v, half, values, scales)
+    (_, v, half, scales), = figures_of('24.7 M values')                      # as millions
+    assert printed(v, half, values, scales)
+    (_, v, half, scales), = figures_of('about 24.7 times')                   # no unit: as is
+    assert scales == [1.0] and not printed(v, half, values, scales)
     assert not printed(512409, 0.5, values)
 
 
