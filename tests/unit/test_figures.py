@@ -65,16 +65,19 @@ from support import ROOT
 NOTEBOOKS = ROOT / 'notebooks'
 
 
-def chapters():
-    """The chapters in book/build.py's order, answers aside, and any appendix notebooks."""
+def book_order():
+    """book/build.py's CHAPTERS (read, not imported: build.py needs nbconvert)."""
     tree = ast.parse((ROOT / 'book' / 'build.py').read_text())
-    order = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                 and any(getattr(t, 'id', '') == 'CHAPTERS' for t in n.targets))
-    names = [c for c in order if c != 'answers']
-    names += sorted(str(p.relative_to(NOTEBOOKS).with_suffix(''))
-                    for p in NOTEBOOKS.glob('appendix*.ipynb'))
-    names += sorted(str(p.relative_to(NOTEBOOKS).with_suffix(''))
-                    for p in NOTEBOOKS.glob('appendix*/*.ipynb'))
+    return next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                and any(getattr(t, 'id', '') == 'CHAPTERS' for t in n.targets))
+
+
+def chapters():
+    """The chapters in the book's order, answers aside, then any appendix notebook not in it."""
+    names = [c for c in book_order() if c != 'answers']
+    for pattern in ('appendix*.ipynb', 'appendix*/*.ipynb'):
+        names += sorted(name for p in NOTEBOOKS.glob(pattern)
+                        if (name := str(p.relative_to(NOTEBOOKS).with_suffix(''))) not in names)
     return names
 
 
@@ -297,7 +300,7 @@ def unprinted(name):
             if section == 'References' or SOURCE.search(sentence):
                 continue
             if section == 'Exercises' and answered is None:
-                answered = answers_values(title(nb)) if name in chapters() else []
+                answered = answers_values(title(nb)) if name in book_order() else []
             drawn = []
             if sentence.lstrip().startswith('*Figure ') and i and nb.cells[i - 1].cell_type == 'code':
                 drawn = sorted(code_values(nb.cells[i - 1].source, asserts_only=False))
@@ -364,8 +367,10 @@ def test_a_source_in_the_sentence():
 ABSOLUTE = re.compile(r'(?<![\w.])/(?:work|tmp|home|root|Users|private|var/folders|mnt|scratch)/')
 
 KNOWN_PATHS = {
-    # d2ldist's resume line prints the checkpoint's absolute path; fixing it takes a change
-    # to the library (issue 49 is restructuring it) and a re-run of the chapter (issue 50)
+    # d2ldist's resume line prints the checkpoint's absolute path. The cell is
+    # NBVAL_IGNORE_OUTPUT, so nbval passes in any checkout, but the saved page shows the
+    # path; fixing it takes the library printing it relative (d2ldist, under issue 49's
+    # restructuring) and a re-run of the chapter (issue 50)
     ('fault_tolerance', 11): 'd2ldist: resumed from <absolute path>/ft_ckpt/step-...',
 }
 
