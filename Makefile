@@ -8,7 +8,7 @@ NBVAL   = --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.c
 # pass nbval under them too (nbval compares only what any CPU prints).
 OTHER_CPU = ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: venv demo lab wheel test test-load test-fast test-jobs test-system notebooks figures refs reading-path book benchmarks gpu clean
+.PHONY: venv demo lab wheel test test-load test-fast test-jobs test-system notebooks figures refs reading-path prose book benchmarks gpu clean
 
 venv: $(VENV)/.installed
 
@@ -78,6 +78,11 @@ refs: venv
 # written into ARCHITECTURE.md's "Read this first" (after changing one of them)
 reading-path: venv
 	$(PY) book/reading_path.py --write
+
+# per notebook: words of prose, median sentence length, share of sentences over 40 words,
+# against issue 50's targets (--check: exit 1 if one is missed)
+prose: venv
+	$(PY) book/prose.py
 
 # the chapters (answers.ipynb last) as a static site, no kernel and no network needed:
 # build/book/index.html

@@ -1,0 +1,65 @@
+"""book/prose.py: the words and sentences of a notebook's markdown, counted by hand here."""
+import importlib.util
+
+import nbformat
+
+from support import ROOT
+
+
+def load_prose():
+    spec = importlib.util.spec_from_file_location('book_prose', ROOT / 'book' / 'prose.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+prose = load_prose()
+
+LONG = ' '.join(['many'] * 41) + '.'     # one sentence of 41 words
+
+MADE_UP = [
+    # heading: 3 words, no sentence; the label line and the fence count nothing
+    '# A Title Here\n:label:`sec_x`\n\n'
+    # 9 words (math one word, 4.8 one word), then 8 (e.g. does not end it; code one word)
+    'The ring sends $2(N-1)/N$ of the model, 4.8 GB. It is optimal, e.g. for large '
+    '`all_reduce tensors` too!\n\n'
+    '```python\nprint("not counted at all")\n```\n',
+    # table: 'what bytes' and 'stage 1 4.8 MB', 6 words, no sentence; the rule row nothing
+    '| what | bytes |\n| --- | --- |\n| stage 1 | 4.8 MB |\n\n'
+    # items: 5 words (no full stop, still a sentence), then 2 and 3
+    '* first item without a stop\n* second item. Two sentences here\n\n'
+    # display math nothing; the link its text: 4 words
+    '$$x = y + z$$\n\nSee [the paper](https://example.org) now. <a id="x"></a>\n\n' + LONG,
+]
+
+
+def made_up():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(s) for s in MADE_UP]
+    nb.cells.insert(1, nbformat.v4.new_code_cell('x = 1  # code cells are not prose'))
+    return nb
+
+
+def test_words_and_sentences_of_a_made_up_notebook():
+    total, lengths = prose.count(made_up())
+    assert lengths == [9, 8, 5, 2, 3, 4, 41]
+    assert total == 3 + 9 + 8 + 6 + 5 + 2 + 3 + 4 + 41 == 81
+
+
+def test_a_row_against_the_targets():
+    total, lengths = prose.count(made_up())
+    r = prose.row('chapter', total, lengths)
+    # sorted 2 3 4 5 8 9 41: the median is 5; one of 7 sentences is over 40 words
+    assert r['median'] == 5 and r['median_ok']
+    assert r['long'] == 1 / 7 and not r['long_ok']
+    assert r['words_ok']
+    assert not prose.row('chapter', 3501, lengths)['words_ok']
+    assert prose.row('other', 3501, lengths)['words_ok']      # answers: no word target
+
+
+def test_the_table_lists_every_notebook_once():
+    names = [name for name, _, _ in prose.notebooks()]
+    folder = ROOT / 'notebooks'
+    assert sorted(names) == sorted([p.stem for p in folder.glob('*.ipynb')] +
+                                   [f'{p.parent.name}/{p.stem}' for p in folder.glob('appendix*/*.ipynb')])
+    assert names[-1] == 'answers'
