@@ -21,7 +21,7 @@ BOUNDS = {'one ring all-reduce': 450, 'one push/pull': 550}
 
 # what both paths read: one message sent and received (runtime/)
 MESSAGE = [
-    ('d2ldist/runtime/node.py', ['Node.send', 'Node.recv', 'Node._watched', 'Node._recv']),
+    ('d2ldist/runtime/node.py', ['Node.send', 'Node.recv', 'Node._recv']),
     ('d2ldist/runtime/van.py', ['Van.send', 'Van._put', 'Van._mac', 'mac_of', 'encoded',
                                 'Van.recv', 'Van._next', 'Van._from_router', 'Van._check']),
 ]
@@ -41,8 +41,8 @@ PATHS = {
         ('d2ldist/collectives/ring_backend.py', ['RingBackend.allreduce_']),
         ('d2ldist/collectives/ring.py', ['Ring.allreduce_', 'Ring._begin', 'Ring.chunks',
                                          'Ring._relay']),
-        ('d2ldist/collectives/link.py', ['Link.begin', 'Link.send', 'Link.recv', 'Link._next',
-                                         'classify', 'Link._take', 'Link.end']),
+        ('d2ldist/collectives/link.py', ['Link.begin', 'Link.send', 'Link.recv', 'Link._take',
+                                         'Link.end']),
         *MESSAGE,
     ],
     'one push/pull': [
@@ -68,6 +68,42 @@ PATHS = {
 # What the plain path calls on its own object but a first reading may skip, and why
 # (tests/unit/test_reading_path.py: every such call is on a path or here).
 ASIDE = {
+    # runtime: one message
+    'Node._watched': 'the hang detector: the same receive, with deadlines that name who is '
+                     'missing',
+    'Node._stashed': 'a message of these kinds that came earlier, while another kind was '
+                     'awaited',
+    'Node._news': "the scheduler's news on the way: a failure, a new membership, new chains "
+                  'of servers',
+    'Van._share': 'shared memory: big frames to a peer on this host go there instead',
+    'Van._next_of_all': "the streams' sockets (the ring's TCP links) polled beside the ROUTER",
+    'Van.drop': 'the log line of a dropped message, at most one a second',
+    'header_of': "the van's header fields and their types (the table HEADER), checked",
+    # collectives: one ring all-reduce
+    'Link._next': 'the messages not of this call: a newer membership\'s kept until its news, '
+                  "a later call's kept, stale ones dropped, join() notices noted (classify)",
+    'Link._check': 'is it the chunk expected? Workers that called different collectives all '
+                   'stop with one message',
+    'Link._fail': 'a call that failed on every worker: raise, and drop its late chunks',
+    'Link._check_membership': 'elastic: a collective on the ring of an old membership fails',
+    'Link._watched': 'the hang detector: what this wait is, so the scheduler can name who is '
+                     'missing',
+    'Link.open': 'once a link: the TCP stream to the right neighbour, where chunks would '
+                 'cross a socket',
+    'Link._check_root': 'join(): a broadcast from a worker out of data fails',
+    'Link._put_back': 'messages kept for later (a later call, a newer membership) back to '
+                      'the node',
+    'Link._stream_news': "elastic: a broken stream waits for the scheduler's word on its "
+                         'worker',
+    'RingBackend._check': 'a dtype the wire cannot carry: refused on every worker',
+    'Buckets.missing': 'unused layers: parameters whose gradient never came, started at wait()',
+    'Buckets._reset': "the next step's bookkeeping: no gradient in, no bucket started",
+    # training: the step around it (shared with the push/pull path)
+    'Trainer.timed': "the step's time waiting for the devices, for the report",
+    'Trainer.init': "the first step only: the weights into the store, rank 0's to all",
+    'Trainer._copy_to_device': 'step 6: the new weights to the first device (on a CPU: '
+                               'nothing)',
+    'Trainer._broadcast': 'step 7: the weights to the other devices (one device: nothing)',
 }
 
 

@@ -9,6 +9,8 @@ worker joined; ``classify`` says which a message is, ``_next`` acts on it. Two w
 that call different collectives fail on every worker with the same error.
 Why and how: docs/design/ring.md.
 """
+import contextlib
+
 import torch
 
 from .. import config
@@ -88,8 +90,7 @@ class Link:
         self._numel, self._call, self._replay = numel, call, replay
         self._described = self._heard = False
         self._wait = self._watched(call)
-        if not self.opened:
-            self.open(self._wait)
+        self.open(self._wait)               # (the stream to the right, on the first call)
         self._root = root
         self._check_root()                  # (a root in join() has nothing to send)
 
@@ -104,15 +105,13 @@ class Link:
         if self.out is None:
             self._sent += self.node.send(self.right, RING, head, [frame], track=True)
             return
-        try:
+        with self._stream_news():
             self.out.send(RING, head, [frame])
-        except stream.StreamBroken:        # (its worker stopped, say)
-            self._await_news()
-            raise
 
     def recv(self, y, phase, j, k, reduce_=None):
         """Receive chunk k of segment j from the left into ``y``: ``reduce_(y, chunk)``,
-        or copied where ``reduce_`` is None."""
+        or copied where ``reduce_`` is None. The chunk is node.recv's next message of this
+        call; ``_next`` keeps the others aside (or drops them)."""
         msg = self._next([RING, DISAGREE, JOINED], self._wait)
         if msg.kind == DISAGREE:              # another worker saw two different calls
             self._fail(f'{shown(self.node.id)} stops: {clip(msg.get("error"))}')
@@ -123,11 +122,8 @@ class Link:
         """Wait until every chunk is sent, so the caller may reuse the memory."""
         self._put_back(self._early)
         if self.out is not None:
-            try:
+            with self._stream_news():
                 self.out.flush()
-            except stream.StreamBroken:
-                self._await_news()
-                raise
         for tracker in self._sent:
             tracker.wait()
         self._sent = []
@@ -257,6 +253,8 @@ class Link:
         """Once: where chunks to the right would cross a socket, open a stream to it.
         Each worker listens for its left neighbour and offers it, over the van, a port
         and a nonce (no offer where the van carries them); it connects to the right one's."""
+        if self.opened:
+            return
         self.opened, van = True, self.node.van
         offer = None
         if van.through_socket(self.left):
@@ -264,17 +262,20 @@ class Link:
         self.node.send(self.left, LINK, {'offer': offer, 'membership': self.round})
         msg = self._next([LINK], wait)
         if msg.get('offer') and van.through_socket(self.right):
-            try:
+            with self._stream_news():
                 self.out = stream.connect(van, self.right, self.node.host_of(self.right),
                                           msg['offer'])
-            except stream.StreamBroken:
-                self._await_news()
-                raise
 
-    def _await_news(self):
-        """Elastic: the stream to the right broke, its worker may be lost: wait for the
-        scheduler's word (WorkersChanged, or PeerFailed where the job fails)."""
-        if config.get().min_workers:
-            right = shown(self.right)
-            self.node.recv([], wait=hang.Wait(f'for news of {right} (its stream broke)',
-                                              [('scheduler', {'nodes': [self.right]})]))
+    @contextlib.contextmanager
+    def _stream_news(self):
+        """Elastic: where the stream to the right breaks (its worker stopped, say), that
+        worker may be lost: wait for the scheduler's word (WorkersChanged, or PeerFailed
+        where the job fails); else the StreamBroken goes on."""
+        try:
+            yield
+        except stream.StreamBroken:
+            if config.get().min_workers:
+                right = shown(self.right)
+                self.node.recv([], wait=hang.Wait(f'for news of {right} (its stream broke)',
+                                                  [('scheduler', {'nodes': [self.right]})]))
+            raise

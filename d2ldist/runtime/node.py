@@ -192,10 +192,8 @@ class Node:
 
     def recv(self, kinds=None, timeout=None, wait=None):
         """The next message of one of ``kinds`` (others wait in a stash for later), or
-        None after ``timeout`` seconds.
-
-        ``wait``: what this node is waiting for (a ``hang.Wait``): watched by the hang
-        detector, and a span on the timeline."""
+        None after ``timeout`` seconds. ``wait``: what this node waits for (a ``hang.Wait``),
+        watched by the hang detector (``_watched``) and a span on the timeline."""
         with self._receiving:
             if wait is None or timeout is not None:
                 return self._recv(kinds, timeout)

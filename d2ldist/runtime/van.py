@@ -49,6 +49,21 @@ def encoded(head):
     return _compact(head).encode()
 
 
+# the van's fields every message received must have, with their types (header_of)
+HEADER = {'kind': str, 'from': str, 'seq': int, 'session': str}
+
+
+def header_of(head_bytes):
+    """A received header's JSON if it is an object with the HEADER fields, else None."""
+    try:
+        head = json.loads(head_bytes)
+    except ValueError:                      # (not UTF-8, not JSON)
+        return None
+    if isinstance(head, dict) and all(isinstance(head.get(f), t) for f, t in HEADER.items()):
+        return head
+    return None
+
+
 def mac_of(key, head_bytes, frames=()):
     """The MAC of a message: HMAC-SHA256 of its header (and of ``frames``, if given)."""
     if not frames:                          # one call into OpenSSL
@@ -212,7 +227,6 @@ class Van:
         taken = VAN_FIELDS.intersection(header or ())
         if taken:
             raise ValueError(f'header fields {sorted(taken)} are the van\'s own: rename them')
-        wait = 0.0
         with self.send_lock:
             head = dict(header or {}, kind=kind, seq=next(self._seq),
                         session=self._session, sizes=[f.nbytes for f in frames])
@@ -220,8 +234,7 @@ class Van:
             head['from'] = self.node_id
             if peer_id in self._shm_peers:   # big frames: copied to shared memory
                 frames = self._share(frames, head)
-            if self.pacer is not None:       # the simulated link: when it may arrive
-                wait = self.pacer.stamp(head)
+            wait = self.pacer.stamp(head) if self.pacer is not None else 0.0  # simulated link
             trackers = self._put(self._peers[peer_id], encoded(head), frames, track)
         if wait > 0:                     # the token bucket is empty: wait for tokens
             time.sleep(wait)
@@ -313,7 +326,8 @@ class Van:
         return self._check(parts[1:])    # parts[0] is ZeroMQ's routing id
 
     def _check(self, parts):
-        """Return the Message if ``parts`` are a valid message, else log and drop."""
+        """The Message if ``parts`` are a valid message, else None (dropped with a log
+        line): the MAC first, then the header, its sequence number and the frames."""
         if len(parts) < 2 or len(parts) > 2 + MAX_FRAMES:
             return self.drop(f'{len(parts)} parts')
         mac, head_bytes, frames = parts[0].bytes, parts[1].bytes, parts[2:]
@@ -322,15 +336,11 @@ class Van:
         data = [memoryview(f.buffer) for f in frames]
         if not hmac.compare_digest(mac, self._mac(head_bytes, data)):
             return self.drop('bad MAC (wrong job secret?)')
-        try:
-            head = json.loads(head_bytes)
-            kind, sender, seq, session = head['kind'], head['from'], head['seq'], head['session']
-            last = self._last_seq.get((sender, session), 0)
-        except (ValueError, KeyError, TypeError):
+        head = header_of(head_bytes)
+        if head is None:
             return self.drop('malformed header')
-        if not (isinstance(seq, int) and isinstance(kind, str)):
-            return self.drop('malformed header')
-        if seq <= last:
+        kind, sender, seq, session = head['kind'], head['from'], head['seq'], head['session']
+        if seq <= self._last_seq.get((sender, session), 0):
             return self.drop(f'replayed message from {sender}')
         if 'shm' in head:                  # frames in shared memory (checked after replay:
             try:                           # a replayed descriptor must not map anything)
