@@ -70,15 +70,18 @@ class Round:
         return self.sum
 
     def _add(self, part, like):
-        """Add a pushed part to the sum: all its elements, or a sparse key's rows (into
-        zeros ``like`` the key's value)."""
-        if part.positions is None:
-            if self.sum is None:
-                self.sum = part.value                    # the message's own memory, no copy
-            else:
-                self.sum.add_(part.value)                # in place, while more pushes arrive
-            self.touched = None                          # a dense push touches every row
-            return
+        """Add a pushed part to the sum: all its elements (a sparse key's rows: ``_add_rows``)."""
+        if part.positions is not None:
+            return self._add_rows(part, like)
+        if self.sum is None:
+            self.sum = part.value                        # the message's own memory, no copy
+        else:
+            self.sum.add_(part.value)                    # in place, while more pushes arrive
+        self.touched = None                              # a dense push touches every row
+
+    def _add_rows(self, part, like):
+        """Add a sparse key's pushed rows to the sum (into zeros ``like`` the key's value),
+        and mark which elements they touched."""
         if self.sum is None:
             self.sum = like.new_zeros(like.shape)
             self.touched = torch.zeros(like.shape, dtype=torch.bool)
@@ -92,22 +95,29 @@ def apply_update(updater, key, value, grad, positions=None, accumulate=False):
 
     The optimizer (``updater``; None: none set, or a key made with optimizer=False)
     updates ``value`` in place; without one the sum becomes the value (sync) or is
-    added to it (async: ``accumulate``). A sparse key's rows: ``grad`` holds the
-    elements at ``positions`` of the flattened value, and only they change (the MXNet
-    optimizer's lazy update; a sum that becomes the value is zero elsewhere).
+    added to it (async: ``accumulate``). A sparse key's rows: ``apply_rows``.
     """
-    if updater is None and not accumulate and positions is None:
+    if positions is not None:
+        return apply_rows(updater, key, value, grad, positions, accumulate)
+    if updater is not None:
+        updater(key, value, grad)                         # the optimizer's step
+    elif accumulate:
+        value.add_(grad)                                  # async: the sum is added
+    else:
         return grad                                       # the sum becomes the value
+    return value
+
+
+def apply_rows(updater, key, value, grad, positions, accumulate):
+    """``apply_update`` of a sparse key's rows: ``grad`` holds the elements at
+    ``positions`` of the flattened value, and only they change (the MXNet optimizer's
+    lazy update; a sum that becomes the value is zero elsewhere)."""
     if updater is None and not accumulate:
-        total = torch.zeros_like(value)                   # ... and is zero elsewhere
+        total = torch.zeros_like(value)                   # the sum, zero elsewhere
         total.view(-1)[positions] = grad.view(-1)
         return total
-    if updater is None and positions is None:
-        value.add_(grad)                                  # async: the sum is added
-    elif updater is None:
+    if updater is None:
         value.view(-1).index_add_(0, positions, grad.view(-1))
-    elif positions is None:
-        updater(key, value, grad)                         # the optimizer's step
     else:
         updater.update_rows(key, value.view(-1), positions, grad.view(-1))
     return value
@@ -242,13 +252,10 @@ class KVServer:
 
     def send_values(self, worker, rid, parts):
         """The values of whole slices, from their own memory (on the worker's stream if
-        it has one); for row parts, copies of only those rows."""
-        heads = [p.head() for p in parts]
+        it has one); row parts: ``send_rows``."""
         if parts and isinstance(parts[0], M.RowPart):
-            rows = [self.store[p.key].value[p.positions] for p in parts]
-            self.node.send(worker, M.VALUES, {'id': rid, 'parts': heads}, M.data(rows))
-            return
-        keys = [p.key for p in parts]
+            return self.send_rows(worker, rid, parts)
+        heads, keys = [p.head() for p in parts], [p.key for p in parts]
         values = [self.store[k].value for k in keys]
         sent = self.links.send(worker, M.VALUES, {'id': rid, 'parts': heads},
                                [v.view(-1).numpy() for v in values])
@@ -257,6 +264,12 @@ class KVServer:
                                       M.data(values), track=True)
             sent = _all_done(trackers)
         self.lend(keys, sent)
+
+    def send_rows(self, worker, rid, parts):
+        """The values of row parts: copies of only those rows."""
+        rows = [self.store[p.key].value[p.positions] for p in parts]
+        self.node.send(worker, M.VALUES, {'id': rid, 'parts': [p.head() for p in parts]},
+                       M.data(rows))
 
     # -- what the heart asks ----------------------------------------------------------------
     def pushed_into(self, key):
@@ -332,21 +345,9 @@ class KVServer:
         try:
             if msg.kind == M.PUSH:
                 return self.push(msg, M.read_parts(msg, with_frames=True))
-            if msg.kind == M.PUSH_ROWS:
-                return self.push(msg, M.read_row_parts(msg, with_values=True))
-            if msg.kind == M.PULL:
-                self.pull(msg, M.read_parts(msg, with_frames=False))
-            elif msg.kind == M.PULL_ROWS:
-                self.pull(msg, M.read_row_parts(msg, with_values=False))
-            elif msg.kind in CHANGES:
-                self.change(msg)
-            elif msg.kind == M.INFO:
-                self.ack(msg, keys=[M.Part(k, s.dtype, s.shape, s.start, s.stop).head()
-                                    for k, s in self.store.items()],
-                         pid=os.getpid(), optimizer=self.updater and self.updater.name,
-                         shard=self.shard, replicated=self.chain.bytes_sent)
-            elif msg.kind == M.GET_STATE:
-                self.get_state(msg)
+            if msg.kind != M.PULL:
+                return self.handle_other(msg)
+            self.pull(msg, M.read_parts(msg, with_frames=False))
         except Answered:
             pass
         except (M.KVError, KeyError, TypeError, ValueError) as e:   # refuse it, go on serving
@@ -354,6 +355,28 @@ class KVServer:
                 lines.clip(f'malformed request ({e!r})', 300)
             self.node.send(msg.sender, M.ERROR, {'id': msg.get('id'), 'error': error})
         return True
+
+    def handle_other(self, msg):
+        """The requests beside a dense push and pull: sparse rows, the changes of the
+        shard, INFO and GET_STATE; as ``handle``."""
+        if msg.kind == M.PUSH_ROWS:
+            return self.push(msg, M.read_row_parts(msg, with_values=True))
+        if msg.kind == M.PULL_ROWS:
+            self.pull(msg, M.read_row_parts(msg, with_values=False))
+        elif msg.kind in CHANGES:
+            self.change(msg)
+        elif msg.kind == M.INFO:
+            self.info(msg)
+        elif msg.kind == M.GET_STATE:
+            self.get_state(msg)
+        return True
+
+    def info(self, msg):
+        """What this shard holds, and who answers for it (``DistKVStore.server_info``)."""
+        self.ack(msg, keys=[M.Part(k, s.dtype, s.shape, s.start, s.stop).head()
+                            for k, s in self.store.items()],
+                 pid=os.getpid(), optimizer=self.updater and self.updater.name,
+                 shard=self.shard, replicated=self.chain.bytes_sent)
 
     # -- the workers left (elastic), and a worker that starts anew ---------------------------
     def workers_changed(self, workers, membership):
