@@ -87,7 +87,7 @@ ASIDE = {
     'ServerLoop.other': "the scheduler's news, streams, joiners, hang questions, replicas",
     'ServerLoop.retry': "requests kept waiting behind a worker's early push (none in one)",
     'KVServer.handle_other': 'sparse rows, INFO, GET_STATE and the changes (init, optimizer)',
-    'KVServer.check': 'a key never initialised, or of another shape: a clear error',
+    'check_held': 'a key never initialised, or of another shape: a clear error',
     'KVServer.push_async': 'dist_async: each push applied at once, no round',
     'KVServer.agree': "workers whose n-th pushes differ in keys fail at once, not hang",
     'KVServer.uncounted': 'a push sent again to a replica made head is counted once',

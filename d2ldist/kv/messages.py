@@ -109,6 +109,21 @@ def check_key(key):
     return key
 
 
+def check_held(parts, store, what):
+    """Refuse keys never initialised, and shapes, dtypes or slices that differ from the
+    server's ``store`` (key -> its slot: dtype, shape, start, stop)."""
+    for p in parts:
+        slot = store.get(p.key)
+        if slot is None:
+            raise KVError(f'key {p.key!r} was never initialised (call kv.init first)')
+        if (p.dtype, p.shape) != (slot.dtype, slot.shape):
+            raise KVError(f'key {p.key!r}: {what} {describe(p.dtype, p.shape)} but the '
+                          f'key holds {describe(slot.dtype, slot.shape)}')
+        if (p.start, p.stop) != (slot.start, slot.stop):
+            raise KVError(f'key {p.key!r}: elements {p.start}..{p.stop} are not the '
+                          f'slice {slot.start}..{slot.stop} this server holds')
+
+
 def data(tensors):
     """The tensors' memory as the van sends it (no copy)."""
     return [t.numpy().data if t.numel() else b'' for t in tensors]

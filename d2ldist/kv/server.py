@@ -80,8 +80,7 @@ class Round:
         self.touched = None                              # a dense push touches every row
 
     def _add_rows(self, part, like):
-        """Add a sparse key's pushed rows to the sum (into zeros ``like`` the key's value),
-        and mark which elements they touched."""
+        """Add a sparse key's rows to the sum (into zeros ``like`` the value), marked touched."""
         if self.sum is None:
             self.sum = like.new_zeros(like.shape)
             self.touched = torch.zeros(like.shape, dtype=torch.bool)
@@ -109,9 +108,8 @@ def apply_update(updater, key, value, grad, positions=None, accumulate=False):
 
 
 def apply_rows(updater, key, value, grad, positions, accumulate):
-    """``apply_update`` of a sparse key's rows: ``grad`` holds the elements at
-    ``positions`` of the flattened value, and only they change (the MXNet optimizer's
-    lazy update; a sum that becomes the value is zero elsewhere)."""
+    """``apply_update`` of a sparse key's rows: only the elements at ``positions`` change
+    (MXNet's lazy update; a sum that becomes the value is zero elsewhere)."""
     if updater is None and not accumulate:
         total = torch.zeros_like(value)                   # the sum, zero elsewhere
         total.view(-1)[positions] = grad.view(-1)
@@ -158,7 +156,7 @@ class KVServer:
     def push(self, msg, parts):
         """Add each pushed part into its key's round; a round every worker has pushed
         into closes (``pushed``); answer. False: not its round yet, it waits."""
-        self.check(parts, 'pushed')
+        M.check_held(parts, self.store, 'pushed')
         if msg.get('sync') is False:
             return self.push_async(msg, parts)
         worker = msg.sender
@@ -221,7 +219,7 @@ class KVServer:
 
     def pull(self, msg, parts):
         """Send the values asked for, once the rounds this worker pushed into have closed."""
-        self.check(parts, 'pulled')
+        M.check_held(parts, self.store, 'pulled')
         self.waiting.append(Waiting(msg.sender, msg['id'], parts,
                                     self.open_rounds(msg.sender, parts)))
         self.answer_ready()
@@ -306,19 +304,6 @@ class KVServer:
             self.closed += 1
             faults.served(self.closed, what)
 
-    def check(self, parts, what):
-        """Refuse keys never initialised, and shapes, dtypes or slices that differ."""
-        for p in parts:
-            slot = self.store.get(p.key)
-            if slot is None:
-                raise M.KVError(f'key {p.key!r} was never initialised (call kv.init first)')
-            if (p.dtype, p.shape) != (slot.dtype, slot.shape):
-                raise M.KVError(f'key {p.key!r}: {what} {M.describe(p.dtype, p.shape)} but the '
-                                f'key holds {M.describe(slot.dtype, slot.shape)}')
-            if (p.start, p.stop) != (slot.start, slot.stop):
-                raise M.KVError(f'key {p.key!r}: elements {p.start}..{p.stop} are not the '
-                                f'slice {slot.start}..{slot.stop} this server holds')
-
     def writable(self, key):
         """The key's value, copied first if the van or a stream may still be sending it
         (by the next update they have, as a rule: a worker's round trip lies between)."""
@@ -357,8 +342,7 @@ class KVServer:
         return True
 
     def handle_other(self, msg):
-        """The requests beside a dense push and pull: sparse rows, the changes of the
-        shard, INFO and GET_STATE; as ``handle``."""
+        """As ``handle``, the requests beside a dense push and pull (rows, changes, INFO)."""
         if msg.kind == M.PUSH_ROWS:
             return self.push(msg, M.read_row_parts(msg, with_values=True))
         if msg.kind == M.PULL_ROWS:
@@ -366,17 +350,13 @@ class KVServer:
         elif msg.kind in CHANGES:
             self.change(msg)
         elif msg.kind == M.INFO:
-            self.info(msg)
+            self.ack(msg, keys=[M.Part(k, s.dtype, s.shape, s.start, s.stop).head()
+                                for k, s in self.store.items()],
+                     pid=os.getpid(), optimizer=self.updater and self.updater.name,
+                     shard=self.shard, replicated=self.chain.bytes_sent)
         elif msg.kind == M.GET_STATE:
             self.get_state(msg)
         return True
-
-    def info(self, msg):
-        """What this shard holds, and who answers for it (``DistKVStore.server_info``)."""
-        self.ack(msg, keys=[M.Part(k, s.dtype, s.shape, s.start, s.stop).head()
-                            for k, s in self.store.items()],
-                 pid=os.getpid(), optimizer=self.updater and self.updater.name,
-                 shard=self.shard, replicated=self.chain.bytes_sent)
 
     # -- the workers left (elastic), and a worker that starts anew ---------------------------
     def workers_changed(self, workers, membership):
