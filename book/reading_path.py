@@ -47,26 +47,27 @@ PATHS = {
     ],
     'one push/pull': [
         ('d2ldist/training/trainer.py', ['Trainer.step', 'Trainer._push', 'Trainer._update']),
-        ('d2ldist/kv/worker.py', ['KVStore.push', 'KVStore.pull', 'DistKVStore._push',
-                                  'DistKVStore._pull', 'DistKVStore._numbered',
-                                  'DistKVStore._messages', 'DistKVStore._receiver',
-                                  'DistKVStore._ask']),
+        ('d2ldist/kv/worker.py', ['KVStore.push', 'KVStore._reduce', 'KVStore.pull',
+                                  'DistKVStore._push', 'DistKVStore._pull',
+                                  'DistKVStore._numbered', 'DistKVStore._messages',
+                                  'DistKVStore._receiver', 'DistKVStore._ask']),
         ('d2ldist/kv/asking.py', ['InFlight.send', 'InFlight.answers', 'InFlight.answered',
                                   'InFlight._receive', 'InFlight._send']),
         ('d2ldist/kv/messages.py', ['Part.head', 'read_parts']),
         *MESSAGE,
         ('d2ldist/kv/serving.py', ['ServerLoop.serve', 'ServerLoop.dispatch',
                                    'ServerLoop.receive']),
-        ('d2ldist/kv/server.py', ['KVServer.handle', 'KVServer.push', 'Round.add', 'Round._add',
-                                  'KVServer.pushed', 'KVServer.close', 'Round.total',
-                                  'KVServer.update', 'apply_update', 'KVServer.pull',
-                                  'KVServer.answer_push', 'KVServer.answer_ready',
-                                  'KVServer.send_values']),
+        ('d2ldist/kv/server.py', ['KVServer.handle', 'KVServer.push', 'KVServer.pushed_into',
+                                  'Round.add', 'Round._add', 'KVServer.pushed',
+                                  'KVServer.close', 'Round.total', 'KVServer.update',
+                                  'apply_update', 'KVServer.pull', 'KVServer.open_rounds',
+                                  'KVServer.answer_push', 'KVServer.ack',
+                                  'KVServer.answer_ready', 'KVServer.send_values']),
     ],
 }
 
-# What the plain path calls on its own object but a first reading may skip, and why
-# (tests/unit/test_reading_path.py: every such call is on a path or here).
+# What the plain path calls on its own object (or in its own module) but a first reading
+# may skip, and why (tests/unit/test_reading_path.py: every such call is on a path or here).
 ASIDE = {
     # runtime: one message
     'Node._watched': 'the hang detector: the same receive, with deadlines that name who is '
@@ -104,6 +105,36 @@ ASIDE = {
     'Trainer._copy_to_device': 'step 6: the new weights to the first device (on a CPU: '
                                'nothing)',
     'Trainer._broadcast': 'step 7: the weights to the other devices (one device: nothing)',
+    # the worker's side of the store (kv/worker.py, kv/asking.py, kv/messages.py)
+    'KVStore._check': 'a value that does not fit its key: a clear error, nothing else',
+    'KVStore._outputs': 'the outputs as a list, each checked to fit its key (_check)',
+    'KVStore._to_cpu': 'a CPU tensor is sent as it is; a CUDA one through a pinned buffer',
+    'KVStore._fill': 'an output that is not the CPU tensor read into (CUDA, copies) gets a copy',
+    'KVStore._coded': 'which pushes gradient compression codes (none unless it is set)',
+    'KVStore._push_sparse': "a sparse gradient's rows (nn.Embedding(sparse=True))",
+    'KVStore._rows': "a sparse gradient's rows and their ids, on the CPU",
+    'KVStore._sparse_outs': 'a sparse out of a pull: left as it is, or filled densely',
+    'KVStore._fill_sparse': 'the rows pulled for a sparse out, copied into it',
+    '_read_in_place': 'parts still in a stream (another host) read straight into place',
+    'InFlight._hang_wait': 'a long wait asks the servers who is missing (runtime/hang.py)',
+    'InFlight._resend': "a server lost: its requests go again to its replica (replicas)",
+    'InFlight._read': "a stream's word that an answer's values are in place",
+    '_codec': "the codec of compressed parts, checked (gradient compression)",
+    '_decoded': 'a compressed part decoded (gradient compression)',
+    # the server's side (kv/serving.py, kv/server.py)
+    'ServerLoop.other': "the scheduler's news, streams, joiners, hang questions, replicas",
+    'ServerLoop.retry': "requests kept waiting behind a worker's early push (none in one)",
+    'KVServer.handle_other': 'sparse rows, INFO, GET_STATE and the changes (init, optimizer)',
+    'check_held': 'a key never initialised, or of another shape: a clear error',
+    'KVServer.push_async': 'dist_async: each push applied at once, no round',
+    'KVServer.agree': "workers whose n-th pushes differ in keys fail at once, not hang",
+    'KVServer.uncounted': 'a push sent again to a replica made head is counted once',
+    'Round._add_rows': "a sparse key's rows added into zeros",
+    'apply_rows': "a sparse key's rows updated (the optimizer's lazy update)",
+    'KVServer.served': 'counts closed rounds for d2l-launch --fail (fault injection)',
+    'KVServer.writable': 'a value still being sent from its own memory is copied first',
+    'KVServer.lend': 'remembers the values being sent from their own memory (writable)',
+    'KVServer.send_rows': "a sparse key's rows answered",
 }
 
 

@@ -27,10 +27,8 @@ class InFlight:
     def send(self, rid, to, kind, header, frames):
         """Send one request, ``to`` a shard's head (or to the server named)."""
         self.sent[rid] = (to, kind, dict(header, id=rid, **_shard_of(to)), frames)
-        # Between hosts, to the servers in turn, as the cost model has it (cost.py): the
-        # last message's bytes leave before this one's, so the first server's round
-        # closes, and its answer comes, while the next server's push is on the wire.
-        # (On one host the copies are the limit, not a link: all at once.)
+        # Between hosts, to the servers in turn (cost.py): the first server's answer comes
+        # while the next one's push is on the wire. (On one host: all at once.)
         self.node.van.wait_sent(self.leaving, hang.LOOK)
         self.waiting[rid], self.leaving = self._send(*self.sent[rid])
 
@@ -51,30 +49,41 @@ class InFlight:
 
     def _receive(self):
         """The next answer to one of these requests; None after anything else."""
-        servers = sorted(set(self.waiting.values()))   # (a long wait: ask who is missing)
-        wait = hang.Wait(f'for the answer to {self.what} of {self.keys} from '
+        try:
+            msg = self.node.recv([M.ACK, M.VALUES, M.ERROR, stream.READ, protocol.SERVERS],
+                                 wait=self._hang_wait())
+        except WorkersChanged:          # elastic: the servers count the workers left
+            return None
+        if msg.kind == protocol.SERVERS:
+            self._resend()                              # a server lost: ask its replica
+        elif msg.kind == stream.READ:
+            self._read(msg)                             # an answer's values are in place
+        elif self.waiting.get(msg.get('id')) is None:
+            stream.discard(msg)                         # the answer to a request that failed
+        else:
+            return msg
+        return None
+
+    def _hang_wait(self):
+        """How a long wait asks the servers who is missing (``runtime/hang.py``)."""
+        servers = sorted(set(self.waiting.values()))
+        return hang.Wait(f'for the answer to {self.what} of {self.keys} from '
                          f'{", ".join(lines.shown(s) for s in servers)}',
                          [(s, {'request': rid, **_shard_of(self.sent[rid][0])})
                           for rid, s in self.waiting.items()], span='wait for servers')
-        try:
-            msg = self.node.recv([M.ACK, M.VALUES, M.ERROR, stream.READ, protocol.SERVERS],
-                                 wait=wait)
-        except WorkersChanged:          # elastic: the servers count the workers left
-            return None
-        if msg.kind == protocol.SERVERS:                # a server lost: ask its replica
-            for rid, server in self.waiting.items():
-                if isinstance(self.sent[rid][0], int) and \
-                        server != self.node.head(self.sent[rid][0]):
-                    self.waiting[rid], _ = self._send(*self.sent[rid])
-            return None
-        if msg.kind == stream.READ:                     # an answer's values are in place
-            if self.reading.get(msg.sender):
-                self.waiting.pop(self.reading[msg.sender].pop(0), None)
-            return None
-        if self.waiting.get(msg.get('id')) is None:
-            stream.discard(msg)                         # the answer to a request that failed
-            return None
-        return msg
+
+    def _resend(self):
+        """A server was lost: what it has not answered goes again, as it was, to the
+        replica that answers for its shard now."""
+        for rid, server in self.waiting.items():
+            if isinstance(self.sent[rid][0], int) and \
+                    server != self.node.head(self.sent[rid][0]):
+                self.waiting[rid], _ = self._send(*self.sent[rid])
+
+    def _read(self, msg):
+        """A stream's word that an answer's values are in place: its request is done."""
+        if self.reading.get(msg.sender):
+            self.waiting.pop(self.reading[msg.sender].pop(0), None)
 
     def _send(self, to, kind, header, frames):
         """Send one request to the head of its shard (or to a server named): to whom, and

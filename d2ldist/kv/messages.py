@@ -109,6 +109,21 @@ def check_key(key):
     return key
 
 
+def check_held(parts, store, what):
+    """Refuse keys never initialised, and shapes, dtypes or slices that differ from the
+    server's ``store`` (key -> its slot: dtype, shape, start, stop)."""
+    for p in parts:
+        slot = store.get(p.key)
+        if slot is None:
+            raise KVError(f'key {p.key!r} was never initialised (call kv.init first)')
+        if (p.dtype, p.shape) != (slot.dtype, slot.shape):
+            raise KVError(f'key {p.key!r}: {what} {describe(p.dtype, p.shape)} but the '
+                          f'key holds {describe(slot.dtype, slot.shape)}')
+        if (p.start, p.stop) != (slot.start, slot.stop):
+            raise KVError(f'key {p.key!r}: elements {p.start}..{p.stop} are not the '
+                          f'slice {slot.start}..{slot.stop} this server holds')
+
+
 def data(tensors):
     """The tensors' memory as the van sends it (no copy)."""
     return [t.numpy().data if t.numel() else b'' for t in tensors]
@@ -142,27 +157,38 @@ def _tensor(key, dtype, numel, frame):
         raise KVError(f'key {key!r}: {e}') from None
 
 
-def read_parts(msg, with_frames):
-    """The parts of a received message as ``Part``s, their ``value`` the frame's tensor
-    (or None); the parts listed in ``coded`` are decoded with the message's ``codec``."""
-    parts, coded = msg.get('parts'), msg.get('coded') or []
-    if not isinstance(parts, list) or (with_frames and len(parts) != len(msg.frames)):
-        raise KVError('malformed request: parts do not match the frames')
+def _codec(msg, coded):
+    """The codec of a message's ``coded`` parts (None if none is coded), checked."""
     try:
         codec = compression.create(msg.get('codec')) if coded else None
     except ValueError as e:
         raise KVError(str(e)) from None
     if coded and (codec is None or not isinstance(coded, list)):
         raise KVError('malformed request: coded parts without a codec')
+    return codec
+
+
+def _decoded(codec, key, dtype, numel, frame):
+    """A coded part's frame, decoded into a tensor."""
+    try:
+        return codec.decode(frame, numel, wire.DTYPES[dtype])
+    except ValueError as e:
+        raise KVError(f'key {key!r}: {e}') from None
+
+
+def read_parts(msg, with_frames):
+    """The parts of a received message as ``Part``s, their ``value`` the frame's tensor
+    (or None); the parts listed in ``coded`` are decoded with the message's ``codec``."""
+    parts, coded = msg.get('parts'), msg.get('coded') or []
+    if not isinstance(parts, list) or (with_frames and len(parts) != len(msg.frames)):
+        raise KVError('malformed request: parts do not match the frames')
+    codec = _codec(msg, coded)
     out = []
     for i, p in enumerate(parts):
         key, dtype, shape, start, stop = _fields(p)
         value = None
         if with_frames and i in coded:
-            try:
-                value = codec.decode(msg.frames[i], stop - start, wire.DTYPES[dtype])
-            except ValueError as e:
-                raise KVError(f'key {key!r}: {e}') from None
+            value = _decoded(codec, key, dtype, stop - start, msg.frames[i])
         elif with_frames:
             value = _tensor(key, dtype, stop - start, msg.frames[i])
         out.append(Part(key, dtype, shape, start, stop, value))

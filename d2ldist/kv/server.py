@@ -70,15 +70,17 @@ class Round:
         return self.sum
 
     def _add(self, part, like):
-        """Add a pushed part to the sum: all its elements, or a sparse key's rows (into
-        zeros ``like`` the key's value)."""
-        if part.positions is None:
-            if self.sum is None:
-                self.sum = part.value                    # the message's own memory, no copy
-            else:
-                self.sum.add_(part.value)                # in place, while more pushes arrive
-            self.touched = None                          # a dense push touches every row
-            return
+        """Add a pushed part to the sum: all its elements (a sparse key's rows: ``_add_rows``)."""
+        if part.positions is not None:
+            return self._add_rows(part, like)
+        if self.sum is None:
+            self.sum = part.value                        # the message's own memory, no copy
+        else:
+            self.sum.add_(part.value)                    # in place, while more pushes arrive
+        self.touched = None                              # a dense push touches every row
+
+    def _add_rows(self, part, like):
+        """Add a sparse key's rows to the sum (into zeros ``like`` the value), marked touched."""
         if self.sum is None:
             self.sum = like.new_zeros(like.shape)
             self.touched = torch.zeros(like.shape, dtype=torch.bool)
@@ -92,22 +94,28 @@ def apply_update(updater, key, value, grad, positions=None, accumulate=False):
 
     The optimizer (``updater``; None: none set, or a key made with optimizer=False)
     updates ``value`` in place; without one the sum becomes the value (sync) or is
-    added to it (async: ``accumulate``). A sparse key's rows: ``grad`` holds the
-    elements at ``positions`` of the flattened value, and only they change (the MXNet
-    optimizer's lazy update; a sum that becomes the value is zero elsewhere).
+    added to it (async: ``accumulate``). A sparse key's rows: ``apply_rows``.
     """
-    if updater is None and not accumulate and positions is None:
+    if positions is not None:
+        return apply_rows(updater, key, value, grad, positions, accumulate)
+    if updater is not None:
+        updater(key, value, grad)                         # the optimizer's step
+    elif accumulate:
+        value.add_(grad)                                  # async: the sum is added
+    else:
         return grad                                       # the sum becomes the value
+    return value
+
+
+def apply_rows(updater, key, value, grad, positions, accumulate):
+    """``apply_update`` of a sparse key's rows: only the elements at ``positions`` change
+    (MXNet's lazy update; a sum that becomes the value is zero elsewhere)."""
     if updater is None and not accumulate:
-        total = torch.zeros_like(value)                   # ... and is zero elsewhere
+        total = torch.zeros_like(value)                   # the sum, zero elsewhere
         total.view(-1)[positions] = grad.view(-1)
         return total
-    if updater is None and positions is None:
-        value.add_(grad)                                  # async: the sum is added
-    elif updater is None:
+    if updater is None:
         value.view(-1).index_add_(0, positions, grad.view(-1))
-    elif positions is None:
-        updater(key, value, grad)                         # the optimizer's step
     else:
         updater.update_rows(key, value.view(-1), positions, grad.view(-1))
     return value
@@ -148,7 +156,7 @@ class KVServer:
     def push(self, msg, parts):
         """Add each pushed part into its key's round; a round every worker has pushed
         into closes (``pushed``); answer. False: not its round yet, it waits."""
-        self.check(parts, 'pushed')
+        M.check_held(parts, self.store, 'pushed')
         if msg.get('sync') is False:
             return self.push_async(msg, parts)
         worker = msg.sender
@@ -211,7 +219,7 @@ class KVServer:
 
     def pull(self, msg, parts):
         """Send the values asked for, once the rounds this worker pushed into have closed."""
-        self.check(parts, 'pulled')
+        M.check_held(parts, self.store, 'pulled')
         self.waiting.append(Waiting(msg.sender, msg['id'], parts,
                                     self.open_rounds(msg.sender, parts)))
         self.answer_ready()
@@ -242,13 +250,10 @@ class KVServer:
 
     def send_values(self, worker, rid, parts):
         """The values of whole slices, from their own memory (on the worker's stream if
-        it has one); for row parts, copies of only those rows."""
-        heads = [p.head() for p in parts]
+        it has one); row parts: ``send_rows``."""
         if parts and isinstance(parts[0], M.RowPart):
-            rows = [self.store[p.key].value[p.positions] for p in parts]
-            self.node.send(worker, M.VALUES, {'id': rid, 'parts': heads}, M.data(rows))
-            return
-        keys = [p.key for p in parts]
+            return self.send_rows(worker, rid, parts)
+        heads, keys = [p.head() for p in parts], [p.key for p in parts]
         values = [self.store[k].value for k in keys]
         sent = self.links.send(worker, M.VALUES, {'id': rid, 'parts': heads},
                                [v.view(-1).numpy() for v in values])
@@ -257,6 +262,12 @@ class KVServer:
                                       M.data(values), track=True)
             sent = _all_done(trackers)
         self.lend(keys, sent)
+
+    def send_rows(self, worker, rid, parts):
+        """The values of row parts: copies of only those rows."""
+        rows = [self.store[p.key].value[p.positions] for p in parts]
+        self.node.send(worker, M.VALUES, {'id': rid, 'parts': [p.head() for p in parts]},
+                       M.data(rows))
 
     # -- what the heart asks ----------------------------------------------------------------
     def pushed_into(self, key):
@@ -293,19 +304,6 @@ class KVServer:
             self.closed += 1
             faults.served(self.closed, what)
 
-    def check(self, parts, what):
-        """Refuse keys never initialised, and shapes, dtypes or slices that differ."""
-        for p in parts:
-            slot = self.store.get(p.key)
-            if slot is None:
-                raise M.KVError(f'key {p.key!r} was never initialised (call kv.init first)')
-            if (p.dtype, p.shape) != (slot.dtype, slot.shape):
-                raise M.KVError(f'key {p.key!r}: {what} {M.describe(p.dtype, p.shape)} but the '
-                                f'key holds {M.describe(slot.dtype, slot.shape)}')
-            if (p.start, p.stop) != (slot.start, slot.stop):
-                raise M.KVError(f'key {p.key!r}: elements {p.start}..{p.stop} are not the '
-                                f'slice {slot.start}..{slot.stop} this server holds')
-
     def writable(self, key):
         """The key's value, copied first if the van or a stream may still be sending it
         (by the next update they have, as a rule: a worker's round trip lies between)."""
@@ -332,27 +330,32 @@ class KVServer:
         try:
             if msg.kind == M.PUSH:
                 return self.push(msg, M.read_parts(msg, with_frames=True))
-            if msg.kind == M.PUSH_ROWS:
-                return self.push(msg, M.read_row_parts(msg, with_values=True))
-            if msg.kind == M.PULL:
-                self.pull(msg, M.read_parts(msg, with_frames=False))
-            elif msg.kind == M.PULL_ROWS:
-                self.pull(msg, M.read_row_parts(msg, with_values=False))
-            elif msg.kind in CHANGES:
-                self.change(msg)
-            elif msg.kind == M.INFO:
-                self.ack(msg, keys=[M.Part(k, s.dtype, s.shape, s.start, s.stop).head()
-                                    for k, s in self.store.items()],
-                         pid=os.getpid(), optimizer=self.updater and self.updater.name,
-                         shard=self.shard, replicated=self.chain.bytes_sent)
-            elif msg.kind == M.GET_STATE:
-                self.get_state(msg)
+            if msg.kind != M.PULL:
+                return self.handle_other(msg)
+            self.pull(msg, M.read_parts(msg, with_frames=False))
         except Answered:
             pass
         except (M.KVError, KeyError, TypeError, ValueError) as e:   # refuse it, go on serving
             error = str(e) if isinstance(e, M.KVError) else \
                 lines.clip(f'malformed request ({e!r})', 300)
             self.node.send(msg.sender, M.ERROR, {'id': msg.get('id'), 'error': error})
+        return True
+
+    def handle_other(self, msg):
+        """As ``handle``, the requests beside a dense push and pull (rows, changes, INFO)."""
+        if msg.kind == M.PUSH_ROWS:
+            return self.push(msg, M.read_row_parts(msg, with_values=True))
+        if msg.kind == M.PULL_ROWS:
+            self.pull(msg, M.read_row_parts(msg, with_values=False))
+        elif msg.kind in CHANGES:
+            self.change(msg)
+        elif msg.kind == M.INFO:
+            self.ack(msg, keys=[M.Part(k, s.dtype, s.shape, s.start, s.stop).head()
+                                for k, s in self.store.items()],
+                     pid=os.getpid(), optimizer=self.updater and self.updater.name,
+                     shard=self.shard, replicated=self.chain.bytes_sent)
+        elif msg.kind == M.GET_STATE:
+            self.get_state(msg)
         return True
 
     # -- the workers left (elastic), and a worker that starts anew ---------------------------

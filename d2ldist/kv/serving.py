@@ -44,10 +44,31 @@ class ServerLoop:
             pass
 
     def dispatch(self, msg):
-        """Hand a message to the shard it names (this server's own, or a replica it
-        holds), or act on it for all; False once the job is over."""
+        """Hand a request to the shard it names (this server's own, or a replica it
+        holds); anything else goes to ``other``. False once the job is over."""
         if msg.kind == protocol.SHUTDOWN:
             return False
+        shard = msg.get('shard', self.own)
+        if msg.kind not in M.REQUESTS:
+            self.other(msg)
+        elif isinstance(shard, int) and shard in self.shards:
+            self.receive(self.shards[shard], msg)
+        return True
+
+    def receive(self, shard, msg):
+        """A request for one shard: handled now, or kept waiting, behind this worker's
+        earlier requests, until a round it waits for closes (``retry``)."""
+        queue = self.deferred[shard.shard].setdefault(msg.sender, deque())
+        with spans.span(msg.kind[3:], 'server', worker=msg.sender,
+                        bytes=sum(memoryview(f).nbytes for f in msg.frames)):
+            if queue or not shard.handle(msg):         # keep each worker's order
+                queue.append(msg)
+            self.retry(shard)
+        spans.tick()
+
+    def other(self, msg):
+        """What is not a request: the scheduler's news, a stream offered, a worker that
+        joins (for all shards); a question or a change of its chain (for one shard)."""
         if msg.sender == 'scheduler' and msg.kind in (protocol.WORKERS, protocol.SERVERS):
             for shard in self.shards.values():         # the workers left; the chains now
                 self.news(shard, msg)
@@ -60,11 +81,10 @@ class ServerLoop:
             shard = (question if isinstance(question, dict) else msg.header).get(
                 'shard', self.own)
             if isinstance(shard, int) and shard in self.shards:
-                self.receive(self.shards[shard], msg)
-        return True
+                self.chain_or_question(self.shards[shard], msg)
 
-    def receive(self, shard, msg):
-        """A message for one shard: a request, a question, or a change of its chain."""
+    def chain_or_question(self, shard, msg):
+        """A message for one shard that is not a request: a question, or a change of its chain."""
         if msg.kind == protocol.WHO:                   # a worker has waited long (hang.py)
             self.who(shard, msg)
         elif msg.kind == M.REPLICATE:                  # a change from the holder before
@@ -77,14 +97,6 @@ class ServerLoop:
         elif msg.kind == M.REPLICATED:                 # the holders after have changes
             shard.chain.acknowledged(msg)
             shard.answer_ready()
-        elif msg.kind in M.REQUESTS:
-            queue = self.deferred[shard.shard].setdefault(msg.sender, deque())
-            with spans.span(msg.kind[3:], 'server', worker=msg.sender,
-                            bytes=sum(memoryview(f).nbytes for f in msg.frames)):
-                if queue or not shard.handle(msg):     # keep each worker's order
-                    queue.append(msg)
-                self.retry(shard)
-            spans.tick()
 
     def retry(self, shard):
         """Handle the requests waiting whose turn has come (a round they waited for closed)."""

@@ -63,7 +63,12 @@ def sum_copies(copies, device=None, into_first=False):
 
 
 class KVStore:
-    """What every kind shares: the API, argument checks and summing device copies."""
+    """What every kind shares: the API, argument checks and summing device copies.
+
+    ``priority`` (MXNet's, an int, higher first; push, pull, pushpull, row_sparse_pull
+    and broadcast take it) is checked and has no effect here: MXNet queues each call on
+    its engine and runs the higher ones first, while a call of d2ldist is done when it
+    returns, so calls run in the order they are made."""
 
     def __init__(self, kind):
         self.type = kind                       # MXNet's kv.type (kv.create: the name given)
@@ -103,19 +108,18 @@ class KVStore:
                    optimizer)
 
     def push(self, key, value, priority=0):
-        """Push values (a list of device copies is summed first). A sparse tensor (the
-        gradient of ``nn.Embedding(sparse=True)``) sends only its rows, and the store
-        updates only those rows.
-
-        ``priority`` (MXNet's, an int, higher first; pull, pushpull, row_sparse_pull and
-        broadcast take it too) is checked and has no effect here: MXNet queues each call
-        on its engine and runs the higher ones first, while a call of d2ldist is done
-        when it returns, so calls run in the order they are made."""
+        """Push values (a list of device copies is summed first); a sparse tensor's rows
+        go by ``_push_sparse``. ``priority``: see the class."""
         _check_priority(priority)
         keys, values = _lists(key, value)
         dense = [(k, v) for k, v in zip(keys, values) if not _sparse(v)]
         if dense:
             self._push([k for k, _ in dense], [self._reduce(k, v) for k, v in dense])
+        self._push_sparse(keys, values)
+
+    def _push_sparse(self, keys, values):
+        """Push the sparse values (the gradient of ``nn.Embedding(sparse=True)``): each
+        sends only its rows, and the store updates only those rows."""
         for k, v in zip(keys, values):
             if _sparse(v):
                 self._push_rows(k, *self._rows(k, v))
@@ -151,30 +155,38 @@ class KVStore:
         return total.indices()[0].contiguous(), total.values().contiguous()
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
-        """Pull the current values into ``out`` (a tensor, or a list of device copies).
-
-        A sparse ``out`` (MXNet's row_sparse) is left as it is when ``ignore_sparse``, as
-        in MXNet, with a warning (pull its rows with row_sparse_pull); otherwise it gets
-        every row. ``priority``: see push."""
+        """Pull the current values into ``out`` (a tensor, or a list of device copies; a
+        sparse one: ``_sparse_outs``). ``priority``: see the class."""
         _check_priority(priority)
         if out is None:
             raise ValueError('pull needs out= (a tensor or a list of device copies)')
         keys, outs = self._outputs(key, out)
-        pulls, sparse = [], []      # (key, its dense outputs); (sparse outputs, their source)
+        dense = {k: [t for t in _as_list(o) if not t.is_sparse] for k, o in zip(keys, outs)}
+        sparse = self._sparse_outs(keys, outs, dense, ignore_sparse)
+        pulls = [k for k in keys if dense[k]]
+        if pulls:
+            self._pull(pulls, [dense[k] for k in pulls])
+        self._fill_sparse(sparse)
+
+    def _sparse_outs(self, keys, outs, dense, ignore_sparse):
+        """The sparse outputs of a pull (MXNet's row_sparse): left as they are when
+        ``ignore_sparse``, as in MXNet, with a warning (pull their rows with
+        row_sparse_pull); otherwise they get every row, pulled first into a dense tensor
+        added to the key's ``dense`` outputs: [(a key's sparse outputs, that tensor)]."""
+        sparse = []
         for k, o in zip(keys, outs):
-            dense = [t for t in _as_list(o) if not t.is_sparse]
             rows = [t for t in _as_list(o) if t.is_sparse]
             if rows and ignore_sparse:
                 warnings.warn(f'kv.pull: key {k!r}: a sparse out is left as it is '
                               '(ignore_sparse=True); pull its rows with row_sparse_pull',
-                              stacklevel=2)
-            elif rows:              # every row, pulled into a dense tensor first
-                dense.append(torch.empty(self._meta[k][0], dtype=self._meta[k][1]))
-                sparse.append((rows, dense[-1]))
-            if dense:
-                pulls.append((k, dense))
-        if pulls:
-            self._pull([k for k, _ in pulls], [d for _, d in pulls])
+                              stacklevel=3)
+            elif rows:
+                dense[k].append(torch.empty(self._meta[k][0], dtype=self._meta[k][1]))
+                sparse.append((rows, dense[k][-1]))
+        return sparse
+
+    def _fill_sparse(self, sparse):
+        """Copy every row pulled into the sparse outputs (``_sparse_outs``)."""
         for rows, whole in sparse:
             for t in rows:
                 t.copy_(whole.to_sparse(t.sparse_dim()).to(t.device))
@@ -182,7 +194,7 @@ class KVStore:
     def pushpull(self, key, value, out=None, priority=0):
         """Push, then pull the updated values: one round trip (into ``value`` when no ``out``).
         A sparse value: push its rows, then pull those rows into ``out``. ``priority``:
-        see push."""
+        see the class."""
         _check_priority(priority)
         keys, values = _lists(key, value)
         if any(_sparse(v) for v in values):
@@ -481,11 +493,9 @@ class DistKVStore(KVStore):
                                                     sync=self._sync)), what='push rows')
 
     def _numbered(self, msgs):
-        """Pushes carry their number per shard: a sync server checks that every worker's
-        n-th push to it carries the same keys (server.agree), and a replica that takes
-        over counts a push sent again only once. And the membership this worker knows,
-        the same to every server (elastic: from which round a worker that joined counts,
-        server.waits_for)."""
+        """Pushes carry their number per shard (a sync server checks that every worker's
+        n-th push has the same keys; a replica counts a push sent again once) and the
+        membership this worker knows (elastic: from which round a joiner counts)."""
         for shard, _, header, _ in msgs:
             header['n'] = self._pushes[shard] = self._pushes.get(shard, 0) + 1
             header['membership'] = self._node.round
@@ -549,13 +559,10 @@ class DistKVStore(KVStore):
         return msgs
 
     def _receiver(self, keys, outs):
-        """What to do with a VALUES answer: put each part in its place in ``out``.
-
-        Returns a function of the answer that starts that and returns the function that
-        ends it: the parts still in their stream are read into place on the stream's
-        thread meanwhile (``stream.read_later``), so that all servers' answers come in
-        at once; the end fills the outputs that are not the CPU tensors read into."""
-        targets = {}
+        """What to do with a VALUES answer: copy each part into its place in a CPU tensor
+        (``out`` itself if it is one); returns how to end: once a key's last part is in,
+        fill its outputs (the parts still in a stream: ``_read_in_place``)."""
+        targets = {}          # key -> [the CPU tensor, out, how many parts are to come]
         for k, o in zip(keys, outs):
             first = _as_list(o)[0]
             host = first if first.device.type == 'cpu' and first.is_contiguous() \
@@ -563,32 +570,26 @@ class DistKVStore(KVStore):
             targets[k] = [host, o, len(place(k, host.numel(), self._node.num_servers))]
 
         def receive(msg):
-            parts, reads = M.read_parts(msg, with_frames=True), []
+            parts = M.read_parts(msg, with_frames=True)
             for p in parts:
-                into = targets[p.key][0].view(-1)[p.start:p.stop]
-                if isinstance(p.value, stream.Pending):   # still in its stream: read in place
-                    reads.append((p.value, into.view(torch.uint8).numpy()))
-                else:
-                    into.copy_(p.value)
-            reading = stream.read_later(reads)
+                if not isinstance(p.value, stream.Pending):
+                    targets[p.key][0].view(-1)[p.start:p.stop].copy_(p.value)
+            reading = _read_in_place(parts, targets)
 
             def end():
                 reading.wait()
                 for p in parts:
-                    host, o, left = targets[p.key]
-                    targets[p.key][2] = left - 1
-                    if left == 1 and (len(_as_list(o)) > 1 or host is not _as_list(o)[0]):
-                        self._fill(p.key, o, host)
+                    targets[p.key][2] -= 1
+                    if targets[p.key][2] == 0:
+                        self._fill(p.key, targets[p.key][1], targets[p.key][0])
             return end
         return receive
 
     def _ask(self, msgs, on_values=None, what='request'):
         """Send the requests and wait for every answer; raise the first error a server sends.
 
-        Each request goes to a shard's head (``msgs``: [(shard, kind, header, frames)]; a
-        server's id instead of a shard: to that server). ``on_values(msg)`` takes each
-        VALUES answer; what it returns, if anything, is called once every answer has
-        come (``_receiver``'s reads in place end there)."""
+        ``msgs``: [(shard, or a server's id, kind, header, frames)]. ``on_values(msg)``
+        takes each VALUES answer; what it returns is called once every answer has come."""
         keys = _keys([k for _, _, header, _ in msgs for k in M.keys_of(header.get('parts', []))])
         start, asked = time.time(), InFlight(self._node, keys, what)
         for to, kind, header, frames in msgs:
@@ -672,6 +673,14 @@ class DistKVStore(KVStore):
 
 
 # -- small helpers ---------------------------------------------------------------------------
+def _read_in_place(parts, targets):
+    """Start reading the parts still in their stream straight into place, on the
+    stream's thread (``stream.read_later``), so that all servers' answers come in at once."""
+    return stream.read_later([(p.value, targets[p.key][0].view(-1)[p.start:p.stop]
+                               .view(torch.uint8).numpy())
+                              for p in parts if isinstance(p.value, stream.Pending)])
+
+
 def _lists(key, value):
     """Keys and values as two lists of the same length (one key and value, or lists)."""
     if isinstance(key, (list, tuple)):
