@@ -46,7 +46,8 @@ PATHS = {
         *MESSAGE,
     ],
     'one push/pull': [
-        ('d2ldist/training/trainer.py', ['Trainer.step', 'Trainer._push', 'Trainer._update']),
+        ('d2ldist/training/trainer.py', ['Trainer.step', 'Trainer._sum_replicas',
+                                         'Trainer._push', 'Trainer._update']),
         ('d2ldist/kv/worker.py', ['KVStore.push', 'KVStore._reduce', 'KVStore.pull',
                                   'DistKVStore._push', 'DistKVStore._pull',
                                   'DistKVStore._numbered', 'DistKVStore._messages',
