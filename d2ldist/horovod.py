@@ -11,9 +11,6 @@ broadcasts in ``collectives/distributed_optimizer.py``, rank and size in
 ``collectives/world.py``. Only what Horovod says of its own build (``nccl_built``,
 ``mpi_built``, ...) is written here: it belongs to the face, not to the collectives.
 """
-import torch
-import torch.distributed as dist
-
 from .collectives.api import (Compression, Handle, allgather, allgather_async,  # noqa: F401
                               allgather_object, allreduce, allreduce_, allreduce_async,
                               allreduce_async_, broadcast, broadcast_, broadcast_async,
@@ -35,9 +32,13 @@ from .collectives.world import (barrier, cross_rank, cross_size, init,  # noqa: 
 
 
 # -- what Horovod was built with: here, what torch and this machine have -----------------
+# (torch is imported in each function, so that ``hvd.torch`` and ``hvd.dist`` are no names
+# of this face: it has Horovod's names only)
 def nccl_built():
     """NCCL's version code, as Horovod's (2.18.3: 21803), where torch.distributed has NCCL
     and a GPU is usable (backend 'torch' on GPUs); else 0."""
+    import torch
+    import torch.distributed as dist
     if not (dist.is_available() and dist.is_nccl_available() and cuda_built()):
         return 0
     return _nccl_code(torch.cuda.nccl.version())
@@ -52,6 +53,7 @@ def _nccl_code(version):
 
 def cuda_built():
     """Whether torch has CUDA and a GPU is usable here (Horovod: built with CUDA)."""
+    import torch
     return torch.version.cuda is not None and torch.cuda.is_available()
 
 
@@ -66,6 +68,8 @@ def ddl_built():
 
 
 def gloo_built():
+    """Whether torch.distributed has gloo (Horovod: built with Gloo)."""
+    import torch.distributed as dist
     return dist.is_available() and dist.is_gloo_available()
 
 
