@@ -236,9 +236,8 @@ class Trainer:
             bucket = self.flat_grads[self._span(indices)]
             if self.devices[0].type != 'cuda' or bucket.device.type != 'cpu':
                 return self.store.allreduce_async_(bucket)   # nothing to wait for
-            # Step 3 queued the copies down on devices[0]'s current stream, in this thread
-            # (indexed: this hook's thread is current on the last replica's GPU). The event
-            # recorded behind them is what the summing thread waits for.
+            # step 3 queued the copies down on devices[0]'s stream in this thread (devices
+            # indexed: this thread is current on the last replica's GPU); the summer waits
             landed = torch.cuda.Event()
             landed.record(torch.cuda.current_stream(self.devices[0]))
             return self.store.allreduce_async_(bucket, after=landed)
@@ -276,11 +275,8 @@ class Trainer:
                 grad = self._grads_up         # copied bucket by bucket, as each was summed)
                 if self._buckets is None:
                     staging.copy_([grad], [self.flat_grads], wait=False)
-                if grad.device.type == 'cpu':   # down from the store's GPU ('torch' on NCCL,
-                    # CPU devices) into pinned memory: the copies run on after this thread
-                    # queued them, so it waits before the optimizer reads. (Up to a GPU, the
-                    # optimizer's kernels queue behind them on the same stream.)
-                    staging.landed(self.flat_grads.device)
+                if grad.device.type == 'cpu':   # down from the store's GPU into pinned memory
+                    staging.landed(self.flat_grads.device)   # (up: queued behind, no wait)
             if self._buckets is not None:
                 grad.mul_(scale)    # backward's hooks summed them before batch_size was known
             self.flat_weights.grad = grad
