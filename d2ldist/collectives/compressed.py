@@ -9,6 +9,7 @@ Compression.fp16) and cast back into X. The caller's thread only queues it. Why 
 values are scaled on the wire, and why a store hands a CUDA event:
 docs/design/collectives.md.
 """
+import torch
 
 
 def allreduce_(backend, tensor, op, compression=None, after=None, prescale_factor=1.0,
@@ -17,7 +18,10 @@ def allreduce_(backend, tensor, op, compression=None, after=None, prescale_facto
     (None: as it is); first waits for the CUDA event ``after``, if any (the copies that
     fill ``tensor`` from a GPU). (Its name is the timeline's: 'allreduce'.)"""
     if after is not None:
-        after.synchronize()
+        # This thread's current device is GPU 0 unless set, and cudaEventSynchronize sets
+        # none: make the event's GPU current, or CUDA opens a context on GPU 0 for us.
+        with torch.cuda.device(after.device):
+            after.synchronize()      # the host waits until the copies have landed
     wire, ctx = compression.compress(tensor) if compression is not None else (tensor, None)
     scale_(wire, prescale_factor)
     backend.allreduce_(wire, op)

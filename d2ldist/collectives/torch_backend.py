@@ -154,15 +154,17 @@ def wire_bytes_sent():
     return total
 
 
-def my_gpu(local_rank):
-    """The GPU this worker takes (its local rank among the GPUs it sees), made its current
-    one, and that GPU's UUID; (None, '') without one. Where each task sees only its own
-    GPU (Slurm's --gpus-per-task, a CUDA_VISIBLE_DEVICES per task) that is GPU 0 of
-    every task. (Current before it is asked about: CUDA then makes this process's
-    context there, not on GPU 0 of every process.)"""
+def my_gpu(local_rank, *wanted):
+    """The GPU this worker takes (the first of ``wanted`` that is one, else its local rank
+    among the GPUs it sees), made its current one, and its UUID; (None, '') without one.
+    Where each task sees only its own GPU (Slurm's --gpus-per-task, a CUDA_VISIBLE_DEVICES
+    per task) that is GPU 0 of every task. (Current before it is asked about: CUDA then
+    makes this process's context there, not on GPU 0 of every process.)"""
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         return None, ''
-    index = local_rank % torch.cuda.device_count()
+    gpus = [torch.device(d) for d in wanted if d is not None and torch.device(d).type == 'cuda']
+    index = gpus[0].index if gpus else local_rank % torch.cuda.device_count()
+    index = torch.cuda.current_device() if index is None else index
     torch.cuda.set_device(index)
     return index, str(torch.cuda.get_device_properties(index).uuid)
 
@@ -265,23 +267,32 @@ class TorchBackend:
 
     name = 'torch'
 
-    def __init__(self, joinable=False):
+    def __init__(self, joinable=False, device=None):
         self.joinable = joinable
+        # NCCL sums on one GPU of this worker: ``device`` if it is one (the Trainer's first:
+        # its gradients then never cross GPUs), else the group's bound one, else my_gpu's
+        # by local rank; made current also where another made the group (perhaps without
+        # set_device: current_device() would be GPU 0 on every worker)
+        gpu = None
         if not dist.is_initialized():
-            self._start()
+            gpu = self._start(device)
+        elif dist.get_backend() == 'nccl':
+            bound = getattr(dist.group.WORLD, 'bound_device_id', None)
+            gpu, _ = my_gpu(started.local_rank(), device, bound)
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
-        self.device = torch.device('cuda', torch.cuda.current_device()) \
-            if dist.get_backend() == 'nccl' else torch.device('cpu')
+        self.device = torch.device('cuda', gpu) if dist.get_backend() == 'nccl' \
+            else torch.device('cpu')
 
-    def _start(self):
+    def _start(self, device=None):
         """Meet the others (torch.distributed's env:// rendezvous), agree on NCCL or gloo
-        from every worker's GPU, start the process group; rank 0 says what it chose."""
+        from every worker's GPU, start the process group; rank 0 says what it chose. Its
+        GPU's number (None without one)."""
         start = started.rendezvous_env()
         fail = config.get().hang_fail   # --hang-fail: a collective gives up after it
         timeout = timedelta(seconds=fail) if fail else None
         store, rank, size = next(dist.rendezvous(
             'env://', timeout=timeout or dist.constants.default_pg_timeout))
-        _, uuid = my_gpu(start.local_rank)          # (NCCL's device: the current one)
+        gpu, uuid = my_gpu(start.local_rank, device)
         kind, why = choose(agree_on_gpus(store, rank, size, uuid))
         before = _tcp_sockets()
         dist.init_process_group(kind, store=dist.PrefixStore('default_pg', store),
@@ -293,6 +304,7 @@ class TorchBackend:
         atexit.register(_destroy)
         if rank == 0:
             say(f'torch backend ({kind}): {start.who}, {why}', err=True)
+        return gpu
 
     def allreduce_(self, tensor, op):
         self._say('allreduce_', tensor, op=op)

@@ -43,6 +43,14 @@ def copy_(outs, tensors, wait=True):
         if non_blocking:
             landing.add(gpu.device)
     for device in landing if wait else ():
+        landed(device)
+
+
+def landed(device):
+    """The host waits until the copies this thread queued on ``device`` (a GPU: its current
+    stream, where ``copy_`` queues them) have landed; on the CPU, nothing to wait for."""
+    device = torch.device(device)
+    if device.type == 'cuda':
         torch.cuda.current_stream(device).synchronize()
 
 

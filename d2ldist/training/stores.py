@@ -34,10 +34,10 @@ class AllreduceStore:
     ``torch.distributed.all_reduce`` on gloo (CPU) or NCCL (GPUs). Both sum the Trainer's
     flat gradient buffer in step 4; then every worker applies the same optimizer step to
     the same sum (step 5), as DistributedDataParallel does (why not DDP itself:
-    docs/design/training.md).
+    docs/design/training.md). ``device``: the Trainer's first, where NCCL sums if a GPU.
     """
 
-    def __init__(self, kind='ring'):
+    def __init__(self, kind='ring', device=None):
         from ..collectives import world
         if kind not in ('ring', 'torch'):
             raise ValueError(f"AllreduceStore runs 'ring' or 'torch', not {kind!r}")
@@ -51,7 +51,7 @@ class AllreduceStore:
             self._run = world.run        # on the communication thread, in order
         else:   # torch.distributed directly (it may run next to d2ldist's ring), here
             from ..collectives.torch_backend import TorchBackend
-            self._backend = TorchBackend()
+            self._backend = TorchBackend(device=device)
             self._run = lambda fn, *args: Handle.finished(fn(*args))
         self.rank, self.num_workers = self._backend.rank, self._backend.size
         # where it sums: the ring on the CPU; torch.distributed there too on gloo, on the
@@ -126,8 +126,9 @@ class AllreduceStore:
 STORES = ('local', 'dist_sync', 'dist_async', 'dist_sync_device', 'ring', 'torch', 'dist')
 
 
-def create_store(kvstore):
-    """A store from a name ('local', 'dist_sync', 'ring', 'torch', ...), or the store itself.
+def create_store(kvstore, device=None):
+    """A store from a name ('local', 'dist_sync', 'ring', 'torch', ...), or the store itself
+    (``device``: the Trainer's first, for 'torch').
 
     'local', 'dist_sync', 'dist_async', 'dist_sync_device' and MXNet's other names for
     them ('device', 'dist_device_sync', ...): ``d2ldist.kv.create`` (one process, or the
@@ -140,6 +141,6 @@ def create_store(kvstore):
     if kvstore not in STORES + tuple(ALIASES) + tuple(REFUSED):
         raise ValueError(f'unknown kvstore {kvstore!r}: use one of {", ".join(STORES)}')
     if kvstore in ('ring', 'torch'):
-        return AllreduceStore(kvstore)
+        return AllreduceStore(kvstore, device)
     from .. import kv
     return kv.create('dist_sync' if kvstore == 'dist' else kvstore)

@@ -39,6 +39,15 @@ from .statistics import RunningStatistics
 from .stores import create_store
 
 
+def _indexed(device):
+    """The device, a GPU by its number: torch.device('cuda') means the calling thread's
+    current GPU, and backward's hooks run on threads each current on its own GPU."""
+    device = torch.device(device)
+    if device.type == 'cuda' and device.index is None:
+        return torch.device('cuda', torch.cuda.current_device())
+    return device
+
+
 class Step(NamedTuple):
     """One of the seven steps: what it does, and its bar's label on the dashboard."""
     what: str
@@ -72,13 +81,14 @@ class Trainer:
     def __init__(self, net, optimizer='sgd', optimizer_params=None, kvstore='local',
                  devices=None, update_on_kvstore=None, overlap=True,
                  bucket_cap_mb=BUCKET_CAP_MB, compression_params=None):
-        self.devices = list(devices) if devices else [next(net.parameters()).device]
+        self.devices = [_indexed(d) for d in devices] if devices else [
+            next(net.parameters()).device]
         optimizer = optimizer.lower()
         self.replicas = [net.to(self.devices[0])] + [
             copy.deepcopy(net).to(d) for d in self.devices[1:]]
         self.params = [[p for p in r.parameters() if p.requires_grad] for r in self.replicas]
         self.buffers = [list(r.buffers()) for r in self.replicas]
-        self.store = create_store(kvstore)
+        self.store = create_store(kvstore, self.devices[0])   # ('torch' on NCCL: sums there)
         if compression_params is not None:   # gluon's: {'type': '2bit', 'threshold': 0.5}
             self.store.set_gradient_compression(compression_params)
         self.update_on_kvstore = self._choose_update_on_kvstore(optimizer, update_on_kvstore)
@@ -223,12 +233,14 @@ class Trainer:
         once step 3's copies have landed: the thread that sums waits for them, backward
         goes on)."""
         with self.timed(4, count=False):
-            landed = None
-            if self.devices[0].type == 'cuda' and self.flat_grads.device.type == 'cpu':
-                landed = torch.cuda.Event()      # behind the copies to the host, in order
-                landed.record(torch.cuda.current_stream(self.devices[0]))
-            return self.store.allreduce_async_(self.flat_grads[self._span(indices)],
-                                               after=landed)
+            bucket = self.flat_grads[self._span(indices)]
+            if self.devices[0].type != 'cuda' or bucket.device.type != 'cpu':
+                return self.store.allreduce_async_(bucket)   # nothing to wait for
+            # step 3 queued the copies down on devices[0]'s stream in this thread (devices
+            # indexed: this thread is current on the last replica's GPU); the summer waits
+            landed = torch.cuda.Event()
+            landed.record(torch.cuda.current_stream(self.devices[0]))
+            return self.store.allreduce_async_(bucket, after=landed)
 
     def _push(self):
         """Step 4: push the gradients to the store, which sums them over all workers (and
@@ -247,7 +259,7 @@ class Trainer:
         the weights are on, while the next bucket is still being summed."""
         if self._grads_up is not None:
             span = self._span(indices)
-            self._grads_up[span].copy_(self.flat_grads[span], non_blocking=True)
+            staging.copy_([self._grads_up[span]], [self.flat_grads[span]], wait=False)
 
     def _span(self, indices):
         """The slice of flat_grads that holds parameters min(indices)..max(indices)."""
@@ -259,10 +271,12 @@ class Trainer:
             self.store.pull(self.keys, out=self._weights)
         else:                       # every worker: the same update of the same sum
             grad = self.flat_grads
-            if self._grads_up is not None:    # to the GPU the weights are on (with buckets:
-                grad = self._grads_up         # copied up bucket by bucket, as each was summed)
+            if self._grads_up is not None:    # to the device the weights are on (with buckets:
+                grad = self._grads_up         # copied bucket by bucket, as each was summed)
                 if self._buckets is None:
-                    grad.copy_(self.flat_grads, non_blocking=True)
+                    staging.copy_([grad], [self.flat_grads], wait=False)
+                if grad.device.type == 'cpu':   # down from the store's GPU into pinned memory
+                    staging.landed(self.flat_grads.device)   # (up: queued behind, no wait)
             if self._buckets is not None:
                 grad.mul_(scale)    # backward's hooks summed them before batch_size was known
             self.flat_weights.grad = grad
@@ -386,7 +400,7 @@ def train_batch(X, y, net, loss, trainer, devices):
 
     loss must give one value per example, e.g. nn.CrossEntropyLoss(reduction='none').
     """
-    if net is not trainer.replicas[0] or list(devices) != trainer.devices:
+    if net is not trainer.replicas[0] or [_indexed(d) for d in devices] != trainer.devices:
         raise ValueError("train_batch needs the trainer's net and devices")
     trainer.init()   # at the first batch: every worker starts from rank 0's weights
     if trainer.last_batch_end is not None:   # (d2l-launch --timeline: the time between)
@@ -395,6 +409,7 @@ def train_batch(X, y, net, loss, trainer, devices):
     # loss and gradients of its slice (on GPUs, all devices work at once).
     with trainer.timed(1):
         start = time.perf_counter()
+        devices = trainer.devices
         X_shards, y_shards = split_and_load(X, devices), split_and_load(y, devices)
         losses, corrects = [], []
         for replica, X_shard, y_shard in zip(trainer.replicas, X_shards, y_shards):
