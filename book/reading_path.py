@@ -106,6 +106,8 @@ ASIDE = {
     'Trainer._copy_to_device': 'step 6: the new weights to the first device (on a CPU: '
                                'nothing)',
     'Trainer._broadcast': 'step 7: the weights to the other devices (one device: nothing)',
+    'Trainer._grads_moved': 'sums and weights on different devices (a GPU and the host): '
+                            'the sums copied over, the copy waited for',
     # the worker's side of the store (kv/worker.py, kv/asking.py, kv/messages.py)
     'KVStore._check': 'a value that does not fit its key: a clear error, nothing else',
     'KVStore._outputs': 'the outputs as a list, each checked to fit its key (_check)',

@@ -270,17 +270,21 @@ class Trainer:
         if self.update_on_kvstore:
             self.store.pull(self.keys, out=self._weights)
         else:                       # every worker: the same update of the same sum
-            grad = self.flat_grads
-            if self._grads_up is not None:    # to the device the weights are on (with buckets:
-                grad = self._grads_up         # copied bucket by bucket, as each was summed)
-                if self._buckets is None:
-                    staging.copy_([grad], [self.flat_grads], wait=False)
-                if grad.device.type == 'cpu':   # down from the store's GPU into pinned memory
-                    staging.landed(self.flat_grads.device)   # (up: queued behind, no wait)
+            grad = self.flat_grads if self._grads_up is None else self._grads_moved()
             if self._buckets is not None:
                 grad.mul_(scale)    # backward's hooks summed them before batch_size was known
             self.flat_weights.grad = grad
             self._optimizer.step()
+
+    def _grads_moved(self):
+        """The sums on the device the weights are on, where the store summed them on
+        another (a GPU and the host): _grads_up, with buckets copied bucket by bucket as
+        each was summed (_bucket_summed), else here."""
+        if self._buckets is None:
+            staging.copy_([self._grads_up], [self.flat_grads], wait=False)
+        if self._grads_up.device.type == 'cpu':   # down from the store's GPU into pinned
+            staging.landed(self.flat_grads.device)   # memory (up: queued behind, no wait)
+        return self._grads_up
 
     @torch.no_grad()
     def _copy_to_device(self):
