@@ -17,12 +17,15 @@ from .collectives.api import (Compression, Handle, allgather, allgather_async,  
                               broadcast_async_, broadcast_object, grouped_allgather,
                               grouped_allgather_async, grouped_allreduce,
                               grouped_allreduce_, grouped_allreduce_async,
-                              grouped_allreduce_async_, join, poll, reducescatter,
-                              alltoall, sparse_allreduce_async, synchronize)
+                              grouped_allreduce_async_, grouped_reducescatter,
+                              grouped_reducescatter_async, join, poll, reducescatter,
+                              reducescatter_async, alltoall, sparse_allreduce_async,
+                              synchronize)
 from .collectives.distributed_optimizer import (DistributedOptimizer,  # noqa: F401
                                                 broadcast_optimizer_state,
                                                 broadcast_parameters, metric_average)
 from .collectives import elastic  # noqa: F401  (hvd.elastic.run, TorchState)
+from .collectives.elastic import HorovodInternalError  # noqa: F401  (what elastic.run catches)
 from .collectives.missing import missing
 from .collectives.ops import Average, Max, Min, Product, Sum  # noqa: F401
 from .collectives.sync_batchnorm import SyncBatchNorm  # noqa: F401

@@ -40,6 +40,56 @@ from .ops import Average, Max, Min, Product, Sum  # noqa: F401  (re-exported)
 _in_flight = {}   # name -> the number of the operation that holds it
 _asked = itertools.count()   # the operations asked for here, numbered in order
 _waited = -1      # the highest number waited for: every operation up to it has ended
+# Horovod negotiates operations by name, so its barrier is not held by a named one that
+# only this worker has asked for (the others may ask for it after the barrier). Here a
+# named operation waits in ``_unstarted`` until the next collective asked here, or its
+# own wait or poll, starts it: a barrier passes it by, and every worker still starts its
+# collectives in the order it asked for them.
+_unstarted = []
+
+
+class Asked(Handle):
+    """A collective asked for here; ``start()`` hands it to the communication thread.
+    Calling it gives its result too (Horovod's ``sparse_allreduce_async`` returns a
+    function to call)."""
+
+    def __init__(self, fn, args, on_wait):
+        super().__init__()
+        self._call, self._on_wait, self._started = (fn, args), on_wait, None
+
+    def start(self):
+        fn, args = self._call
+        self._started = world.run(fn, *args)
+        self._started.on_wait = self._on_wait
+
+    def done(self):
+        _start_asked()
+        return self._started.done()
+
+    def wait(self):
+        _start_asked()
+        return self._started.wait()
+
+    __call__ = wait
+
+
+def _start_asked():
+    """Start every operation asked for here and not started yet, in the order asked."""
+    while _unstarted:
+        _unstarted.pop(0).start()
+
+
+def _run(name, fn, *args):
+    """fn(*args), a collective asked for here (numbered): with ``name``, holding the name
+    while in flight and waiting in ``_unstarted``; without, started at once."""
+    number = next(_asked)
+    if name is not None:
+        _in_flight[name] = number
+    handle = Asked(fn, args, lambda: _ended(number))
+    _unstarted.append(handle)
+    if name is None:
+        _start_asked()
+    return handle
 
 
 def _check_name(name):
@@ -47,15 +97,6 @@ def _check_name(name):
     if name is not None and _in_flight.get(name, -1) > _waited:
         raise ValueError(f'an operation named {name!r} is still in flight: synchronize '
                          'its handle before using the name again')
-
-
-def _named(name, handle):
-    """``handle``, numbered; with ``name``, holding it while in flight."""
-    number = next(_asked)
-    if name is not None:
-        _in_flight[name] = number
-    handle.on_wait = lambda: _ended(number)
-    return handle
 
 
 def _ended(number):
@@ -87,9 +128,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     (``compression``, not Horovod's here: what DistributedOptimizer's buckets go through.)"""
     op = _reduction(average, op)
     _check_name(name)
-    return _named(name, world.run(compressed.allreduce_, world.backend(), tensor, op,
-                                  _codec(compression), None, prescale_factor,
-                                  postscale_factor))
+    return _run(name, compressed.allreduce_, world.backend(), tensor, op, _codec(compression),
+                None, prescale_factor, postscale_factor)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -134,7 +174,7 @@ def _grouped_async_(tensors, op, name, prescale_factor, postscale_factor, compre
     def reduce_all():
         return [compressed.allreduce_(backend, t, op, codec, None, prescale_factor,
                                       postscale_factor) for t in tensors]
-    return _named(name, world.run(reduce_all))
+    return _run(name, reduce_all)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -164,8 +204,9 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
 
 def sparse_allreduce_async(tensor, name=None, op=Average):
     """Start reducing a sparse tensor (an ``nn.Embedding(sparse=True)`` gradient): every
-    worker's rows are gathered and added up (Average: divided by the workers);
-    ``synchronize`` gives a sparse tensor. Only the rows travel."""
+    worker's rows are gathered and added up (Average: divided by the workers). As
+    Horovod's, returns a function to call for the sparse result (``synchronize`` takes it
+    too). Only the rows travel."""
     op = ops.get(op)
     if op not in (ops.Sum, ops.Average) or not _tensor(tensor).is_sparse:
         raise ValueError('sparse_allreduce_async: a sparse tensor, op Sum or Average')
@@ -181,14 +222,14 @@ def sparse_allreduce_async(tensor, name=None, op=Average):
         # indices from other workers, checked: one out of range is an error, not a crash
         return torch.sparse_coo_tensor(indices, values, mine.shape,
                                        check_invariants=True).coalesce()
-    return _named(name, world.run(sparse_allreduce))
+    return _run(name, sparse_allreduce)
 
 
 def broadcast_async_(tensor, root_rank=0, name=None):
     """Start copying worker ``root_rank``'s tensor into ``tensor``; returns a Handle."""
     root = _check_root(root_rank)
     _check_name(name)
-    return _named(name, world.run(world.backend().broadcast_, _tensor(tensor), root))
+    return _run(name, world.backend().broadcast_, _tensor(tensor), root)
 
 
 def broadcast_(tensor, root_rank=0, name=None):
@@ -217,10 +258,9 @@ def _tensor(x):
 
 def allgather_async(tensor, name=None):
     """Start an allgather; ``synchronize(handle)`` gives its result."""
-    if _tensor(tensor).dim() == 0:
-        raise ValueError('allgather needs a tensor with at least one dimension')
+    _check_rows(tensor, 'allgather')
     _check_name(name)
-    return _named(name, world.run(world.backend().allgather, tensor.detach()))
+    return _run(name, world.backend().allgather, tensor.detach())
 
 
 def grouped_allgather_async(tensors, name=None):
@@ -233,7 +273,7 @@ def grouped_allgather_async(tensors, name=None):
 
     def grouped_allgather():
         return [gather(t) for t in tensors]
-    return _named(name, world.run(grouped_allgather))
+    return _run(name, grouped_allgather)
 
 
 def grouped_allgather(tensors, name=None):
@@ -254,7 +294,7 @@ def allgather(tensor, name=None):
 
 def broadcast_object(obj, root_rank=0, name=None):
     """Worker ``root_rank``'s ``obj`` on every worker, never pickled (``encode_object``):
-    None, bools, ints, floats, str, bytes, lists, tuples and dicts of them, any keys.
+    None, bools, ints, floats, str, bytes, lists, tuples, sets and dicts of them, any keys.
     An object that cannot be sent is a TypeError on every worker, not only the root."""
     root = _check_root(root_rank)
     data, failed = _encoded(obj) if world.backend().rank == root else (b'', False)
@@ -294,20 +334,26 @@ def _encoded(obj):
 
 # -- objects on the wire: JSON with tags, never pickle --------------------------------
 # None, bools, ints, floats and str are JSON's own; each container is an object with one
-# tag: {"list": [...]}, {"tuple": [...]}, {"bytes": "base64"}, {"dict": [[key, value], ...]}
-# (so keys keep their type: 0 comes back as 0, not '0'). Decoding builds only these types.
+# tag: {"list": [...]}, {"tuple": [...]}, {"set": [...]}, {"frozenset": [...]},
+# {"bytes": "base64"}, {"dict": [[key, value], ...]} (so keys keep their type: 0 comes back
+# as 0, not '0'). Decoding builds only these types.
+SEQUENCES = {kind.__name__: kind for kind in (list, tuple, set, frozenset)}
+
+
 def _tag(obj):
     """``obj`` as JSON-ready values with tags."""
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
-    if isinstance(obj, (list, tuple)):
-        return {type(obj).__name__: [_tag(x) for x in obj]}
+    for kind in SEQUENCES.values():
+        if isinstance(obj, kind):
+            return {kind.__name__: [_tag(x) for x in obj]}
     if isinstance(obj, bytes):
         return {'bytes': base64.b64encode(obj).decode()}
     if isinstance(obj, dict):
         return {'dict': [[_tag(k), _tag(v)] for k, v in obj.items()]}
     raise TypeError(f'd2ldist sends objects without pickle: None, bool, int, float, str, '
-                    f'bytes, list, tuple and dict only, not {type(obj).__name__}')
+                    f'bytes, list, tuple, set, frozenset and dict only, not '
+                    f'{type(obj).__name__}')
 
 
 def _untag(value):
@@ -316,9 +362,8 @@ def _untag(value):
         return value
     if isinstance(value, dict) and len(value) == 1:
         (tag, inner), = value.items()
-        if tag in ('list', 'tuple') and isinstance(inner, list):
-            items = [_untag(x) for x in inner]
-            return items if tag == 'list' else tuple(items)
+        if tag in SEQUENCES and isinstance(inner, list):
+            return SEQUENCES[tag](_untag(x) for x in inner)
         if tag == 'bytes' and isinstance(inner, str):
             return base64.b64decode(inner, validate=True)
         if tag == 'dict' and isinstance(inner, list) and all(
@@ -340,13 +385,70 @@ def decode_object(data):
         raise ValueError(f'not an encoded object: {e}') from None
 
 
-def reducescatter(tensor, op=None, name=None):
+def reducescatter_async(tensor, op=None, name=None, prescale_factor=1.0,
+                        postscale_factor=1.0, compression=None):
+    """Start a reducescatter (see ``reducescatter``); ``synchronize(handle)`` gives its rows."""
+    _check_rows(tensor, 'reducescatter')
+    op = _reduction(None, op)
+    _check_name(name)
+    return _run(name, _reducescatter, world.backend(), tensor.detach(), op,
+                _codec(compression), prescale_factor, postscale_factor)
+
+
+def reducescatter(tensor, op=None, name=None, compression=None, prescale_factor=1.0,
+                  postscale_factor=1.0):
     """Reduce ``tensor`` over the workers and give each its rows: dim 0 cut as evenly as
-    can be (the first ones get one more), rank r the r-th part (op: Average by default)."""
-    if tensor.dim() == 0:
-        raise ValueError('reducescatter needs a tensor with at least one dimension')
-    return _named(None, world.run(world.backend().reducescatter, tensor.detach(),
-                                  _reduction(None, op))).wait()
+    can be (the first ones get one more), rank r the r-th part (op: Average by default;
+    integers scaled in float64). Differentiable, as Horovod's (``_ReducescatterGrad``)."""
+    op = _reduction(None, op)
+    _check_name(name)
+    if _tensor(tensor).requires_grad and torch.is_grad_enabled():
+        return _ReducescatterGrad.apply(tensor, op, prescale_factor, postscale_factor,
+                                        compression)
+    return reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
+                               compression).wait()
+
+
+def grouped_reducescatter_async(tensors, op=None, name=None, prescale_factor=1.0,
+                                postscale_factor=1.0, compression=None):
+    """Start reducescatters of a list of tensors, in one go; one Handle for all the rows."""
+    for t in tensors:
+        _check_rows(t, 'reducescatter')
+    op, backend, codec = _reduction(None, op), world.backend(), _codec(compression)
+    _check_name(name)
+    tensors = [t.detach() for t in tensors]
+
+    def grouped_reducescatter():
+        return [_reducescatter(backend, t, op, codec, prescale_factor, postscale_factor)
+                for t in tensors]
+    return _run(name, grouped_reducescatter)
+
+
+def grouped_reducescatter(tensors, op=None, name=None, compression=None,
+                          prescale_factor=1.0, postscale_factor=1.0):
+    """This worker's rows of each tensor's reduction (differentiable: then one
+    reducescatter per tensor)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        _check_name(name)
+        return [reducescatter(t, op, None, compression, prescale_factor, postscale_factor)
+                for t in tensors]
+    return grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor,
+                                       compression).wait()
+
+
+def _check_rows(tensor, what):
+    if _tensor(tensor).dim() == 0:
+        raise ValueError(f'{what} needs a tensor with at least one dimension')
+
+
+def _reducescatter(backend, tensor, op, codec, prescale_factor, postscale_factor):
+    """This worker's rows of ``tensor``'s reduction by ``backend`` (``tensor`` is left as
+    it is), scaled before and after, through ``codec`` (None: as it is)."""
+    wire, ctx = codec.compress(tensor) if codec is not None else (tensor, None)
+    if prescale_factor != 1.0:
+        wire = compressed.scale_(wire.clone(), prescale_factor)
+    rows = compressed.scale_(backend.reducescatter(wire, op), postscale_factor)
+    return codec.decompress(rows, ctx) if codec is not None else rows
 
 
 def alltoall(tensor, splits=None, name=None):
@@ -396,7 +498,7 @@ def _alltoall(tensor, splits):
     if counts.shape[0] != N:                                # (a worker in join(): no rows)
         raise RuntimeError('alltoall: a worker has called join(); all must take part')
     counts = counts.view(N, N)
-    received = world.run(world.backend().alltoall, tensor, counts.tolist()).wait()
+    received = _run(None, world.backend().alltoall, tensor, counts.tolist()).wait()
     return received, counts[:, r].clone()
 
 
@@ -422,7 +524,7 @@ def join(device=-1):
     it takes part in the collectives the others still call, with nothing of its own
     (RingBackend.join says how; TorchBackend.join does the same). Returns, on every
     worker, the rank of the last worker to call it. ``device`` is accepted, not needed."""
-    return _named(None, world.run(world.backend().join)).wait()
+    return _run(None, world.backend().join).wait()
 
 
 def _check_root(root_rank):
@@ -481,6 +583,26 @@ class _AllgatherGrad(torch.autograd.Function):
         rows = allgather_async(torch.tensor([ctx.rows])).wait().tolist()
         start = sum(rows[:world.backend().rank])
         return grad[start:start + ctx.rows]
+
+
+class _ReducescatterGrad(torch.autograd.Function):
+    """y = this worker's rows of reduce(x); dL/dx = every worker's dL/dy gathered in rank
+    order, times the scale factors, and times the workers for Sum (as Horovod's: the
+    gradient of Sum is Average's times the workers, as in allreduce)."""
+
+    @staticmethod
+    def forward(ctx, tensor, op, prescale_factor, postscale_factor, compression):
+        if op not in (ops.Sum, ops.Average):
+            raise RuntimeError(f'reducescatter: no gradient through {op.name}; use Sum or '
+                               'Average')
+        workers = world.backend().size if op is ops.Sum else 1
+        ctx.scale = prescale_factor * postscale_factor * workers
+        return reducescatter_async(tensor, op, None, prescale_factor, postscale_factor,
+                                   compression).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return allgather_async(grad.contiguous() * ctx.scale).wait(), None, None, None, None
 
 
 class _AlltoallGrad(torch.autograd.Function):

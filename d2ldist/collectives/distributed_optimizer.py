@@ -81,9 +81,11 @@ def _initialize_state(optimizer):
     params = [p for g in optimizer.param_groups for p in g['params']
               if p.requires_grad and p.is_floating_point()]   # (integer ones have no grad)
     saved = [(p.clone(), p.grad) for p in params]
+    inner = getattr(optimizer, 'optimizer', optimizer)
+    sparse = isinstance(inner, torch.optim.SparseAdam)   # (it takes sparse gradients only)
     for p in params:
-        p.grad = torch.zeros_like(p)
-    getattr(optimizer, 'optimizer', optimizer).step()
+        p.grad = torch.zeros_like(p).to_sparse() if sparse else torch.zeros_like(p)
+    inner.step()
     for p, (value, grad) in zip(params, saved):
         p.copy_(value)
         if grad is not None:
@@ -93,7 +95,7 @@ def _initialize_state(optimizer):
 
 
 def _dense(grad):
-    """A gradient as a dense tensor (sparse_as_dense: embeddings' sparse gradients)."""
+    """A gradient as a dense tensor, as it travels in its bucket (embeddings' sparse ones)."""
     return grad.to_dense() if grad.is_sparse else grad
 
 
@@ -124,9 +126,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     Horovod's keywords: ``backward_passes_per_step`` (accumulate that many backward
     passes locally, then all-reduce once), ``op`` and ``gradient_predivide_factor``
-    (divide before the sum, multiply after), ``sparse_as_dense`` (sparse gradients
-    travel dense here, in their bucket; ``.grad`` stays sparse, holding the rows whose
-    average is not zero, unless ``sparse_as_dense=True``), ``compression``
+    (divide before the sum, multiply after), ``sparse_as_dense`` (accepted: sparse
+    gradients travel dense here anyway, in their bucket; as Horovod's, ``.grad`` comes
+    back sparse either way, holding the rows whose average is not zero), ``compression``
     (``Compression.fp16``: each bucket through 16 bits). ``groups`` / ``num_groups`` are accepted but the buckets are made
     by size (``bucket_cap_mb``, like DDP's)."""
 
@@ -210,9 +212,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._slots[i].zero_()
         self._buckets.wait()
         for p, slot in zip(self._params, self._slots):
-            if p.grad is None or (p.grad.is_sparse and self.sparse_as_dense):
+            if p.grad is None:
                 p.grad = slot.clone()
-            elif p.grad.is_sparse:             # (e.g. nn.Embedding(sparse=True)'s)
+            elif p.grad.is_sparse:   # (nn.Embedding(sparse=True)'s: sparse again, for SparseAdam)
                 p.grad = slot.to_sparse(p.grad.sparse_dim())
             else:
                 p.grad.copy_(slot.view_as(p.grad))

@@ -211,10 +211,14 @@ def objects():
     mine = {'metric_val_1': r, **({'metric_val_2': 42} if r == 1 else {})}
     want = [{'metric_val_1': i, **({'metric_val_2': 42} if i == 1 else {})} for i in range(N)]
     check(hvd.allgather_object(mine) == want, 'allgather_object')
-    e = raises(TypeError, lambda: hvd.broadcast_object({1, 2} if r == 0 else None, 0),
-               'a set from the root')                  # on every worker, not only the root
-    check('set' in str(e), f'the error names the type: {e}')
-    raises(TypeError, lambda: hvd.allgather_object({1, 2} if r == N - 1 else r), 'a set')
+    e = raises(TypeError, lambda: hvd.broadcast_object(range(2) if r == 0 else None, 0),
+               'a range from the root')                # on every worker, not only the root
+    check('range' in str(e), f'the error names the type: {e}')
+    raises(TypeError, lambda: hvd.allgather_object(range(2) if r == N - 1 else r), 'a range')
+    sets = [{1, 'a', (2, b'x')}, frozenset({1.5, None}), {frozenset({1}): set()}]
+    got = hvd.broadcast_object(sets if r == 0 else None, root_rank=0)
+    check(got == sets and [type(x) for x in got] == [set, frozenset, dict], f'sets {got}')
+    check(hvd.allgather_object({r}) == [{i} for i in range(N)], 'allgather_object of sets')
     in_step('objects')
 
 
@@ -292,12 +296,24 @@ def optimizer():
         uses = torch.zeros(6)
         for i in range(N):
             uses[i:i + 2] += 1
-        check(emb.weight.grad.is_sparse != sparse_as_dense and
+        check(emb.weight.grad.is_sparse and         # sparse either way, as Horovod's
               torch.allclose(emb.weight, before - (uses / N)[:, None]),
               f'sparse gradients averaged ({sparse_as_dense=}) {emb.weight.grad}')
+    for sparse_as_dense in (False, True):          # SparseAdam takes sparse gradients only
+        emb = nn.Embedding(6, 2, sparse=True)
+        hvd.broadcast_parameters(emb.state_dict(), root_rank=0)
+        opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(emb.parameters()), lr=0.1),
+                                       sparse_as_dense=sparse_as_dense)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        opt.zero_grad()
+        emb(torch.tensor([r, r + 1])).sum().backward()
+        opt.step()
+        check(emb.weight.grad.is_sparse and torch.equal(
+            hvd.broadcast(emb.weight.detach(), root_rank=0), emb.weight.detach()),
+            f'SparseAdam ({sparse_as_dense=})')
     mine = torch.sparse_coo_tensor([[r]], [[1.0, 2.0]], (N + 1, 2), check_invariants=True)
     for op, scale in ((hvd.Sum, 1.0), (hvd.Average, 1.0 / N)):
-        got = hvd.synchronize(hvd.sparse_allreduce_async(mine, name='sparse', op=op))
+        got = hvd.sparse_allreduce_async(mine, name='sparse', op=op)()   # (Horovod's: call it)
         want = torch.zeros(N + 1, 2)
         want[:N] = torch.tensor([1.0, 2.0]) * scale
         check(got.is_sparse and torch.allclose(got.to_dense(), want), f'sparse_allreduce {got}')
@@ -329,8 +345,57 @@ def alltoall():
     in_step('alltoall')
 
 
+def reducescatter():
+    """Horovod's newer reducescatter calls: _async, grouped (and _async), prescale_factor and
+    postscale_factor, gradients (test_horovod_reducescatter, _average, _prescale,
+    _postscale, _grad, _grad_average, grouped_reducescatter, _average, _grad)."""
+    rows = [len(range(N * 2 + 1)[i::N]) for i in range(N)]      # 2N + 1 rows: uneven
+    start = sum(rows[:r])
+    x = torch.arange((2 * N + 1) * 3, dtype=torch.float64).reshape(-1, 3) + r
+    mine = (x * N - r * N + sum(range(N)))[start:start + rows[r]]      # the sum's rows
+    got = hvd.synchronize(hvd.reducescatter_async(x, name='rs', op=hvd.Sum))
+    check(torch.equal(got, mine), f'reducescatter_async {got}')
+    got = hvd.reducescatter(x, op=hvd.Average, prescale_factor=2.0, postscale_factor=0.5)
+    check(torch.allclose(got, mine / N), f'reducescatter scaled {got}')
+    i = torch.full((N * 2,), 3, dtype=torch.int32)
+    got = hvd.reducescatter(i, op=hvd.Sum, prescale_factor=1.5)
+    check(got.dtype == torch.int32 and torch.equal(got, torch.full((2,), 4 * N, dtype=torch.int32)),
+          f'reducescatter of integers scaled in float64 {got}')
+    pair = hvd.grouped_reducescatter([x, i], op=hvd.Sum, postscale_factor=2.0)
+    check(torch.equal(pair[0], 2 * mine) and torch.equal(pair[1], torch.full((2,), 6 * N,
+          dtype=torch.int32)), f'grouped_reducescatter {pair}')
+    pair = hvd.synchronize(hvd.grouped_reducescatter_async([x, x], name='grs', op=hvd.Average))
+    check(all(torch.allclose(p, mine / N) for p in pair), f'grouped_reducescatter_async {pair}')
+    for op, workers in ((hvd.Sum, N), (hvd.Average, 1)):       # Horovod's gradients
+        xs = [torch.ones(N * 4, 3, requires_grad=True) for _ in range(2)]
+        hvd.reducescatter(xs[0], op=op, prescale_factor=3.0).backward(torch.ones(4, 3))
+        for y in hvd.grouped_reducescatter([xs[1]], op=op):
+            y.backward(torch.full((4, 3), r + 1.0))            # rank order: gathered back
+        want = torch.cat([torch.full((4, 3), i + 1.0) for i in range(N)]) * workers
+        check(torch.equal(xs[0].grad, torch.full((N * 4, 3), 3.0 * workers)) and
+              torch.equal(xs[1].grad, want), f'reducescatter grads {op}: {xs[0].grad} {xs[1].grad}')
+    in_step('reducescatter')
+
+
+def negotiated():
+    """A named operation that only one worker has asked for does not hold the barrier,
+    as Horovod's negotiation by name (test_horovod_allreduce_duplicate_name_error: rank 0
+    asks first, all meet at a barrier, the others ask); HorovodInternalError."""
+    t = torch.ones(5)
+    if r == 0:
+        first = hvd.allreduce_async(t, name='asked_here_first', op=hvd.Sum)
+    hvd.barrier()
+    if r > 0:
+        first = hvd.allreduce_async(t, name='asked_here_first', op=hvd.Sum)
+    hvd.barrier()
+    check(torch.equal(hvd.synchronize(first), t * N), 'the named all-reduce after barriers')
+    check(issubclass(hvd.HorovodInternalError, RuntimeError) and
+          hvd.HorovodInternalError is hvd.elastic.HorovodInternalError, 'HorovodInternalError')
+    in_step('negotiated')
+
+
 CHECKS = [refused_calls, integer_scaling, duplicate_names, built, grouped, join_refuses,
-          objects, no_grad_broadcast, optimizer, alltoall]
+          objects, no_grad_broadcast, optimizer, alltoall, reducescatter, negotiated]
 for run in CHECKS:
     run()
     print(f'worker {r}: {run.__name__} ok', flush=True)

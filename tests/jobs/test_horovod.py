@@ -76,7 +76,8 @@ def test_a_horovod_script_runs_unchanged_on_every_backend():
 
 SEMANTICS = ROOT / 'tests' / 'jobs' / 'horovod_semantics.py'
 CHECKS = ('refused_calls', 'integer_scaling', 'duplicate_names', 'built', 'grouped',
-          'join_refuses', 'objects', 'no_grad_broadcast', 'optimizer', 'alltoall')
+          'join_refuses', 'objects', 'no_grad_broadcast', 'optimizer', 'alltoall',
+          'reducescatter', 'negotiated')
 
 
 @pytest.mark.parametrize('workers,backend,module,env', [

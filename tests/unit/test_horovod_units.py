@@ -12,7 +12,8 @@ from d2ldist.collectives import api
 @pytest.mark.parametrize('obj', [
     {'hello': 123, 0: [1, 2]},                                    # test_broadcast_object
     {(1, 'a'): b'\x00\xff', 2.5: None, True: (1.0, 'x'), None: {}},
-    [1, (2, [3, (4,)]), {'k': {'n': -7}}], (), b'', 'text', 0, -1.5, 10 ** 30, False])
+    [1, (2, [3, (4,)]), {'k': {'n': -7}}], (), b'', 'text', 0, -1.5, 10 ** 30, False,
+    {1, 'a', (2, b'x')}, frozenset({1.5, None}), {frozenset({1}): set()}, set()])
 def test_objects_come_back_with_their_types(obj):
     back = api.decode_object(api.encode_object(obj))
     assert back == obj and type(back) is type(obj)
@@ -25,7 +26,7 @@ def test_objects_keep_nan_and_infinity():
     assert math.isnan(back[0]) and back[1] == math.inf
 
 
-@pytest.mark.parametrize('obj', [object(), {1, 2}, torch.ones(1), [lambda: 0]])
+@pytest.mark.parametrize('obj', [object(), range(2), torch.ones(1), [lambda: 0]])
 def test_other_objects_are_refused_in_one_line(obj):
     with pytest.raises(TypeError, match='without pickle'):
         api.encode_object(obj)
@@ -33,7 +34,8 @@ def test_other_objects_are_refused_in_one_line(obj):
 
 @pytest.mark.parametrize('data', [b'[1, 2]', b'{"eval": "1"}', b'{"list": 1}',
                                   b'{"dict": [[{"list": [1]}, 2]]}', b'{"bytes": "!!"}',
-                                  b'{"list": [], "tuple": []}', b'not json'])
+                                  b'{"list": [], "tuple": []}', b'not json',
+                                  b'{"set": [{"list": [1]}]}', b'{"frozenset": 1}'])
 def test_anything_else_on_the_wire_is_refused(data):
     with pytest.raises(ValueError):
         api.decode_object(data)
@@ -88,3 +90,70 @@ def test_integers_are_scaled_in_float64_and_cast_back(dtype):
 def test_broadcast_of_no_tensor_says_so():
     with pytest.raises(TypeError, match='got NoneType'):
         hvd.broadcast(None, root_rank=0)
+
+
+def test_reducescatter_alone_as_horovods():
+    """reducescatter_async, grouped_reducescatter(_async), prescale_factor and
+    postscale_factor (integers in float64, cast back), alone: this worker's rows are all."""
+    t = torch.arange(6.0).reshape(3, 2)
+    assert torch.equal(hvd.reducescatter(t, op=hvd.Sum, prescale_factor=2.0,
+                                         postscale_factor=0.25), t * 0.5)
+    handle = hvd.reducescatter_async(t, name='rs', op=hvd.Sum, postscale_factor=3.0)
+    assert torch.equal(hvd.synchronize(handle), t * 3) and hvd.poll(handle)
+    i = torch.full((4,), 3, dtype=torch.int32)
+    got = hvd.reducescatter(i, op=hvd.Sum, prescale_factor=1.5, postscale_factor=0.5)
+    assert got.dtype == torch.int32 and torch.equal(got, torch.full((4,), 2, dtype=torch.int32))
+    pair = hvd.grouped_reducescatter([t, 2 * t], op=hvd.Average, prescale_factor=2.0)
+    assert torch.equal(pair[0], 2 * t) and torch.equal(pair[1], 4 * t)
+    pair = hvd.synchronize(hvd.grouped_reducescatter_async([t, i], name='g', op=hvd.Sum))
+    assert torch.equal(pair[0], t) and torch.equal(pair[1], i)
+    with pytest.raises(ValueError):
+        hvd.reducescatter(torch.tensor(1.0))
+
+
+def test_gradients_through_reducescatter_alone():
+    """dL/dx: every worker's dL/dy gathered, times the scale factors (and the workers for
+    Sum: one here); through grouped_reducescatter, each tensor's own."""
+    x = torch.ones(4, 2, requires_grad=True)
+    hvd.reducescatter(x, op=hvd.Sum, prescale_factor=3.0, postscale_factor=0.5).sum().backward()
+    assert torch.equal(x.grad, torch.full((4, 2), 1.5))
+    xs = [torch.ones(2, requires_grad=True), torch.ones(3, 1, requires_grad=True)]
+    for y in hvd.grouped_reducescatter(xs, op=hvd.Average):
+        (2 * y).sum().backward()
+    assert all(torch.equal(x.grad, torch.full_like(x, 2.0)) for x in xs)
+    with pytest.raises(RuntimeError, match='no gradient through Max'):
+        hvd.reducescatter(torch.ones(2, requires_grad=True), op=hvd.Max)
+
+
+def test_sparse_allreduce_async_returns_a_function_to_call():
+    """As Horovod's: call it for the result; synchronize and poll take it too."""
+    mine = torch.sparse_coo_tensor([[1]], [[1.0, 2.0]], (3, 2), check_invariants=True)
+    result = hvd.sparse_allreduce_async(mine, name='sparse', op=hvd.Sum)
+    assert callable(result) and hvd.poll(result)
+    got = result()
+    assert got.is_sparse and torch.equal(got.to_dense(), mine.to_dense())
+    assert torch.equal(hvd.synchronize(result).to_dense(), mine.to_dense())
+
+
+def test_horovod_internal_error_is_what_elastic_run_catches():
+    """hvd.HorovodInternalError: a RuntimeError, on both faces, the very class that
+    hvd.elastic.run catches to restore the last commit (a lost worker, WorkersChanged)."""
+    import d2ldist
+    from d2ldist.runtime.node import WorkersChanged
+    assert hvd.HorovodInternalError is d2ldist.HorovodInternalError is \
+        hvd.elastic.HorovodInternalError is WorkersChanged
+    assert issubclass(hvd.HorovodInternalError, RuntimeError)
+
+
+def test_a_named_operation_waits_for_the_next_collective_not_for_a_barrier():
+    """Horovod negotiates by name: a barrier passes by a named operation that only this
+    worker asked for; it starts with the next collective, or its own wait or poll."""
+    t, u = torch.ones(3), torch.ones(3)
+    first = hvd.allreduce_async_(t, name='only_here', prescale_factor=2.0)
+    hvd.barrier()
+    assert torch.equal(t, torch.ones(3))                     # not started yet
+    assert hvd.poll(first) and torch.equal(t, torch.full((3,), 2.0))
+    second = hvd.allreduce_async_(u, name='only_here_too', prescale_factor=2.0)
+    hvd.allreduce(torch.ones(1))                             # the next collective
+    assert torch.equal(u, torch.full((3,), 2.0))
+    hvd.synchronize(second)
