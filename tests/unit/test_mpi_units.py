@@ -118,7 +118,7 @@ def test_without_mpirun_one_line_says_what_to_install(monkeypatch):
     monkeypatch.setattr(mpi.shutil, 'which', lambda name: None)
     with pytest.raises(mpi.MpiError, match="--launcher mpi needs Open MPI's mpirun on PATH "
                                            r'\(Debian: openmpi-bin\)'):
-        mpi.hosts_of(SimpleNamespace(hostfile=None))
+        mpi.hosts_of(SimpleNamespace(hosts=None, hostfile=None))
 
 
 def test_a_task_writes_each_line_of_its_own_in_one_write():
