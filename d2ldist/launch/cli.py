@@ -58,9 +58,9 @@ def version():
 # parser is built (build_parser).
 OPTIONS = {
     'the job': (
-        ('-n -np --num-workers', dict(type=int, default=None, metavar='N'),
+        ('-n --num-workers -np', dict(type=int, required=True),
          'number of worker processes (>= 1; -np as in horovodrun and mpirun)'),
-        ('-s --num-servers', dict(type=int, default=None, metavar='S'),
+        ('-s --num-servers', dict(type=int, default=None),
          'number of parameter servers (default: as many as workers, so -n 4 '
          'starts 4 workers, 4 servers and a scheduler; -s 0: no servers, the ring)'),
         ('--launcher', dict(choices=['local', 'ssh', 'slurm', 'mpi'], default='local'),
@@ -200,13 +200,15 @@ OPTIONS = {
 }
 
 
-def build_parser(prog='d2l-launch'):
-    """The launcher's options (the %launch magic takes the same)."""
-    p = _Parser(prog=prog, description='Start a distributed job: one scheduler, '
+def build_parser(prog='d2l-launch', loose=False):
+    """The launcher's options (the %launch magic takes the same); ``loose``: none
+    required (a --config-file may give them), and no --help."""
+    p = _Parser(prog=prog, add_help=not loose, description='Start a distributed job: one scheduler, '
                 'S servers and N workers, with their output merged.')
     for rows in OPTIONS.values():
         for flags, how, text in rows:
-            p.add_argument(*flags.split(), help=text, **how)
+            p.add_argument(*flags.split(), help=text, **dict(
+                how, **({'required': False} if loose and 'required' in how else {})))
     p.set_defaults(interface=config.get().interface)
     return p
 
@@ -217,10 +219,7 @@ def parse(argv, prog='d2l-launch'):
         config.get()
     except ValueError as e:
         raise UsageError(str(e)) from None
-    args = _with_config_file(build_parser(prog), argv)
-    if args.num_workers is None:
-        raise UsageError('-n N is needed: the number of workers (or num-workers in '
-                         '--config-file)', hint=True)
+    args = _with_config_file(prog, argv)
     if args.num_workers < 1:
         raise UsageError(f'-n must be at least 1, got {args.num_workers}')
     if args.num_servers is None:
@@ -280,14 +279,14 @@ def _check_launcher(args):
             raise UsageError(str(e)) from None
 
 
-def _with_config_file(parser, argv):
+def _with_config_file(prog, argv):
     """Parse ``argv``; with --config-file, the file's options first, so that the
     command line wins (options given more than once, as --env, take both)."""
-    args = parser.parse_args(argv)
-    if args.config_file is None:
-        return args
-    options = argv[:len(argv) - len(args.command)]
-    return parser.parse_args([*config_file_argv(args.config_file), *options, *args.command])
+    args, _ = build_parser(prog, loose=True).parse_known_args(argv)
+    if args.config_file is not None:
+        options = argv[:len(argv) - len(args.command)]
+        argv = [*config_file_argv(args.config_file), *options, *args.command]
+    return build_parser(prog).parse_args(argv)
 
 
 def config_file_argv(path):
