@@ -137,8 +137,8 @@ def test_a_lost_worker_started_again_joins_and_trains_from_the_current_weights(t
                    sys.executable, JOB, timeout=200)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
-    assert 'd2l-launch: starting worker 1 again, to join the job (--restart-lost, at most 3 '
-            'workers)' in out
+    assert ('d2l-launch: starting worker 1 again, to join the job (--restart-lost, at most 3 '
+            'workers)') in out
     how = re.search(r'^\[scheduler\] d2ldist: worker 1 (was started again|joins); the ring '
                     r're-forms with 3 workers \(round \d\)$', out, re.M)
     assert how, out[-4000:]
@@ -253,8 +253,8 @@ def test_a_lost_worker_started_again_pulls_the_current_values_and_joins_the_roun
     (before its loss was noticed) or after the two went on for a while: either way it pulls the
     values of the last round that closed, its 20 pushes each count once, in 20 rounds."""
     out, values, final = kv_job('--max-workers', 3, '--restart-lost', env=['--env', 'JOIN=1'])
-    assert 'd2l-launch: starting worker 1 again, to join the job (--restart-lost, at most 3 '
-            'workers)' in out
+    assert ('d2l-launch: starting worker 1 again, to join the job (--restart-lost, at most 3 '
+            'workers)') in out
     assert re.search(r"^\[scheduler\] d2ldist: worker 1 (was started again|joins); the "
                      r"servers' rounds count 3 workers \(round \d\)$", out, re.M), out[-4000:]
     assert values[0] == values[2]
