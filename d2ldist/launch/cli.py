@@ -9,6 +9,7 @@ The options follow MXNet's tools/launch.py. Everything after the options (or aft
 """
 import argparse
 import faulthandler
+import importlib.metadata
 import os
 import secrets
 import shlex
@@ -25,13 +26,31 @@ from .processes import cores, local_specs, port_is_free, share_cores
 from .progress import Progress
 
 
+HELP = 'see d2l-launch --help'
+MOST_SLOTS = 1024        # -H host:N above this is an ssh port (d2l-launch before 0.2)
+
+
 class UsageError(Exception):
-    """Bad input: reported in one line, exit code 2."""
+    """Bad input: reported in one line, exit code 2; ``hint``: the fix is an option, and
+    the line ends with "see d2l-launch --help"."""
+
+    def __init__(self, message, hint=False):
+        super().__init__(message)
+        self.hint = hint
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):            # one line, not argparse's usage block
-        raise UsageError(message)
+        raise UsageError(message, hint=True)
+
+
+def version():
+    """d2ldist's version: the installed package's, else the package's ``__version__``
+    (read from the package already loaded: nothing inside d2ldist imports its face)."""
+    try:
+        return importlib.metadata.version('d2ldist')
+    except importlib.metadata.PackageNotFoundError:
+        return sys.modules[__name__.split('.')[0]].__version__
 
 
 # The launcher's options, a group at a time: (flags, how argparse reads them, help).
@@ -39,15 +58,23 @@ class _Parser(argparse.ArgumentParser):
 # parser is built (build_parser).
 OPTIONS = {
     'the job': (
-        ('-n --num-workers', dict(type=int, required=True),
-         'number of worker processes (>= 1)'),
+        ('-n --num-workers -np', dict(type=int, required=True),
+         'number of worker processes (>= 1; -np as in horovodrun and mpirun)'),
         ('-s --num-servers', dict(type=int, default=None),
-         'number of parameter servers (default: as many as workers; '
-         '0 for jobs without servers)'),
+         'number of parameter servers (default: as many as workers, so -n 4 '
+         'starts 4 workers, 4 servers and a scheduler; -s 0: no servers, the ring)'),
         ('--launcher', dict(choices=['local', 'ssh', 'slurm', 'mpi'], default='local'),
          'how processes are started (default: local; slurm: as one srun '
          "step, inside an allocation of salloc or sbatch; mpi: by Open MPI's "
          'mpirun, on the hosts of -H or on this machine)'),
+        ('--dry-run', dict(action='store_true'),
+         'print the plan (every process: role, rank, host, and the command '
+         "that starts it) and start nothing (mpirun's --display-map)"),
+        ('--config-file', dict(default=None, metavar='FILE'),
+         'read options from a TOML file: the long options as keys '
+         '(num-workers = 4, env = ["A=1"]); the command line wins'),
+        ('--version', dict(action='version', version=f'%(prog)s {version()}'),
+         "print d2ldist's version and exit"),
     ),
     'slurm': (
         ('--partition', dict(default=None, metavar='P'),
@@ -57,9 +84,11 @@ OPTIONS = {
          'slurm, with --partition: the number of nodes to ask for'),
     ),
     'hosts (ssh, mpi)': (
-        ('-H --hostfile', dict(default=None),
-         'the hosts to run on (for --launcher ssh or mpi): a file of '
-         '[user@]host[:port] [slots=N] lines, or host1,host2:2222'),
+        ('-H --hosts', dict(default=None, metavar='HOST:SLOTS,...'),
+         'ssh, mpi: the hosts, each with its slots (workers), as in horovodrun '
+         'and mpirun: h1:2,h2:2 (h1: one slot)'),
+        ('--hostfile', dict(default=None, metavar='FILE'),
+         'ssh, mpi: the hosts, a file of "host slots=N" lines (# comments)'),
         ('--host-discovery-script', dict(default=None, metavar='S'),
          'ssh, elastic (with --min-workers): instead of -H, a program that '
          'prints the hosts, host or host:slots per line (horovodrun\'s); it runs '
@@ -77,7 +106,10 @@ OPTIONS = {
          'processes advertise (default: $D2L_INTERFACE, else the route '
          'to the scheduler)'),
         ('--ssh-config', dict(default=None, metavar='FILE'),
-         'ssh, mpi: use this ssh config file (ssh -F FILE)'),
+         'ssh, mpi: use this ssh config file (ssh -F FILE): where each '
+         "host's user and port are set"),
+        ('--ssh-port', dict(type=int, default=None, metavar='PORT'),
+         'ssh: the port of every host (default: ssh\'s, or the ssh config\'s)'),
         ('--connect-timeout', dict(type=float, default=10, metavar='SECONDS'),
          'ssh, mpi: give up on a host that does not answer within this time'),
     ),
@@ -118,8 +150,12 @@ OPTIONS = {
          'least A workers remain; the ring re-forms without it (-s 0), or the '
          "servers' sync rounds count the workers left (-s 1 or more)"),
         ('--max-workers --max-np', dict(type=int, default=None, metavar='B'),
-         'with --min-workers: a lost worker is started again, once, and '
-         'joins the job, while fewer than B run (B at least -n)'),
+         'with --min-workers: at most B workers (B at least -n), as in '
+         'horovodrun: those a --host-discovery-script adds, or --restart-lost '
+         'starts again'),
+        ('--restart-lost', dict(action='store_true'),
+         'with --min-workers: a lost worker is started again, once, and joins '
+         'the job, while fewer than --max-workers (default: -n) run'),
         ('--server-replicas', dict(type=int, default=0, metavar='R'),
          "each server's keys are also held by the next R servers (chain "
          'replication): a lost server does not stop the job, its replica answers '
@@ -149,6 +185,9 @@ OPTIONS = {
          "also write each process's output to a file of its own in DIR "
          '(scheduler.log, server-0.log, worker-1.log, ...), beside the merged '
          'output'),
+        ('--local-ranks-filter', dict(default=None, metavar='RANKS'),
+         "only these workers' lines reach the console (0 or 0,2-3; torchrun's); "
+         'the scheduler and servers still do, and --log-dir keeps every line'),
     ),
     'the scheduler and the end': (
         ('--port', dict(type=int, default=None),
@@ -161,13 +200,15 @@ OPTIONS = {
 }
 
 
-def build_parser(prog='d2l-launch'):
-    """The launcher's options (the %launch magic takes the same)."""
-    p = _Parser(prog=prog, description='Start a distributed job: one scheduler, '
+def build_parser(prog='d2l-launch', loose=False):
+    """The launcher's options (the %launch magic takes the same); ``loose``: none
+    required (a --config-file may give them), and no --help."""
+    p = _Parser(prog=prog, add_help=not loose, description='Start a distributed job: one scheduler, '
                 'S servers and N workers, with their output merged.')
     for rows in OPTIONS.values():
         for flags, how, text in rows:
-            p.add_argument(*flags.split(), help=text, **how)
+            p.add_argument(*flags.split(), help=text, **dict(
+                how, **({'required': False} if loose and 'required' in how else {})))
     p.set_defaults(interface=config.get().interface)
     return p
 
@@ -178,17 +219,19 @@ def parse(argv, prog='d2l-launch'):
         config.get()
     except ValueError as e:
         raise UsageError(str(e)) from None
-    args = build_parser(prog).parse_args(argv)
+    args = _with_config_file(prog, argv)
     if args.num_workers < 1:
         raise UsageError(f'-n must be at least 1, got {args.num_workers}')
     if args.num_servers is None:
         args.num_servers = args.num_workers
     if args.num_servers < 0:
         raise UsageError(f'-s must be 0 or more, got {args.num_servers}')
+    _check_hosts(args)
     _check_launcher(args)
     _check_values(args)
     _set_environments(args)
-    if args.launcher == 'ssh' or args.hostfile:   # the program need only exist on the hosts
+    args.console_ranks = _ranks(args.local_ranks_filter, args.num_workers)
+    if args.launcher == 'ssh' or args.hosts_given:   # the program need only exist on the hosts
         args.command = command_of(args.command, args.python or sys.executable, local=False)
     else:
         args.command = command_of(args.command)
@@ -198,15 +241,16 @@ def parse(argv, prog='d2l-launch'):
 def _check_launcher(args):
     """The options that belong to a launcher are given with it, and its hosts answer."""
     if args.launcher not in ('ssh', 'mpi'):
-        for name, value in (('-H/--hostfile', args.hostfile),
+        for name, value in (('-H/--hostfile', args.hosts or args.hostfile),
                             ('--sync-dst-dir', args.sync_dst_dir), ('--python', args.python)):
             if value is not None:
                 raise UsageError(f'{name} needs --launcher ssh (or mpi)')
-    elif args.hostfile is None and args.launcher == 'ssh' and not args.host_discovery_script:
-        raise UsageError('--launcher ssh needs -H hostfile (or -H host1,host2)')
-    elif args.hostfile is None and args.sync_dst_dir is not None \
+    elif not args.hosts_given and args.launcher == 'ssh' and not args.host_discovery_script:
+        raise UsageError('--launcher ssh needs -H host1,host2 (or --hostfile FILE)', hint=True)
+    elif not args.hosts_given and args.sync_dst_dir is not None \
             and not args.host_discovery_script:
-        raise UsageError('--sync-dst-dir needs hosts to sync to: -H hostfile')
+        raise UsageError('--sync-dst-dir needs hosts to sync to: -H host1,host2 or '
+                         '--hostfile FILE')
     if args.host_discovery_script is not None:
         _check_discovery(args)
     for name, value in (('--min-workers', args.min_workers),
@@ -233,6 +277,83 @@ def _check_launcher(args):
             mpi.hosts_of(args)
         except (mpi.MpiError, mpi.HostError) as e:
             raise UsageError(str(e)) from None
+
+
+def _with_config_file(prog, argv):
+    """Parse ``argv``; with --config-file, the file's options first, so that the
+    command line wins (options given more than once, as --env, take both)."""
+    args, _ = build_parser(prog, loose=True).parse_known_args(argv)
+    if args.config_file is not None:
+        options = argv[:len(argv) - len(args.command)]
+        argv = [*config_file_argv(args.config_file), *options, *args.command]
+    return build_parser(prog).parse_args(argv)
+
+
+def config_file_argv(path):
+    """A --config-file's options as command-line words: ``name = value`` (TOML) as
+    ``--name value``; a list as the option repeated; true as the flag alone."""
+    where = f'--config-file {path}'
+    if Path(path).suffix in ('.yaml', '.yml'):
+        raise UsageError(f'{where}: YAML needs PyYAML, which d2ldist does not install; '
+                         'write the same keys as TOML (FILE.toml)')
+    import tomllib
+    try:
+        with open(path, 'rb') as f:
+            table = tomllib.load(f)
+    except OSError as e:
+        raise UsageError(f'{where}: {e.strerror}') from None
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f'{where}: not TOML: {e}') from None
+    kinds = {flag: how.get('action', 'store') for rows in OPTIONS.values()
+             for flags, how, _ in rows for flag in flags.split() if flag.startswith('--')}
+    words = []
+    for key, value in table.items():
+        flag = '--' + key.replace('_', '-')
+        if kinds.get(flag) in (None, 'version') or flag == '--config-file':
+            raise UsageError(f'{where}: {key!r} is not an option of d2l-launch', hint=True)
+        if kinds[flag] == 'store_true':
+            words += [flag] if value is True else []
+        else:
+            words += [w for v in (value if isinstance(value, list) else [value])
+                      for w in (flag, str(v))]
+    return words
+
+
+def _check_hosts(args):
+    """-H (hosts with slots) and --hostfile, apart; the old -H spellings, refused with
+    the new one. ``args.hosts_given``: whether either names hosts."""
+    if args.hosts is not None and args.hostfile is not None:
+        raise UsageError('-H and --hostfile both list hosts: give one', hint=True)
+    if args.hosts is not None and (os.path.isfile(args.hosts) or '/' in args.hosts):
+        raise UsageError(f'-H {args.hosts}: a file of hosts is --hostfile {args.hosts} '
+                         '(-H lists host:slots,...)', hint=True)
+    for item in (args.hosts or '').split(','):
+        slots = item.rpartition(':')[2] if ':' in item else ''
+        if slots.isdigit() and int(slots) > MOST_SLOTS:
+            raise UsageError(f'-H {item}: {slots} slots? -H takes host:slots (horovodrun\'s, '
+                             f'mpirun\'s); an ssh port is --ssh-port {slots} or an ssh config '
+                             '(--ssh-config FILE)', hint=True)
+    if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
+        raise UsageError(f'--ssh-port must be between 1 and 65535, got {args.ssh_port}')
+    if args.ssh_port is not None and args.launcher != 'ssh':
+        raise UsageError('--ssh-port needs --launcher ssh (mpi: put the port in an ssh '
+                         'config, --ssh-config FILE)', hint=True)
+    args.hosts_given = args.hosts is not None or args.hostfile is not None
+
+
+def _ranks(text, n):
+    """--local-ranks-filter's worker ranks ('0', '0,2-3') as a set; None: all."""
+    if text is None:
+        return None
+    ranks = set()
+    for item in text.split(','):
+        first, dash, last = item.strip().partition('-')
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise UsageError(f'--local-ranks-filter takes ranks as 0,2-3, got {text!r}')
+        ranks.update(range(int(first), int(last if dash else first) + 1))
+    if max(ranks) >= n:
+        raise UsageError(f'--local-ranks-filter {text}: the workers are 0 to {n - 1}')
+    return ranks
 
 
 def _check_values(args):
@@ -364,7 +485,7 @@ def _checkpoint_env(args):
         return {}
     if not args.checkpoint_dir.strip():
         raise UsageError('--checkpoint-dir needs a folder, got an empty name')
-    if args.launcher == 'ssh' or args.hostfile:       # a folder on the hosts
+    if args.launcher == 'ssh' or args.hosts_given:    # a folder on the hosts
         folder = os.path.join(args.sync_dst_dir or os.getcwd(), args.checkpoint_dir)
     else:
         folder = os.path.abspath(args.checkpoint_dir)
@@ -381,7 +502,7 @@ def _checkpoint_env(args):
 def _check_discovery(args):
     """--host-discovery-script: with the ssh launcher and --min-workers, not with -H."""
     script = args.host_discovery_script
-    if args.launcher != 'ssh' or args.hostfile is not None or args.min_workers is None:
+    if args.launcher != 'ssh' or args.hosts_given or args.min_workers is None:
         raise UsageError('--host-discovery-script needs --launcher ssh and --min-workers A, '
                          'and takes the place of -H')
     if not (os.path.isfile(script) and os.access(script, os.X_OK)):
@@ -389,23 +510,32 @@ def _check_discovery(args):
 
 
 def _elastic_env(args):
-    """--min-workers and --max-workers, checked; the scheduler reads D2L_MIN_WORKERS and
-    D2L_MAX_WORKERS (set: workers may join), the workers D2L_MAX_WORKERS too."""
+    """--min-workers, --max-workers and --restart-lost, checked; the scheduler reads
+    D2L_MIN_WORKERS and D2L_MAX_WORKERS (set: workers may join), the workers
+    D2L_MAX_WORKERS too."""
     low, high, n = args.min_workers, args.max_workers, args.num_workers
     if low is None:
-        if high is not None:
-            raise UsageError('--max-workers needs --min-workers A')
+        for option, value in (('--max-workers', high), ('--restart-lost', args.restart_lost)):
+            if value:
+                raise UsageError(f'{option} needs --min-workers A', hint=True)
         return {}
     if not 1 <= low <= n:
         raise UsageError(f'--min-workers must be between 1 and -n ({n}), got {low}')
     if high is not None and high < n:
         raise UsageError(f'--max-workers must be at least -n ({n}), got {high}')
+    if high is not None and not (args.restart_lost or args.host_discovery_script):
+        raise UsageError(f'--max-workers {high} bounds the workers that join, as horovodrun\'s '
+                         '--max-np: to start a lost worker again, once, add --restart-lost',
+                         hint=True)
     if args.env.get(config.variable('backend')) == 'torch':
         raise UsageError('--min-workers needs the ring backend or servers (-s): '
                          'torch.distributed cannot change its workers (use torchrun '
                          '--nnodes MIN:MAX)')
     if high is None and args.host_discovery_script is not None:
         high = MOST_WORKERS                 # (the hosts the script lists decide)
+    elif high is None and args.restart_lost:
+        high = n
+    args.max_workers = high
     return config.env(min_workers=low, **({'max_workers': high} if high else {}))
 
 
@@ -465,7 +595,7 @@ def make_job(args, out=None, notices=True, **job_options):
     the user (OMP_NUM_THREADS; %launch does not, so that a chapter's outputs are
     the same on every machine). ``job_options`` go to the Job (see job.py)."""
     secret = secrets.token_hex(32)
-    job_options = dict(job_options, log_dir=args.log_dir)
+    job_options = dict(job_options, log_dir=args.log_dir, console_ranks=args.console_ranks)
     if args.log_dir is not None:
         try:
             os.makedirs(args.log_dir, exist_ok=True)
@@ -501,7 +631,18 @@ def make_job(args, out=None, notices=True, **job_options):
     if args.port:
         specs[0].env.update(config.env(scheduler_port=args.port))
     return Job(specs, timeout=args.timeout, max_restarts=args.max_restarts, out=out,
-               min_workers=args.min_workers, max_workers=args.max_workers, **job_options)
+               min_workers=args.min_workers, max_workers=args.max_workers,
+               restart_lost=args.restart_lost, **job_options)
+
+
+def dry_run(args, environ=os.environ):
+    """The plan --dry-run prints (plan.py); a host or allocation that cannot be read
+    raises UsageError."""
+    from . import plan, slurm, ssh
+    try:
+        return plan.plan(args, environ)
+    except (ssh.HostError, slurm.SlurmError) as e:
+        raise UsageError(str(e)) from None
 
 
 def _terminate(signum, frame):
@@ -519,12 +660,15 @@ def main(argv=None):
     args = job = None
     try:
         args = parse(argv)
+        if args.dry_run:
+            sys.stdout.write(dry_run(args))
+            return 0
         job = make_job(args, out=progress, on_line=progress.on_line,
                        on_state=progress.model.on_state, on_restart=progress.on_restart,
                        on_change=progress.model.on_change)
         return job.run()
     except UsageError as e:
-        print(f'd2l-launch: error: {e}', file=sys.stderr)
+        print(f'd2l-launch: error: {e}' + (f'; {HELP}' if e.hint else ''), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -101,15 +101,18 @@ class Job:
 
     def __init__(self, specs, timeout=None, max_restarts=0, out=None, on_line=None,
                  on_state=None, on_tick=None, on_restart=None, on_change=None,
-                 last_lines=True, log_dir=None, min_workers=None, max_workers=None):
+                 last_lines=True, log_dir=None, min_workers=None, max_workers=None,
+                 restart_lost=False, console_ranks=None):
         self.procs = [Proc(s) for s in specs]
         self.log_dir = log_dir            # --log-dir: each process's lines in a file too
+        self.console_ranks = console_ranks   # --local-ranks-filter: workers shown (None: all)
         self.last_lines = last_lines
         self.timeout, self.out = timeout, out or sys.stdout
         self.max_restarts, self.attempt = max_restarts, 0     # attempt: 0, then restarts
         self.min_workers = min_workers    # elastic: workers that may be lost, down to this
         self.lost = []                    # ... and those lost, in this attempt
-        self.max_workers = max_workers    # elastic: lost workers are started again, once
+        self.max_workers = max_workers    # elastic: at most this many workers run
+        self.restart_lost = restart_lost  # ... and lost workers are started again, once
         self.again = set()                # ... the ranks started again
         self.on_line = on_line or (lambda proc, line: line)   # may hide or change a line
         self.on_state = on_state or (lambda proc: None)       # state or exit code changed
@@ -311,8 +314,14 @@ class Job:
             self.log.append((p.label, line))
         if shown is not None:
             p.tail.append(shown)           # hidden lines (progress reports) are not news
+        if shown is not None and self._on_console(p):
             self.out.write(f'[{p.label}] {shown}\n')
             self.out.flush()
+
+    def _on_console(self, p):
+        """Whether ``p``'s lines reach the console (--local-ranks-filter names workers)."""
+        return self.console_ranks is None or p.spec.role != 'worker' \
+            or p.spec.rank in self.console_ranks
 
     def _reap(self):
         """Notice processes that exited."""
@@ -376,10 +385,10 @@ class Job:
             self.notice = None
 
     def _start_again(self, p):
-        """Elastic, with --max-workers: start the lost worker ``p`` once more, in its
-        place, as a new process that joins the job."""
+        """Elastic, with --restart-lost: start the lost worker ``p`` once more, in its
+        place, as a new process that joins the job (while fewer than --max-workers run)."""
         running = [q for q in self.procs if q.spec.role == 'worker' and q.alive]
-        if self.max_workers is None or len(running) >= self.max_workers \
+        if not self.restart_lost or len(running) >= self.max_workers \
                 or p.spec.rank in self.again:
             return
         self.again.add(p.spec.rank)
@@ -389,8 +398,8 @@ class Job:
         self.procs[self.procs.index(p)] = again
         if p.file is not None:
             p.file.close()
-        self._say(f'starting {p.label} again, to join the job (--max-workers '
-                  f'{self.max_workers})')
+        self._say(f'starting {p.label} again, to join the job (--restart-lost, at most '
+                  f'{self.max_workers} workers)')
         self.on_change(f'{p.label} started again')
         self._start(again)
 

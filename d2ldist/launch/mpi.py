@@ -17,7 +17,7 @@ import sys
 
 from .. import config
 from .processes import cores, free_port, job_specs, share_cores
-from .ssh import HostError, checked_hosts, forwarded_env, placement_table, read_hosts
+from .ssh import HostError, checked_hosts, forwarded_env, hosts_from, placement_table
 from .step import StepJob, task_argv
 
 LABEL = re.compile(r'(\d+): (.*)')                  # the task side's mark, as srun's
@@ -34,13 +34,12 @@ class MpiError(Exception):
 
 
 def hosts_of(args):
-    """The hosts of ``-H`` (mpirun reaches them by name alone), or this machine."""
+    """The hosts of ``-H`` or ``--hostfile`` (mpirun reaches them by name alone), or
+    None: this machine."""
     if shutil.which('mpirun') is None:
         raise MpiError("--launcher mpi needs Open MPI's mpirun on PATH (Debian: openmpi-bin)")
-    if args.hostfile is None:
-        return None
-    hosts = read_hosts(args.hostfile)
-    for h in hosts:
+    hosts = hosts_from(args)
+    for h in hosts or ():
         if h.user or h.port:
             written = f'{h.user}@{h.label}' if h.user else h.label
             raise MpiError(f'--launcher mpi: host {written!r}: mpirun reaches hosts by name '

@@ -1,8 +1,8 @@
 """The ssh launcher: run a job's processes on other machines with OpenSSH.
 
 ``processes.py`` decides what runs where, with which command and environment; this
-module adds only *which host* and *how to get there*: the hosts (a hostfile, ``-H
-a,b:2222``, or ``--host-discovery-script``), a preflight of every host in parallel,
+module adds only *which host* and *how to get there*: the hosts (``-H a:2,b:2`` with
+slots, a ``--hostfile``, or ``--host-discovery-script``), a preflight of every host in parallel,
 ``--sync-dst-dir``, and every process as ``ssh -T host 'cd DIR && exec python -m
 d2ldist.launch.guard --remote -- cmd'``, its environment and the job's secret sent as
 one JSON line down ssh's stdin, never on a command line.
@@ -80,19 +80,36 @@ def parse_host(text, where):
 
 
 def read_hosts(value):
-    """The hosts of ``-H``: a hostfile, or an inline list ``host1,user@host2:2222``."""
-    path = Path(value)
-    if path.is_file() or '/' in value:
-        try:
-            lines = path.read_text().splitlines()
-        except OSError as e:
-            raise HostError(f'cannot read hostfile {value}: {e.strerror}') from None
-        entries = [(line.split('#', 1)[0], f'{value} line {i}')
-                   for i, line in enumerate(lines, 1)]
-    else:
-        entries = [(item, f'-H {value!r} item {i}')
-                   for i, item in enumerate(value.split(','), 1)]
-    return hosts_of(entries, 'slots=N', f'no hosts in {value}')
+    """The hosts of ``-H``: ``host1:2,user@host2`` (host:slots, as horovodrun's)."""
+    entries = [slot_entry(item, f'-H {value!r} item {i}')
+               for i, item in enumerate(value.split(','), 1)]
+    return hosts_of(entries, 'host:slots', f'no hosts in -H {value!r}')
+
+
+def slot_entry(text, where):
+    """``host:slots`` as a hostfile line, ``host slots=N`` (with where it was)."""
+    name, colon, slots = text.strip().partition(':')
+    if colon and not slots.isdigit():
+        raise HostError(f'{where}: expected host or host:slots, got {text.strip()!r}')
+    return name + (f' slots={slots}' if colon else ''), where
+
+
+def read_hostfile(path):
+    """The hosts of ``--hostfile``: ``host slots=N`` lines (``[user@]host[:port]`` too),
+    with ``#`` comments and blank lines."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as e:
+        raise HostError(f'cannot read hostfile {path}: {e.strerror}') from None
+    entries = [(line.split('#', 1)[0], f'{path} line {i}') for i, line in enumerate(lines, 1)]
+    return hosts_of(entries, 'slots=N', f'no hosts in {path}')
+
+
+def hosts_from(args):
+    """The hosts that ``-H`` or ``--hostfile`` lists (None: neither)."""
+    if args.hosts is not None:
+        return read_hosts(args.hosts)
+    return None if args.hostfile is None else read_hostfile(args.hostfile)
 
 
 def hosts_of(entries, how, none):
@@ -122,13 +139,8 @@ def discover(script, timeout=10.0):
         said = clip((r.stderr.strip().splitlines() or [''])[-1], NAME)
         raise HostError(f'--host-discovery-script {script} exited with {r.returncode}'
                         + (f': {said}' if said else ''))
-    entries = []
-    for i, line in enumerate(r.stdout.splitlines(), 1):
-        text, where = line.split('#', 1)[0].strip(), f'--host-discovery-script line {i}'
-        name, colon, slots = text.partition(':')       # host:slots, as a hostfile line
-        if colon and not slots.isdigit():
-            raise HostError(f'{where}: expected host or host:slots, got {text!r}')
-        entries.append((name + (f' slots={slots}' if colon else ''), where))
+    entries = [slot_entry(line.split('#', 1)[0], f'--host-discovery-script line {i}')
+               for i, line in enumerate(r.stdout.splitlines(), 1)]
     return hosts_of(entries, 'host:slots', f'--host-discovery-script {script} printed no hosts')
 
 
@@ -136,8 +148,9 @@ def discover(script, timeout=10.0):
 class Ssh:
     """The ssh command line for each host (and for rsync's ``-e``)."""
 
-    def __init__(self, config=None, connect_timeout=10):
+    def __init__(self, config=None, connect_timeout=10, port=None):
         self.config, self.connect_timeout = config, connect_timeout
+        self.port = port                  # --ssh-port: every host's, unless its own
 
     def options(self, host):
         """ssh and its options for ``host``: no tty, never a password prompt."""
@@ -147,8 +160,8 @@ class Ssh:
                 '-o', 'LogLevel=ERROR']
         if self.config:
             argv += ['-F', self.config]
-        if host.port is not None:
-            argv += ['-p', str(host.port)]
+        if (host.port or self.port) is not None:
+            argv += ['-p', str(host.port or self.port)]
         if host.user:
             argv += ['-l', host.user]
         return argv
@@ -484,7 +497,7 @@ def placement_table(specs):
 def checked_hosts(hosts, args, python):
     """Preflight every host (and sync the directory with --sync-dst-dir); what the
     launchers that reach hosts over ssh need of them (ssh, and mpi through mpirun)."""
-    ssh = Ssh(args.ssh_config, args.connect_timeout)
+    ssh = Ssh(args.ssh_config, args.connect_timeout, args.ssh_port)
     cwd = os.getcwd()
     workdir = args.sync_dst_dir or cwd
     pythonpath = remote_pythonpath(os.environ.get('PYTHONPATH'), cwd, workdir)
@@ -512,7 +525,7 @@ def prepare(args, secret, out=None, notices=True, **job_options):
     out = out or sys.stdout
     python = args.python or sys.executable
     script = args.host_discovery_script
-    at = checked_hosts(discover(script) if script else read_hosts(args.hostfile), args, python)
+    at = checked_hosts(discover(script) if script else hosts_from(args), args, python)
     job_id = uuid.uuid4().hex
     specs = job_specs(args.num_workers, args.num_servers, args.command, secret,
                       hosts=at.labels, slots=at.slots, addresses=at.addresses,
@@ -533,5 +546,5 @@ def prepare(args, secret, out=None, notices=True, **job_options):
                                                                            python)),
                   timeout=args.timeout, max_restarts=args.max_restarts, out=out,
                   min_workers=args.min_workers, max_workers=args.max_workers,
-                  **job_options)
+                  restart_lost=args.restart_lost, **job_options)
 

@@ -109,6 +109,9 @@ class LaunchMagics(Magics):
     def launch(self, line):
         try:
             args = cli.parse(arg_split(line), prog='%launch')
+            if args.dry_run:                   # the plan, nothing started
+                sys.stdout.write(cli.dry_run(args))
+                return None
         except cli.UsageError as e:
             raise UsageError(f'%launch: {e}') from None
         self._args = args

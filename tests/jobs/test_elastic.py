@@ -126,17 +126,19 @@ def test_with_the_elastic_sampler_the_survivors_read_what_is_left_of_the_epoch_o
 
 
 def test_a_lost_worker_started_again_joins_and_trains_from_the_current_weights(tmp_path):
-    """--max-workers 3: the launcher starts worker 1 again; it joins (at once in its own
-    place, if it registers before its loss is noticed; else at the two survivors' next
+    """--restart-lost (--max-workers 3): the launcher starts worker 1 again; it joins (at
+    once in its own place, if it registers before its loss is noticed; else at the two survivors' next
     commit, where they go on from without going back), takes rank 0's state by
     broadcast, and all three end with the weights of the replay of those memberships.
     (Worker 0 is a little slow, so that the job does not end before it has joined.)"""
-    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, '--max-workers', 3, *KILL,
+    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, '--max-workers', 3, '--restart-lost',
+                   *KILL,
                    '--slow', 'worker:0=+30ms', '--log-dir', tmp_path, '--timeout', 150,
                    sys.executable, JOB, timeout=200)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
-    assert 'd2l-launch: starting worker 1 again, to join the job (--max-workers 3)' in out
+    assert ('d2l-launch: starting worker 1 again, to join the job (--restart-lost, at most 3 '
+            'workers)') in out
     how = re.search(r'^\[scheduler\] d2ldist: worker 1 (was started again|joins); the ring '
                     r're-forms with 3 workers \(round \d\)$', out, re.M)
     assert how, out[-4000:]
@@ -173,7 +175,8 @@ def test_a_script_written_as_horovods_elastic_example_survives_a_loss_and_takes_
     loops, a commit per batch, the learning rate reset for hvd.size()): worker 1 killed
     after step 20, the two others go on as ranks 0 and 1 of 2, worker 1 started again
     joins at their next commit as rank 1 of 3, and the model learns."""
-    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, '--max-workers', 3, *KILL[:1],
+    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, '--max-workers', 3, '--restart-lost',
+                   *KILL[:1],
                    'worker:1@step=20', '--slow', 'worker:0=+30ms', '--timeout', 150,
                    sys.executable, HOROVOD_EXAMPLE, '--epochs', 8, '--log-interval', 1,
                    timeout=200)
@@ -246,11 +249,12 @@ def test_a_lost_worker_never_stops_dist_async_and_each_push_is_added_once():
 
 
 def test_a_lost_worker_started_again_pulls_the_current_values_and_joins_the_rounds():
-    """--max-workers 3: worker 1 starts again and joins, in its own place (before its
-    loss was noticed) or after the two went on for a while: either way it pulls the
+    """--restart-lost (--max-workers 3): worker 1 starts again and joins, in its own place
+    (before its loss was noticed) or after the two went on for a while: either way it pulls the
     values of the last round that closed, its 20 pushes each count once, in 20 rounds."""
-    out, values, final = kv_job('--max-workers', 3, env=['--env', 'JOIN=1'])
-    assert 'd2l-launch: starting worker 1 again, to join the job (--max-workers 3)' in out
+    out, values, final = kv_job('--max-workers', 3, '--restart-lost', env=['--env', 'JOIN=1'])
+    assert ('d2l-launch: starting worker 1 again, to join the job (--restart-lost, at most 3 '
+            'workers)') in out
     assert re.search(r"^\[scheduler\] d2ldist: worker 1 (was started again|joins); the "
                      r"servers' rounds count 3 workers \(round \d\)$", out, re.M), out[-4000:]
     assert values[0] == values[2]

@@ -102,7 +102,7 @@ def cut_during_job(hosts, tmp_path, *options):
     """Three workers, two on hostA, one on hostB: cut hostB off for CUT s once all
     train; the launcher's return code, output, and output without hosts."""
     hostfile = hosts.hostfile(tmp_path / 'hosts', ['hostA slots=2', 'hostB slots=1'])
-    job = Launch(hosts, 3, '-H', hostfile, *options)
+    job = Launch(hosts, 3, '--hostfile', hostfile, *options)
     try:
         job.wait_for('enters at batch 0', count=3)
         time.sleep(2)

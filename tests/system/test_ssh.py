@@ -75,7 +75,7 @@ def expected_host(names, num_servers, rank):
 @pytest.mark.parametrize('name,args,done', JOBS, ids=[j[0] for j in JOBS])
 def test_job_across_hosts(clean, tmp_path, name, args, done):
     hosts = clean
-    r = run_ssh(hosts, '-H', hosts.hostfile(tmp_path / 'hosts'), *args)
+    r = run_ssh(hosts, '--hostfile', hosts.hostfile(tmp_path / 'hosts'), *args)
     assert r.returncode == 0, r.stdout + r.stderr
     n, s = int(args[args.index('-n') + 1]), int(args[args.index('-s') + 1])
     for rank in range(n):
@@ -123,7 +123,7 @@ def test_hostfile_with_user_port_and_slots(clean, tmp_path):
     script.write_text('import os\nprint("local", os.environ["RANK"], os.environ["LOCAL_RANK"], '
                       'os.environ["LOCAL_WORLD_SIZE"])\n')
     hostfile = hosts.hostfile(tmp_path / 'hosts', ['root@hostA:22 slots=2', 'hostB  # one slot'])
-    r = run_ssh(hosts, '-H', hostfile, '-n', '3', '-s', '0', 'python', script)
+    r = run_ssh(hosts, '--hostfile', hostfile, '-n', '3', '-s', '0', 'python', script)
     assert r.returncode == 0, r.stdout + r.stderr
     # workers fill hostA's two slots first, then hostB's one
     assert 'local 0 0 2' in prefixed(r.stdout, 'worker 0@hostA:22')

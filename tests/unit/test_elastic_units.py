@@ -40,7 +40,7 @@ def test_bad_elastic_options_are_one_line_errors(options, servers, error):
 
 def test_min_workers_and_its_horovod_alias_reach_every_process():
     for option in ('--min-workers', '--min-np'):
-        args = parse(option, 2, '--max-np', 4)
+        args = parse(option, 2, '--max-np', 4, '--restart-lost')
         assert (args.min_workers, args.max_workers, args.env['D2L_MIN_WORKERS']) == (2, 4, '2')
         assert args.env['D2L_MAX_WORKERS'] == '4'      # (workers may join: commits ask)
     assert 'D2L_MIN_WORKERS' not in parse().env

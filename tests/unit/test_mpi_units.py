@@ -102,11 +102,13 @@ def test_mpirun_output_goes_to_its_tasks_and_names_the_failure():
 @pytest.mark.parametrize('args,says', [
     (['-H', 'me@hostA,hostB'], "--launcher mpi: host 'me@hostA': mpirun reaches hosts by name "
                                'only; put the user and port in an ssh config (--ssh-config FILE)'),
-    (['-H', 'hostA:2222'], "--launcher mpi: host 'hostA:2222': mpirun reaches hosts by name "
-                           'only; put the user and port in an ssh config (--ssh-config FILE)'),
+    (['-H', 'hostA:2222'], "-H hostA:2222: 2222 slots? -H takes host:slots (horovodrun's, "
+                           "mpirun's); an ssh port is --ssh-port 2222 or an ssh config "
+                           '(--ssh-config FILE); see d2l-launch --help'),
     (['--min-workers', '1', '-s', '0'], '--min-workers needs --launcher local or ssh: mpirun '
                                         'ends every process when one fails'),
-    (['--sync-dst-dir', '/tmp/x'], '--sync-dst-dir needs hosts to sync to: -H hostfile'),
+    (['--sync-dst-dir', '/tmp/x'], '--sync-dst-dir needs hosts to sync to: -H host1,host2 or '
+                                   '--hostfile FILE'),
 ])
 def test_what_mpi_cannot_do_is_refused_in_one_line(args, says):
     r = subprocess.run(launch_argv('-n', '2', '--launcher', 'mpi', *args, 'python', '-c', '1'),
@@ -118,7 +120,7 @@ def test_without_mpirun_one_line_says_what_to_install(monkeypatch):
     monkeypatch.setattr(mpi.shutil, 'which', lambda name: None)
     with pytest.raises(mpi.MpiError, match="--launcher mpi needs Open MPI's mpirun on PATH "
                                            r'\(Debian: openmpi-bin\)'):
-        mpi.hosts_of(SimpleNamespace(hostfile=None))
+        mpi.hosts_of(SimpleNamespace(hosts=None, hostfile=None))
 
 
 def test_a_task_writes_each_line_of_its_own_in_one_write():

@@ -12,28 +12,44 @@ import pytest
 
 from support import launch_argv
 from d2ldist.launch.processes import ProcSpec, assign_hosts
-from d2ldist.launch.ssh import SWEEP, HostError, placement_table, read_hosts, remote_command
+from d2ldist.launch.ssh import (SWEEP, HostError, Host, Ssh, placement_table, read_hostfile,
+                                read_hosts, remote_command)
 
 
 def test_hostfile_formats(tmp_path):
     f = tmp_path / 'hosts'
     f.write_text('# my cluster\n\nhostA\nhostB:2222   # a comment\nalice@hostC\n'
                  'bob@hostD:2200 slots=4\n')
-    hosts = read_hosts(str(f))
+    hosts = read_hostfile(str(f))
     assert [(h.user, h.name, h.port, h.slots) for h in hosts] == [
         (None, 'hostA', None, None), (None, 'hostB', 2222, None),
         ('alice', 'hostC', None, None), ('bob', 'hostD', 2200, 4)]
-    assert [h.label for h in read_hosts('host1,host2:2222')] == ['host1', 'host2:2222']
     f.write_text('hostA\nhostB\nhost C\n')
     with pytest.raises(HostError, match=f'{f} line 3: expected host.*got \'host C\''):
-        read_hosts(str(f))
+        read_hostfile(str(f))
     f.write_text('# nothing\n')
     with pytest.raises(HostError, match='no hosts'):
-        read_hosts(str(f))
+        read_hostfile(str(f))
     with pytest.raises(HostError, match='cannot read hostfile'):
-        read_hosts(str(tmp_path / 'missing'))
+        read_hostfile(str(tmp_path / 'missing'))
+
+
+def test_inline_hosts_have_slots_as_in_horovodrun():
+    """-H h1:2,h2: host:slots (horovodrun's, mpirun's), not host:port."""
+    hosts = read_hosts('host1:2,bob@host2')
+    assert [(h.user, h.name, h.port, h.slots) for h in hosts] == [
+        (None, 'host1', None, 2), ('bob', 'host2', None, None)]
     with pytest.raises(HostError, match='listed twice'):
         read_hosts('a,b,a')
+    with pytest.raises(HostError, match=r"item 2: expected host or host:slots, got 'b:x'"):
+        read_hosts('a,b:x')
+
+
+def test_ssh_port_is_every_hosts_unless_its_own():
+    ssh = Ssh(port=2222)
+    assert ssh.options(Host('a'))[-2:] == ['-p', '2222']
+    assert ssh.options(Host('b', port=22))[-2:] == ['-p', '22']
+    assert '-p' not in Ssh().options(Host('a'))
 
 
 def test_placement_is_deterministic_and_uses_slots():
