@@ -11,7 +11,7 @@ loss the survivors go on with their own parts (``hvd.elastic.ElasticSampler`` re
 what is left: ``tests/jobs/elastic_job.py``).
 
     python examples/horovod_elastic_digits.py                           # alone
-    d2l-launch -n 3 -s 0 --min-workers 2 --max-workers 3 \\
+    d2l-launch -n 3 -s 0 --min-workers 2 --max-workers 3 --restart-lost \\
         --fail worker:1@step=20 python examples/horovod_elastic_digits.py
 
 Worker 1 dies after its 20th step; the two others go back to their last commit and go on

@@ -6,7 +6,7 @@ file runs alone or as every worker of a job (each worker prints its own lines):
     python examples/multimachine_cifar10_train.py --kvstore local
     python examples/multimachine_cifar10_train.py --kvstore local --devices cpu:2
     d2l-launch -n 2 -s 2 python examples/multimachine_cifar10_train.py --kvstore dist_sync
-    d2l-launch -n 2 -s 2 -H hosts --launcher ssh python examples/multimachine_cifar10_train.py --kvstore dist_sync
+    d2l-launch -n 2 -s 2 --hostfile hosts --launcher ssh python examples/multimachine_cifar10_train.py --kvstore dist_sync
     d2l-launch -n 2 python examples/multimachine_cifar10_train.py --kvstore ring
     d2l-launch -n 2 -s 2 --checkpoint-dir ckpt --checkpoint-every 20 --max-restarts 3 \
         python examples/multimachine_cifar10_train.py --kvstore dist_sync
