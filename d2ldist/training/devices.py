@@ -15,6 +15,15 @@ def cpu():
     return torch.device('cpu')
 
 
+def indexed(device):
+    """The device, a GPU by its number: torch.device('cuda') means the calling thread's
+    current GPU, and backward's hooks run on threads each current on its own GPU."""
+    device = torch.device(device)
+    if device.type == 'cuda' and device.index is None:
+        return torch.device('cuda', torch.cuda.current_device())
+    return device
+
+
 def try_gpu(i=0):
     """GPU i if it exists, else the CPU."""
     if torch.cuda.device_count() >= i + 1:

@@ -24,7 +24,6 @@ statistics): docs/design/training.md.
 import copy
 import itertools
 import time
-from contextlib import contextmanager, nullcontext
 from typing import NamedTuple
 
 import torch
@@ -34,18 +33,10 @@ from ..runtime import faults, spans, staging
 from ..kv import optimizers
 from ..kv.optimizers import ON_SERVERS, torch_names
 from ..kv.worker import sum_copies
-from .devices import split_and_load
+from .devices import indexed, split_and_load
 from .statistics import RunningStatistics
 from .stores import create_store
-
-
-def _indexed(device):
-    """The device, a GPU by its number: torch.device('cuda') means the calling thread's
-    current GPU, and backward's hooks run on threads each current on its own GPU."""
-    device = torch.device(device)
-    if device.type == 'cuda' and device.index is None:
-        return torch.device('cuda', torch.cuda.current_device())
-    return device
+from .timing import StepTimes
 
 
 class Step(NamedTuple):
@@ -81,7 +72,7 @@ class Trainer:
     def __init__(self, net, optimizer='sgd', optimizer_params=None, kvstore='local',
                  devices=None, update_on_kvstore=None, overlap=True,
                  bucket_cap_mb=BUCKET_CAP_MB, compression_params=None):
-        self.devices = [_indexed(d) for d in devices] if devices else [
+        self.devices = [indexed(d) for d in devices] if devices else [
             next(net.parameters()).device]
         optimizer = optimizer.lower()
         self.replicas = [net.to(self.devices[0])] + [
@@ -133,10 +124,9 @@ class Trainer:
             self._buckets = BackwardBuckets(self.params[-1], self._gradient_ready,
                                             self._start_bucket, cap_mb=bucket_cap_mb,
                                             finish=self._bucket_summed)
-        self._timers = []   # the timed blocks running now, innermost last
+        self._times = StepTimes({s: step.label for s, step in STEPS.items()}, self.devices)
         self.last_batch_end = None   # when train_batch last ended (for the timeline)
         self._initialized = False
-        self.reset_step_times()
 
     _made = itertools.count()   # Trainers made in this process
 
@@ -202,8 +192,8 @@ class Trainer:
             with self.timed(3):   # 3. copy the sums to the CPU, into flat_grads
                 staging.copy_(self._grads, grads)
         else:                     # 2. and 3. ran in backward, gradient by gradient
-            self._time_counts[2] += 1
-            self._time_counts[3] += 1
+            self._times.counts[2] += 1
+            self._times.counts[3] += 1
         with self.timed(4):       # 4. push them; the store sums them over all workers
             self._push()
         with self.timed(5):       # 5. the sum updates the weights; they come back (pull)
@@ -307,39 +297,18 @@ class Trainer:
             for b, b0 in zip(buffers[r], buffers[0]):
                 b.copy_(b0, non_blocking=True)
 
-    @contextmanager
     def timed(self, step, count=True):
-        """Add the block's time (waiting for the devices) to the step's total, less the
-        time of the steps timed inside it (the hooks of overlapping buckets).
-
-        count=False (the hooks in backward) does not wait for the devices: waiting in
-        every hook would stall backward's GPU kernels; there the time is what the
-        host spent starting the work, and the waiting shows in step 4.
-        """
-        start = time.perf_counter()
-        self._timers.append(0.0)          # the time of the blocks nested in this one
-        try:
-            with spans.span(STEPS[step].label, 'step') if count else nullcontext():
-                yield
-        finally:
-            for d in set(self.devices):
-                if count and d.type == 'cuda':
-                    torch.cuda.synchronize(d)
-            elapsed, inner = time.perf_counter() - start, self._timers.pop()
-            if self._timers:
-                self._timers[-1] += elapsed
-        self._time_sums[step] += elapsed - inner
-        self._time_counts[step] += count
+        """A block timed as step ``step``; ``count=False`` (a hook in backward) adds its
+        time but not a batch, and waits for no device (``timing.StepTimes.timed``)."""
+        return self._times.timed(step, count)
 
     def reset_step_times(self):
-        self._time_sums = dict.fromkeys(STEPS, 0.0)
-        self._time_counts = dict.fromkeys(STEPS, 0)
+        self._times.reset()
 
     @property
     def step_times(self):
         """Mean seconds per batch of each step, {1: ..., 7: ...} (None if not run yet)."""
-        return {s: (self._time_sums[s] / n if n else None)
-                for s, n in self._time_counts.items()}
+        return self._times.means()
 
     def step_times_report(self):
         """step_times as d2ldist.report and the dashboard's bars take them.
@@ -404,7 +373,7 @@ def train_batch(X, y, net, loss, trainer, devices):
 
     loss must give one value per example, e.g. nn.CrossEntropyLoss(reduction='none').
     """
-    if net is not trainer.replicas[0] or [_indexed(d) for d in devices] != trainer.devices:
+    if net is not trainer.replicas[0] or [indexed(d) for d in devices] != trainer.devices:
         raise ValueError("train_batch needs the trainer's net and devices")
     trainer.init()   # at the first batch: every worker starts from rank 0's weights
     if trainer.last_batch_end is not None:   # (d2l-launch --timeline: the time between)

@@ -86,7 +86,7 @@ def main(kinds):
             'kind': kind, 'rank': store.rank, 'num_workers': store.num_workers,
             'losses': losses, 'identical': identical,
             'weights': trainer.flat_weights.tolist(), 'buffers': buffers(trainer).tolist(),
-            'step_times': trainer.step_times, 'counts': trainer._time_counts,
+            'step_times': trainer.step_times, 'counts': trainer._times.counts,
             'update_on_kvstore': trainer.update_on_kvstore}), flush=True)
 
 

@@ -64,7 +64,7 @@ def test_seven_steps_timed_and_replicas_identical_after_every_step():
         assert_replicas_identical(trainer)
     times = trainer.step_times
     assert sorted(times) == list(range(1, 8)) and all(t > 0 for t in times.values())
-    assert trainer._time_counts == dict.fromkeys(range(1, 8), 3)        # once per batch
+    assert trainer._times.counts == dict.fromkeys(range(1, 8), 3)        # once per batch
     assert not torch.equal(before['0.weight'], net.state_dict()['0.weight'])   # it trained
 
 
@@ -244,7 +244,7 @@ def test_buckets_start_during_backward_last_layers_first():
     sizes = [p.numel() for p in net.parameters()]
     assert store.started == sizes[::-1]              # one bucket each, last layer first
     trainer.step(6)
-    assert [trainer._time_counts[s] for s in range(2, 8)] == [1] * 6
+    assert [trainer._times.counts[s] for s in range(2, 8)] == [1] * 6
     assert store.started == sizes[::-1]              # step() started nothing more
 
 
