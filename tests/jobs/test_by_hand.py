@@ -50,17 +50,22 @@ def test_a_parameter_server_job_started_role_by_role():
 
 def test_a_worker_the_scheduler_refuses_says_why_in_one_line():
     """A worker whose rank the job has not (5 of 2): the scheduler refuses it, and it
-    ends in one line naming the refusal, not a traceback; the job goes on."""
+    ends in one line naming the refusal, not a traceback; the job goes on.
+
+    The job's own workers start once the extra one has been refused: started together,
+    the job could end (and its scheduler with it) before the extra one's registration
+    came, on a busy machine, and it would wait for an answer nobody is left to give."""
     tag = new_tag()
     common = {'D2L_SCHEDULER_URI': '127.0.0.1', 'D2L_SCHEDULER_PORT': str(free_port()),
               'D2L_NUM_WORKER': '2', 'D2L_NUM_SERVER': '1',
               'D2L_JOB_SECRET': secrets.token_hex(32), 'D2L_TEST_TAG': tag}
     procs = [start('scheduler', ['-m', 'd2ldist.runtime.scheduler'], common),
              start('server', ['-m', 'd2ldist.kv'], common)]
-    procs += [start('worker', [EXACT_SUMS, 'kv'], dict(common, D2L_RANK=str(r))) for r in (0, 1)]
     try:
         extra = start('worker', [EXACT_SUMS, 'kv'], dict(common, D2L_RANK='5'))
         refused = extra.communicate(timeout=150)[0]
+        procs += [start('worker', [EXACT_SUMS, 'kv'], dict(common, D2L_RANK=str(r)))
+                  for r in (0, 1)]
         outputs = [p.communicate(timeout=150)[0] for p in reversed(procs)][::-1]
     finally:
         kill_tagged(tag)
