@@ -1,10 +1,9 @@
 """Shared by the notebook tests: a tiny job that reports progress, notebook building, and
 the scripts the chapters write."""
-import importlib.util
 
 import nbformat
 
-from support import ROOT
+from support import ROOT, load_script
 
 CHAPTERS = ROOT / 'notebooks'
 
@@ -54,10 +53,7 @@ def stream_text(cell):
 
 def load_book():
     """book/build.py as a module (it is a script, not part of the package)."""
-    spec = importlib.util.spec_from_file_location('book_build', ROOT / 'book' / 'build.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script('book/build.py', 'book_build')
 
 
 def written_script(chapter, name):

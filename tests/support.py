@@ -221,3 +221,13 @@ def run_job(workers, servers, *command, options=(), env=(), timeout=120, job_tim
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert wait_no_survivors(r.tag) == []
     return r
+
+
+def load_script(path, name):
+    """A script of the repository (book/build.py, say) as a module named ``name``: the
+    scripts are no part of the package, and the tests read their functions."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -4,7 +4,7 @@ import re
 import nbformat
 import pytest
 
-from support import ROOT
+from support import ROOT, load_script
 from nbtools import load_book
 
 pytest.importorskip('latex2mathml')
@@ -13,11 +13,7 @@ book = load_book()
 
 def load_refs():
     """book/refs.py as a module: it writes the cross-references into the chapters."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location('book_refs', ROOT / 'book' / 'refs.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script('book/refs.py', 'book_refs')
 
 
 refs = load_refs()
@@ -275,10 +271,7 @@ def test_a_notebook_reader_sees_every_figure_numbered_and_captioned():
 
 
 def test_the_diagrams_are_what_draw_py_draws(tmp_path):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location('draw', FIGURES / 'draw.py')
-    draw = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(draw)
+    draw = load_script('notebooks/figures/draw.py', 'draw')
     for path in draw.draw(tmp_path):
         assert path.read_bytes() == (FIGURES / path.name).read_bytes(), \
             f'{path.name} is not what draw.py draws: make figures'

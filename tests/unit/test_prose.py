@@ -1,19 +1,11 @@
 """book/prose.py: the words and sentences of a notebook's markdown, counted by hand here."""
-import importlib.util
 
 import nbformat
 
-from support import ROOT
+from support import ROOT, load_script
 
 
-def load_prose():
-    spec = importlib.util.spec_from_file_location('book_prose', ROOT / 'book' / 'prose.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-prose = load_prose()
+prose = load_script('book/prose.py', 'book_prose')
 
 LONG = ' '.join(['many'] * 41) + '.'     # one sentence of 41 words
 

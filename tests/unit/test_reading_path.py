@@ -2,16 +2,13 @@
 path stays within its bound, no step of the plain path is left out of it, and
 ARCHITECTURE.md shows exactly what the script prints."""
 import ast
-import importlib.util
 import re
 
 import pytest
 
-from support import ROOT
+from support import ROOT, load_script
 
-spec = importlib.util.spec_from_file_location('reading_path', ROOT / 'book' / 'reading_path.py')
-reading_path = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(reading_path)
+reading_path = load_script('book/reading_path.py', 'reading_path')
 
 
 @pytest.mark.parametrize('title', list(reading_path.PATHS))
