@@ -142,13 +142,12 @@ def test_dry_run_over_ssh_shows_each_ssh_command_with_user_and_port():
 
 
 def test_dry_run_inside_slurm_shows_the_srun_step(monkeypatch):
-    from d2ldist.launch import slurm
-    monkeypatch.setattr(slurm, 'check', lambda partition: None)
     monkeypatch.setattr('shutil.which', lambda name: f'/usr/bin/{name}')   # (srun)
-    args = parse('-n', 2, '-s', 0, '--launcher', 'slurm', '--dry-run')
-    lines = cli.dry_run(args, {'SLURM_JOB_ID': '7', 'SLURM_JOB_NODELIST': 'n[1-2]',
-                               'SLURM_TASKS_PER_NODE': '1(x2)', 'PATH': '/usr/bin'}
-                        ).splitlines()
+    env = {'SLURM_JOB_ID': '7', 'SLURM_JOB_NODELIST': 'n[1-2]', 'SLURM_TASKS_PER_NODE': '1(x2)',
+           'PATH': '/usr/bin'}
+    args = cli.parse(['-n', '2', '-s', '0', '--launcher', 'slurm', '--dry-run', *COMMAND],
+                     environ=env)
+    lines = cli.dry_run(args, env).splitlines()
     assert lines[0].endswith('each a task of one srun step in allocation 7')
     assert [line.split()[2] for line in lines[2:5]] == ['n1', 'n1', 'n2']
     assert lines[-1].startswith('  started by: srun --ntasks=3 --nodes=2 ')
