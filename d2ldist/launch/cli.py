@@ -149,8 +149,11 @@ OPTIONS = {
          'kill a process (SIGKILL, as a crash): worker R after its compute '
          'step N (worker:1@step=40), server R after its N-th sync round (in '
          'dist_async: push) (server:0@step=3), or either, or the scheduler, a '
-         'time after it '
-         'joined (server:0@30s, scheduler@5s); repeatable'),
+         'time after it joined (server:0@30s, scheduler@5s); a worker that never '
+         'joins through d2ldist (a plain torch.distributed script): the time counts '
+         'from its start and the launcher kills it (local and ssh), and a step, '
+         'which only d2ldist counts, is said at the end never to have fired; '
+         'repeatable'),
     ),
     'what a failure costs': (
         ('--max-restarts', dict(type=int, default=0, metavar='K'),
