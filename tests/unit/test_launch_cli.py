@@ -185,3 +185,20 @@ def test_the_launcher_fires_a_timed_fail_only_on_a_worker_that_never_joined():
     assert list(tasks.never_fired())[0] == (
         '--fail worker:0@2s never fired: worker 0 never joined through d2ldist, and the '
         'launcher cannot kill one task of srun or mpirun alone')
+
+
+def test_percent_launch_dry_run_prints_the_plan_and_starts_nothing(monkeypatch, capsys):
+    """%launch --dry-run (d2ldist/notebook/magic.py): d2l-launch's plan in the cell, no
+    job made, no process started."""
+    pytest.importorskip('IPython')
+    from d2ldist.notebook.magic import LaunchMagics
+
+    def refuse(*args, **kwargs):
+        raise AssertionError('a dry run started something')
+    monkeypatch.setattr(cli, 'make_job', refuse)
+    monkeypatch.setattr(subprocess, 'Popen', refuse)
+    assert LaunchMagics(shell=None).launch('--dry-run -n 2 -s 1 python -c pass') is None
+    out = capsys.readouterr().out
+    assert out == cli.dry_run(parse('--dry-run', '-n', 2, '-s', 1))
+    assert out.startswith('d2l-launch: dry run, nothing started: 1 scheduler, 1 server, 2 '
+                          'workers; each a process on this machine\n')
