@@ -92,8 +92,8 @@ OPTIONS = {
         ('--gres', dict(default=None, metavar='G'),
          "slurm, with --partition: generic resources per node, salloc's --gres (gpu:4)"),
         ('--salloc-args', dict(default=None, metavar='"ARGS"'),
-         'slurm, with --partition: more salloc options, in one quoted word '
-         '("--qos=debug --mem=8G")'),
+         'slurm, with --partition: more salloc options, in one word after = '
+         '(--salloc-args="--qos=debug --mem=8G")'),
     ),
     'hosts (ssh, mpi)': (
         ('-H --hosts', dict(default=None, metavar='HOST:SLOTS,...'),
@@ -346,7 +346,8 @@ def _with_config_file(prog, argv):
 
 def config_file_argv(path):
     """A --config-file's options as command-line words: ``name = value`` (TOML) as
-    ``--name value``; a list as the option repeated; true as the flag alone."""
+    ``--name=value`` (a value may start with -); a list as the option repeated; true as
+    the flag alone."""
     where = f'--config-file {path}'
     if Path(path).suffix in ('.yaml', '.yml'):
         raise UsageError(f'{where}: YAML needs PyYAML, which d2ldist does not install; '
@@ -369,8 +370,7 @@ def config_file_argv(path):
         if kinds[flag] == 'store_true':
             words += [flag] if value is True else []
         else:
-            words += [w for v in (value if isinstance(value, list) else [value])
-                      for w in (flag, str(v))]
+            words += [f'{flag}={v}' for v in (value if isinstance(value, list) else [value])]
     return words
 
 

@@ -204,18 +204,21 @@ def test_n_is_needed_outside_an_allocation(capsys):
         True)
 
 
-def test_partition_passes_time_account_gres_and_more_to_salloc(monkeypatch):
+def test_partition_passes_time_account_gres_and_more_to_salloc(monkeypatch, tmp_path):
     from d2ldist.launch import cli
     monkeypatch.setattr('shutil.which', lambda name: f'/usr/bin/{name}')   # (salloc, srun)
     args = parsed({}, '-n', 2, '-s', 0, '--launcher', 'slurm', '--partition', 'gpu',
                   '--nodes', 2, '--time', '30', '--account', 'proj', '--gres', 'gpu:4',
-                  '--salloc-args', '--qos=debug --mem "8G"', '--dry-run')
+                  '--salloc-args=--qos=debug --mem "8G"', '--dry-run')
     assert slurm.salloc_argv(args) == [
         'salloc', '--partition=gpu', '--ntasks=2', '--nodes=2', '--time=30', '--account=proj',
         '--gres=gpu:4', '--qos=debug', '--mem', '8G', '--quiet']
     assert ('  first: salloc --partition=gpu --ntasks=2 --nodes=2 --time=30 --account=proj '
             '--gres=gpu:4 --qos=debug --mem 8G --quiet (the allocation, given back when the '
             'job ends)') in cli.dry_run(args, {}).splitlines()
+    config = tmp_path / 'job.toml'                 # a value that starts with a dash, too
+    config.write_text('launcher = "slurm"\npartition = "gpu"\nsalloc-args = "--qos=debug"\n')
+    assert parsed({}, '-n', 1, '--config-file', config).salloc_args == ['--qos=debug']
     for option in ('--time', '--salloc-args'):
         with pytest.raises(cli.UsageError, match=f'^{option} is an option of salloc, for the '
                            'allocation that --partition P asks for'):
