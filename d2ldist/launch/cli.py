@@ -270,8 +270,10 @@ def _in_allocation(args, environ):
             taken.append('--launcher slurm, one srun step over its nodes (--launcher '
                          'local keeps the job on this node)')
     if args.num_workers is None and tasks is None:
-        raise UsageError('-n N, the number of workers, is needed (inside a Slurm '
-                         'allocation, its SLURM_NTASKS)', hint=True)
+        raise UsageError('-n N, the number of workers, is needed' + (
+            ' (inside a Slurm allocation, its SLURM_NTASKS)' if where is None else
+            ': this Slurm allocation sets no SLURM_NTASKS (salloc or sbatch -n does)'),
+            hint=True)
     if args.num_workers is None:
         args.num_workers = tasks
         taken.append(f'-n {tasks}, its SLURM_NTASKS')

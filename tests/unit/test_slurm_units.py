@@ -202,6 +202,10 @@ def test_n_is_needed_outside_an_allocation(capsys):
     assert (str(e.value), e.value.hint) == (
         '-n N, the number of workers, is needed (inside a Slurm allocation, its SLURM_NTASKS)',
         True)
+    no_tasks = {k: v for k, v in SBATCH.items() if k != 'SLURM_NTASKS'}   # sbatch -N 2 alone
+    with pytest.raises(cli.UsageError, match='^-n N, the number of workers, is needed: this '
+                       'Slurm allocation sets no SLURM_NTASKS'):
+        parsed(no_tasks, '-s', 0)
 
 
 def test_partition_passes_time_account_gres_and_more_to_salloc(monkeypatch, tmp_path):
