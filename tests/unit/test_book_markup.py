@@ -129,6 +129,7 @@ def test_refs_writes_links_that_read_right_everywhere_and_again(tmp_path, monkey
     nbformat.write(one, tmp_path / 'one.ipynb')
     nbformat.write(two, tmp_path / 'two.ipynb')
     monkeypatch.setattr(refs.build, 'CHAPTERS', ['one', 'two'])
+    monkeypatch.setattr(refs.build, 'APPENDICES', [])
     assert refs.main(['--chapters', str(tmp_path), '--check']) == 1
     assert nbformat.read(tmp_path / 'one.ipynb', as_version=4) == one      # --check writes nothing
     assert refs.main(['--chapters', str(tmp_path)]) == 0
