@@ -448,6 +448,7 @@ class Scheduler:
             return False
         left = replicas.without(self.chains, node, self.copying)
         if left is None:
+            say(replicas.last_copy(self.chains, node, self.copying))
             return False
         chains = self.chains
         self.leave_out(node)

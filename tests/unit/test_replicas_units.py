@@ -266,13 +266,18 @@ def test_the_scheduler_names_the_new_holders_and_counts_them_once_their_copy_cam
     assert not [k for _, k, _ in s.van.sent if k == protocol.FAILED]
 
 
-def test_a_second_loss_before_the_copy_came_fails_the_job():
+def test_a_second_loss_before_the_copy_came_fails_the_job_saying_why(capsys):
     s = replicated_scheduler(servers=3)
     s.replicas = 1
     for server in ('server:0', 'server:1'):
         s.handle(message(protocol.ENDED, 'launcher', node=server, start=1, how='killed'))
     assert {peer for peer, kind, _ in s.van.sent if kind == protocol.FAILED} == {
         'server:2', 'worker:0', 'worker:1'}
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        'd2ldist: server 1 held the last copy of shard 0: R replicas outlive R losses at '
+        'once, and one more loss only once a new replica has its copy (a server outside the '
+        'chain: -s at least R + 2)',
+        'd2ldist: server 1 failed: its process ended, killed; telling the others']
 
 
 def test_a_chain_owes_a_new_next_holder_the_shard_whole_then_sends_it_what_follows():
