@@ -1,6 +1,9 @@
 """Replicated servers in one process: the option, the chains, the scheduler promoting a
-replica, a chain sending on after a loss, and two servers that lose one in the middle
-of a round (tests/jobs/test_replicas.py runs jobs)."""
+replica, a chain sending on after a loss, two servers that lose one in the middle of a
+round, a new replica made after a loss (re-replication) and three servers that lose two,
+one after the other (tests/jobs/test_replicas.py runs jobs); and a worker that joins a
+running ring, never taken in, fails after a bound."""
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -10,8 +13,10 @@ from d2ldist.kv import messages as M
 from d2ldist.kv.replication import COPY, Chain
 from d2ldist.kv.serving import ServerLoop
 from d2ldist.launch import cli
+from d2ldist.runtime import node as nodes
 from d2ldist.runtime import protocol, replicas
-from d2ldist.runtime.van import Message
+from d2ldist.runtime.started import StartError
+from d2ldist.runtime.van import Message, Van
 from fakes import FakeVan, message, scheduler
 
 
@@ -368,3 +373,26 @@ def test_two_losses_one_after_the_other_with_a_new_replica_between_lose_nothing(
     for n in (5, 6):
         round_on(servers[2], n)
     assert got == expected
+
+
+# -- a worker that joins a running ring waits for the others' commit, not forever -----------
+def test_a_joining_worker_that_is_never_taken_in_fails_in_one_line(monkeypatch):
+    monkeypatch.setattr(nodes, 'report_in_one_line', lambda: None)
+    scheduler_van = Van('scheduler', 'secret')
+    joiner = nodes.Node('worker', 2, 2, 0, scheduler_van.address, 'secret', host='127.0.0.1')
+
+    def the_scheduler():               # it says the joiner waits, then never takes it in
+        msg = scheduler_van.recv(timeout=10)
+        scheduler_van.connect(msg.sender, msg['address'])
+        scheduler_van.send(msg.sender, protocol.JOINING, {'joins': 1})
+    thread = threading.Thread(target=the_scheduler)
+    thread.start()
+    try:
+        with pytest.raises(StartError) as e:
+            joiner.start(timeout=0.5)
+    finally:
+        thread.join()
+        for van in (joiner.van, scheduler_van):
+            van.close()
+    assert str(e.value) == ('worker:2: waited 0.5 s to join the running job: the workers '
+                            'came to no commit (state.commit()) to take it in')
