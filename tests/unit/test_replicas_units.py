@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from d2ldist.kv import messages as M
+from d2ldist.kv.copies import Copies
+from d2ldist.kv.membership import Members
+from d2ldist.kv.optimizers import Updater
 from d2ldist.kv.replication import COPY, Chain
+from d2ldist.kv.server import KVServer, Slot
 from d2ldist.kv.serving import ServerLoop
 from d2ldist.launch import cli
 from d2ldist.runtime import node as nodes
@@ -304,6 +308,38 @@ def test_a_chain_owes_a_new_next_holder_the_shard_whole_then_sends_it_what_follo
     head.change('kv_update', {}, [b'x'])                # change 5 follows as to any holder
     assert [(m.kind, m['number']) for m in net.take('server:2')] == [(M.REPLICATE, 5)]
     assert (head.done, list(head.in_flight)) == (4, [5])
+
+
+def test_a_copy_carries_the_shard_whole_and_both_holders_update_to_the_same_bits():
+    """Adam on half-precision weights (its float32 masters), a key without optimizer, the
+    pushes counted: the new holder's next update is the old one's, bit for bit."""
+    net, holders, workers = Net(), ['server:1', 'server:2'], ['worker:0', 'worker:1']
+    old, new = (KVServer(net.node(h), 0, Members(workers), Chain(net.node(h), 0, holders),
+                         links=None) for h in holders)
+    old.updater = Updater('adam', lr=0.1, weight_decay=0.01, multi_precision=True)
+    old.store.update({'w': Slot('float16', [2, 3], 0, 6, torch.zeros(6, dtype=torch.float16)),
+                      'count': Slot('float64', [1], 0, 1, torch.zeros(1, dtype=torch.float64),
+                                    optimizer=False)})
+    grads = [torch.randn(6, generator=torch.Generator().manual_seed(n)).half()
+             for n in range(3)]
+    for n, grad in enumerate(grads[:2], 1):
+        old.update('w', grad, numbers={'worker:0': n, 'worker:1': n})
+        old.update('count', torch.full((1,), 1001.0, dtype=torch.float64))
+    old.chain.owed = 'server:2'
+    Copies(old.node).send(old)
+    copy, = net.take('server:2')
+    Copies(new.node).take(new, copy)
+    assert [(m.kind, m['shard']) for m in net.take('scheduler')] == [(protocol.HOLDS, 0)]
+    assert [(k, s.dtype, s.shape, s.optimizer, s.counted) for k, s in new.store.items()] == \
+        [(k, s.dtype, s.shape, s.optimizer, s.counted) for k, s in old.store.items()]
+    assert (new.updater.name, new.updater.opt.hyper['lr']) == ('adam', 0.1)
+    assert new.updater.states['w']['step'] == old.updater.states['w']['step'] == 2
+    assert new.updater.masters['w'].equal(old.updater.masters['w'])
+    for server in (old, new):
+        server.update('w', grads[2].clone())
+    assert new.store['w'].value.equal(old.store['w'].value)
+    assert new.updater.states['w']['exp_avg_sq'].equal(old.updater.states['w']['exp_avg_sq'])
+    assert new.store['count'].value.item() == 1001.0
 
 
 def three_servers(net, use_config):
