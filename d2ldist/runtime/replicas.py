@@ -60,11 +60,12 @@ def copies(new):
     return ''.join(f', {shown(server)} gets a copy of shard {s}' for s, server in new)
 
 
-def last_copy(chains, lost, copying=()):
+def last_copy(chains, lost, copying, replicas):
     """In words, the shards whose last holder ``lost`` was, and what would have kept them."""
     shards = [str(s) for s, chain in enumerate(chains)
               if all(h == lost or (s, h) in copying for h in chain)]
     plural = 's' if len(shards) > 1 else ''
-    return (f'{shown(lost)} held the last copy of shard{plural} {", ".join(shards)}: R '
-            'replicas outlive R losses at once, and one more loss only once a new replica '
-            'has its copy (a server outside the chain: -s at least R + 2)')
+    return (f'{shown(lost)} held the last copy of shard{plural} {", ".join(shards)}: with '
+            f'--server-replicas {replicas} a shard outlives {replicas} lost at once, and one '
+            'more only once a new replica has its copy (a server outside its chain: -s '
+            f'{replicas + 2} at least)')

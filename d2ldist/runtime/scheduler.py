@@ -448,7 +448,7 @@ class Scheduler:
             return False
         left = replicas.without(self.chains, node, self.copying)
         if left is None:
-            say(replicas.last_copy(self.chains, node, self.copying))
+            say(replicas.last_copy(self.chains, node, self.copying, self.replicas))
             return False
         chains = self.chains
         self.leave_out(node)

@@ -59,7 +59,7 @@ def test_each_shard_is_held_by_its_server_and_the_next_r_around_the_ring():
 # -- the scheduler ------------------------------------------------------------------------
 def replicated_scheduler(servers=2, r=1):
     s = scheduler(2)
-    s.num_servers, s.chains = servers, replicas.chains(servers, r)
+    s.num_servers, s.chains, s.replicas = servers, replicas.chains(servers, r), r
     s.nodes.update({f'server:{i}': f'tcp://s{i}' for i in range(servers)})
     s.starts.update({f'server:{i}': 1 for i in range(servers)})
     return s
@@ -257,7 +257,6 @@ def test_a_shard_that_lost_a_holder_gets_the_next_live_server_and_a_copying_one_
 
 def test_the_scheduler_names_the_new_holders_and_counts_them_once_their_copy_came(capsys):
     s = replicated_scheduler(servers=3)
-    s.replicas = 1
     s.handle(message(protocol.ENDED, 'launcher', node='server:0', start=1, how='killed'))
     news = [h for peer, kind, h in s.van.sent if kind == protocol.SERVERS]
     assert {tuple(map(tuple, h['copying'])) for h in news} == {((0, 'server:2'),
@@ -277,15 +276,14 @@ def test_the_scheduler_names_the_new_holders_and_counts_them_once_their_copy_cam
 
 def test_a_second_loss_before_the_copy_came_fails_the_job_saying_why(capsys):
     s = replicated_scheduler(servers=3)
-    s.replicas = 1
     for server in ('server:0', 'server:1'):
         s.handle(message(protocol.ENDED, 'launcher', node=server, start=1, how='killed'))
     assert {peer for peer, kind, _ in s.van.sent if kind == protocol.FAILED} == {
         'server:2', 'worker:0', 'worker:1'}
     assert capsys.readouterr().out.splitlines()[1:] == [
-        'd2ldist: server 1 held the last copy of shard 0: R replicas outlive R losses at '
-        'once, and one more loss only once a new replica has its copy (a server outside the '
-        'chain: -s at least R + 2)',
+        'd2ldist: server 1 held the last copy of shard 0: with --server-replicas 1 a shard '
+        'outlives 1 lost at once, and one more only once a new replica has its copy (a '
+        'server outside its chain: -s 3 at least)',
         'd2ldist: server 1 failed: its process ended, killed; telling the others']
 
 
