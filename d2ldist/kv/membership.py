@@ -20,6 +20,14 @@ class Members:
         self.numbered = set(self.workers)   # whose push numbers agree() compares
         self.nth = {}                  # n -> (first worker, its keys, workers seen): push n
 
+    def follower(self):
+        """The same workers, as a new replica of another shard sees them: the joiners'
+        memberships, not what they pushed here (re-replication, ``copies.py``)."""
+        follower = Members(self.workers)
+        follower.number, follower.numbered = self.number, set(self.numbered)
+        follower.joining = {w: (since, set()) for w, (since, _) in self.joining.items()}
+        return follower
+
     @staticmethod
     def knew(msg):
         """The membership a push's sender knew as it pushed."""

@@ -17,7 +17,8 @@ each holder's optimizer applies it to its own copy, as the head's did, and ends 
 the same bits (the same code on the same numbers), and with the same optimizer state.
 
 When a holder is lost, the one before it sends on again what the lost one had not
-said done; a replica that becomes the head answers the workers from then on.
+said done; a replica that becomes the head answers the workers from then on. A new
+holder after a loss first gets the shard whole (``Chain.send_copy``, ``copies.py``).
 ``Changes`` is what a shard's server sees of this: ``made`` (an update),
 ``send_updates``, ``send`` and ``shown``. More: docs/design/kv.md.
 """
@@ -27,6 +28,8 @@ from ..runtime.van import VAN_FIELDS
 from . import messages as M
 
 CHAIN_FIELDS = VAN_FIELDS | {'shard', 'number', 'change'}   # a change's own, as it travels
+COPY = 'kv_copy'      # holder -> a new one after a loss: {shard, number, holders} and the
+                      #   shard whole (copies.py: its fields and frames)
 
 
 class Changes:
@@ -103,6 +106,7 @@ class Chain:
         self.done = 0                  # (head) the last change every holder has
         self.in_flight = OrderedDict()  # number -> (kind, header, frames): sent on, not done
         self.bytes_sent = 0            # the frames of the changes sent on: what replicas cost
+        self.owed = None               # a new next holder, owed the shard whole (copies.py)
 
     @property
     def is_head(self):
@@ -170,10 +174,10 @@ class Chain:
     def _done(self, number):
         self.node.send(self._previous(), M.REPLICATED, {'shard': self.shard, 'number': number})
 
-    def changed(self, holders):
+    def changed(self, holders, copying=()):
         """The scheduler's new holders after a loss: send again what the lost next one
-        had not said done, or, now the last, count it done. True if this holder has
-        just become the head."""
+        had not said done, or, now the last, count it done; a new next one (``copying``)
+        is ``owed`` the shard whole instead. True if this holder has just become the head."""
         was_head, before = self.is_head, self._next()
         self.holders = list(holders)
         if self.node.id not in self.holders:
@@ -181,9 +185,37 @@ class Chain:
         promoted = self.is_head and not was_head
         if promoted:                   # what it sent on and has not heard back about
             self.done = min(self.in_flight, default=self.number + 1) - 1
-        if self._next() != before and self._next() is None:
+        after = self._next()
+        if after != before and after is None:
             self._settle(self.number)
-        elif self._next() != before:
+        elif after != before and after in copying:
+            self.owed = after
+        elif after != before:
             for number, (kind, header, frames) in self.in_flight.items():
                 self._send_on(number, kind, header, frames)
         return promoted
+
+    def send_copy(self, header, frames):
+        """(the holder before a new one) Send it the shard whole, as of this holder's last
+        change: the changes after it follow, as to any holder."""
+        to, self.owed = self.owed, None
+        self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+        self.node.send(to, COPY, dict(header, shard=self.shard, number=self.number,
+                                         holders=self.holders), frames)
+
+    def copied(self, msg, take):
+        """(a new holder) The shard whole, as of change ``number`` of the holder before:
+        ``take(msg)`` it, and send it on or, the last, say it is done. False if it came
+        from another than the holder before (one lost since)."""
+        number = msg.get('number')
+        if msg.sender != self._previous() or not isinstance(number, int):
+            return False
+        take(msg)
+        self.number, self.in_flight = number, OrderedDict()
+        if self._next() is None:
+            self._done(number)
+        else:                          # (a second new holder after it)
+            header = {k: v for k, v in msg.header.items() if k not in VAN_FIELDS}
+            self.node.send(self._next(), COPY, dict(header, holders=self.holders),
+                           msg.frames)
+        return True

@@ -4,11 +4,11 @@ A server holds its own shard (a ``KVServer``) and, with replicated servers
 (``d2l-launch --server-replicas R``), replicas of the R shards before it, each a
 ``KVServer`` of its own (``runtime/replicas.py`` says which). The loop hands each
 request to its shard, keeping each worker's requests in order: one that must wait
-for a round waits here, with those after it. It also takes what concerns every
-shard: the scheduler's news (the workers left, the new chains), a worker that joins
-(HELLO), a stream a worker offers (LINK), and a worker's question of who is missing
-(WHO, ``runtime/hang.py``). One thread does everything, so each key changes
-atomically; the van receives the next messages in its own I/O thread meanwhile.
+for a round waits here, with those after it. It also takes the scheduler's news (the
+workers left, the new chains), a worker that joins (HELLO), a stream a worker offers
+(LINK), a worker's question of who is missing (WHO, ``runtime/hang.py``), and a shard
+sent whole to this server, its new holder (``copies.py``). One thread does everything,
+so each key changes atomically; the van receives the next messages meanwhile.
 More: docs/design/kv.md.
 """
 from collections import deque
@@ -16,9 +16,10 @@ from collections import deque
 from .. import config, lines
 from ..runtime import protocol, replicas, spans
 from . import messages as M
+from .copies import Copies
 from .links import Links
 from .membership import Members
-from .replication import Chain
+from .replication import COPY, Chain
 from .server import KVServer
 
 
@@ -26,17 +27,16 @@ class ServerLoop:
     """The shards one server process holds, and the loop that serves them."""
 
     def __init__(self, node):
-        self.node, self.links = node, Links(node)
+        self.node, self.links, self.copies = node, Links(node), Copies(node)
         self.own = int(node.id.split(':')[1])
         r = config.get().server_replicas             # each shard's chain of holders
         chains = replicas.chains(node.num_servers, r) if r else None
         held = {self.own: [node.id] if chains is None else chains[self.own]}
         held.update({s: holders for s, holders in enumerate(chains or ())
                      if node.id in holders[1:]})     # the replicas it holds
-        self.shards = {s: KVServer(node, s, Members(node.peers('worker')),
-                                   Chain(node, s, holders), self.links)
-                       for s, holders in held.items()}
-        self.deferred = {s: {} for s in held}        # shard -> worker -> its requests waiting
+        self.shards, self.deferred = {}, {}           # deferred: shard -> worker -> its
+        for s, holders in held.items():              # requests waiting
+            self.hold(s, holders, Members(node.peers('worker')))
 
     def serve(self):
         """Answer requests until the scheduler says the job is over."""
@@ -76,6 +76,8 @@ class ServerLoop:
             self.links.offer(msg)
         elif msg.kind == M.HELLO:                      # a worker joins the running job
             self.hello(msg)
+        elif msg.kind == COPY:                         # a shard whole: hold it from now
+            self.copied(msg)
         else:
             question = msg.get('question') if msg.kind == protocol.WHO else None
             shard = (question if isinstance(question, dict) else msg.header).get(
@@ -115,9 +117,12 @@ class ServerLoop:
             if shard.workers_changed(msg.get('workers'), msg.get('round')):
                 for gone in set(deferred) - shard.members.workers:
                     deferred.pop(gone)
-        elif self.node.chains is not None and shard.chain.changed(self.node.chains[shard.shard]):
+        elif self.node.chains is not None and shard.chain.changed(
+                self.node.chains[shard.shard], _copying(msg.get('copying'), shard.shard)):
             lines.say(f'{lines.shown(self.node.id)} answers for shard {shard.shard} now: its '
                       f'replica has every change up to {shard.chain.number}')
+        if shard.chain.owed:                           # a new holder after it: first the
+            self.copies.send(shard)                    # shard whole, then what follows
         self.retry(shard)
         shard.answer_ready()
 
@@ -159,3 +164,31 @@ class ServerLoop:
         self.node.send(msg.sender, protocol.WHO_ANSWER, {'id': msg.get('id'), 'missing': [
             [w, {'note': f'has not pushed {", ".join(map(repr, ks[:3]))} to '
                          f'{lines.shown(self.node.id)}'}] for w, ks in missing.items()]})
+
+    def copied(self, msg):
+        """A shard whole, from the holder before this server in its chain, that the
+        scheduler made it a new holder of after a loss (``copies.py``)."""
+        s, holders, chains = msg.get('shard'), msg.get('holders'), self.node.chains
+        if not (isinstance(s, int) and 0 <= s < self.node.num_servers and
+                isinstance(holders, list) and self.node.id in holders
+                and all(isinstance(h, str) for h in holders)):
+            return
+        if s not in self.shards:                       # (its chain, if the news came first)
+            self.hold(s, chains[s] if chains and self.node.id in chains[s] else holders,
+                      self.shards[self.own].members.follower())
+        try:
+            self.copies.take(self.shards[s], msg)
+        except (M.KVError, KeyError, TypeError, ValueError) as e:
+            lines.say(lines.clip(f'{lines.shown(self.node.id)}: the copy of shard {s} '
+                                 f'could not be taken ({e!r})', 291))
+
+    def hold(self, s, holders, members):
+        """Hold shard ``s`` (its own, a replica, or a new copy): a ``KVServer`` of its own."""
+        self.shards[s] = KVServer(self.node, s, members, Chain(self.node, s, holders),
+                                  self.links)
+        self.deferred[s] = {}
+
+def _copying(pairs, shard):
+    """The new holders of ``shard`` still copying it, from the scheduler's [[shard, server]]."""
+    return {p[1] for p in pairs if isinstance(p, list) and len(p) == 2 and p[0] == shard} \
+        if isinstance(pairs, list) else set()

@@ -115,7 +115,7 @@ class Node:
         return self.van.node_id
 
     def start(self, timeout=60.0):
-        """Register with the scheduler and wait for the address book."""
+        """Register with the scheduler and wait for the address book, ``timeout`` s at most."""
         report_in_one_line()             # from here on, a StartError is one line
         me = shm.identity()
         self.van.send('scheduler', protocol.REGISTER, {'role': self.role, 'rank': self.rank,
@@ -123,11 +123,11 @@ class Node:
                                                        'host_id': me})
         msg = self.recv([protocol.ADDRESS_BOOK, protocol.ERROR, protocol.JOINING],
                         timeout=timeout)
-        while msg is not None and msg.kind == protocol.JOINING:   # elastic ring: the
-            msg = self.recv([protocol.ADDRESS_BOOK, protocol.ERROR])  # others' next commit
+        joins = msg is not None and msg.kind == protocol.JOINING   # elastic ring: it waits
+        if joins:                                                    # for the others' commit
+            msg = self.recv([protocol.ADDRESS_BOOK, protocol.ERROR], timeout=timeout)
         if msg is None:                  # (both end the process in one line: ONE_LINE)
-            raise started.StartError(f'{self.id}: no answer from the scheduler at '
-                                     f'{self.scheduler} after {timeout:g} s')
+            raise started.StartError(_unanswered(self, timeout, joins))
         if msg.kind == protocol.ERROR:   # e.g. a worker started again too late to join
             raise started.StartError(f'{self.id}: {msg["error"]}')
         self.van.node_id = msg['you']
@@ -488,3 +488,13 @@ def _address_towards(uri):
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((_host(uri), 9))   # no packet is sent: this only asks for the route
         return s.getsockname()[0]
+
+
+def _unanswered(node, timeout, joins):
+    """The line a node ends with that waited ``timeout`` s to start: for the scheduler's
+    answer, or, ``joins`` a running ring (hvd.elastic), as long again for the others'
+    next commit to take it in."""
+    if joins:
+        return (f'{node.id}: waited {timeout:g} s to join the running job: the workers '
+                'came to no commit (state.commit()) to take it in')
+    return f'{node.id}: no answer from the scheduler at {node.scheduler} after {timeout:g} s'

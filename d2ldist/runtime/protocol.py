@@ -26,3 +26,4 @@ READY = 'ready'                # worker -> scheduler: {round}: at a commit, read
 WORKERS = 'workers'            # scheduler -> servers: {workers, round}: whom sync rounds wait for
 ENDED = 'ended'                # launcher -> scheduler: {node, start, how}: its process ended (elastic)
 SERVERS = 'servers'            # scheduler -> nodes: {chains, lost, reason}: who holds each shard (replicas)
+HOLDS = 'holds'                # server -> scheduler: {shard}: its copy came (a new holder)

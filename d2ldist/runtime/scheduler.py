@@ -60,6 +60,8 @@ class Scheduler:
         self.ready = set()       # ... the workers at a commit, ready to take them in
         self.chains = replicas.chains(num_servers, server_replicas) if server_replicas \
             else None            # replicated servers: the holders of each shard, head first
+        self.replicas = server_replicas
+        self.copying = set()     # ... (shard, server): a new holder its copy has not reached
 
     def members(self, group):
         return [n for n in self.nodes if n not in self.lost
@@ -107,6 +109,10 @@ class Scheduler:
             self.ready.add(msg.sender)
             if self.ready >= set(self.live_workers()):
                 self.form(self.welcome())
+        elif msg.kind == protocol.HOLDS and isinstance(msg.get('shard'), int) \
+                and (msg['shard'], msg.sender) in self.copying:     # (a new holder)
+            self.copying.discard((msg['shard'], msg.sender))
+            say(f'{shown(msg.sender)} holds shard {msg["shard"]} now: its copy has come')
         elif msg.kind == protocol.JOIN and msg.sender in self.members('worker'):
             self.join(msg.sender, msg.get('calls'))
         elif msg.kind == protocol.GOODBYE and msg.sender in self.nodes:
@@ -431,23 +437,30 @@ class Scheduler:
         return self.reform(node, reason) or self.promote(node, reason)
 
     def promote(self, node, reason):
-        """Replicated servers: the lost server ``node`` leaves every chain, and the next
-        holder of each of its shards answers for it; False if a shard has no holder left.
+        """Replicated servers: the lost server ``node`` leaves every chain, the next
+        holder of each of its shards answers for it, and the next live server becomes a
+        new holder (``replicas.renewed``); False if a shard has no holder left.
         Everybody hears the new chains: the workers send what is unanswered again, to
-        the new heads; a holder whose next one was lost sends what it had forwarded on."""
+        the new heads; a holder whose next one was lost sends what it had forwarded on,
+        or, to a new one, the shard whole (it says HOLDS once it has it)."""
         if self.chains is None or not node.startswith('server:') or node in self.lost \
                 or not self.book_sent:
             return False
-        left = replicas.without(self.chains, node)
+        left = replicas.without(self.chains, node, self.copying)
         if left is None:
+            say(replicas.last_copy(self.chains, node, self.copying, self.replicas))
             return False
-        chains, self.chains = self.chains, left
+        chains = self.chains
         self.leave_out(node)
-        say(f'{shown(node)} failed: {reason}; {replicas.takes_over(chains, left, node)}')
+        self.chains, new = replicas.renewed(left, set(self.members('server')), self.replicas)
+        self.copying = {(s, h) for s, h in self.copying if h != node} | set(new)
+        say(f'{shown(node)} failed: {reason}; {replicas.takes_over(chains, left, node)}'
+            f'{replicas.copies(new)}')
         for other in self.nodes:
             if other not in self.finished:
-                self.van.send(other, protocol.SERVERS, {'chains': left, 'lost': node,
-                                                        'reason': reason})
+                self.van.send(other, protocol.SERVERS, {
+                    'chains': self.chains, 'lost': node, 'reason': reason,
+                    'copying': sorted([s, h] for s, h in self.copying)})
         self.van.give_up_on(node)
         return True
 

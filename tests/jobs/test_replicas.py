@@ -2,7 +2,9 @@
 it closed a round, before its replica had the update; the replica answers for its shard,
 the workers send again what was unanswered, and the job ends with exactly the weights of
 a run without the loss (replicas_job.py: an MLP with momentum and weight decay on the
-servers, a sparse embedding, a key cut over both servers, and a count of the pushes)."""
+servers, a sparse embedding, a key cut over both servers, and a count of the pushes).
+With three servers a lost server's shards get a new replica, so a second loss later
+loses nothing either."""
 import re
 import sys
 
@@ -95,9 +97,31 @@ def test_a_shard_with_no_holder_left_stops_the_job_in_one_line():
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-4000:]
     assert 'server 1 answers for shard 0' in out
+    assert '[scheduler] d2ldist: server 1 held the last copy of shards 0, 1: ' in out
     assert (f'[scheduler] d2ldist: server 1 failed: its process ended, {KILLED}; telling the '
             'others') in out
     assert re.search(rf'^\[worker \d\] d2ldist: server 1 failed \(its process ended, '
                      rf'{re.escape(KILLED)}\); worker \d gives up$', out, re.M), out[-4000:]
     assert 'Traceback' not in out
+    assert wait_no_survivors(r.tag) == []
+
+
+def test_a_new_replica_after_a_loss_makes_a_second_loss_lose_nothing(without_replicas):
+    """Three servers, each shard on two: server 0 lost at its round 10, server 2 gets a
+    copy of shard 0 and server 1 one of shard 2; server 1 lost at its round 30, after
+    both came: server 2 answers for every shard, with the weights of the calm run. (Those
+    are the same bits on 2 servers as on 3: every update is elementwise.)"""
+    r = run_launch('-n', 2, '-s', 3, '--server-replicas', 1, '--fail', 'server:0@step=10',
+                   '--fail', 'server:1@step=30', *SPLIT, sys.executable, JOB)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert ('server 1 answers for shard 0, server 2 gets a copy of shard 0, server 1 gets a '
+            'copy of shard 2') in out
+    copies = [out.index(f'[scheduler] d2ldist: {s} holds shard {n} now: its copy has come')
+              for s, n in (('server 2', 0), ('server 1', 2))]
+    second = out.index(f'[scheduler] d2ldist: server 1 failed: its process ended, {KILLED}; '
+                       'server 2 answers for shard 0, server 2 answers for shard 1')
+    assert max(copies) < second, out[-4000:]
+    assert finals(out, 'count') == {0: '1001', 1: '1001'}
+    assert finals(out, 'weights') == {0: without_replicas, 1: without_replicas}
     assert wait_no_survivors(r.tag) == []
