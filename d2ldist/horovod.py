@@ -33,6 +33,20 @@ from .collectives.world import (barrier, cross_rank, cross_size, init,  # noqa: 
                                 is_initialized, local_rank, local_size, rank, shutdown,
                                 size)
 
+__all__ = [   # Horovod's names (pdoc's reference lists these; `missing` is none of them)
+    'Compression', 'Handle', 'allgather', 'allgather_async', 'allgather_object', 'allreduce',
+    'allreduce_', 'allreduce_async', 'allreduce_async_', 'broadcast', 'broadcast_',
+    'broadcast_async', 'broadcast_async_', 'broadcast_object', 'grouped_allgather',
+    'grouped_allgather_async', 'grouped_allreduce', 'grouped_allreduce_',
+    'grouped_allreduce_async', 'grouped_allreduce_async_', 'grouped_reducescatter',
+    'grouped_reducescatter_async', 'join', 'poll', 'reducescatter', 'reducescatter_async',
+    'alltoall', 'sparse_allreduce_async', 'synchronize', 'DistributedOptimizer',
+    'broadcast_optimizer_state', 'broadcast_parameters', 'metric_average', 'elastic',
+    'HorovodInternalError', 'Average', 'Max', 'Min', 'Product', 'Sum', 'SyncBatchNorm',
+    'barrier', 'cross_rank', 'cross_size', 'init', 'is_initialized', 'local_rank',
+    'local_size', 'rank', 'shutdown', 'size', 'nccl_built', 'cuda_built', 'ccl_built',
+    'ddl_built', 'gloo_built', 'mpi_built', 'mpi_enabled']
+
 
 # -- what Horovod was built with: here, what torch and this machine have -----------------
 # (torch is imported in each function, so that ``hvd.torch`` and ``hvd.dist`` are no names

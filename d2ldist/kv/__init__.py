@@ -26,6 +26,7 @@ from .placement import place  # noqa: F401  (light: no torch)
 _LAZY = {'KVError': 'messages', 'KINDS': 'worker', 'KVStore': 'worker',
          'DistKVStore': 'worker', 'LocalKVStore': 'worker'}
 _MODULES = ('placement', 'worker', 'server', 'optimizers', 'messages')
+__all__ = ['create', 'place', *_LAZY]
 
 
 def __getattr__(name):

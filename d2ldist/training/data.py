@@ -109,8 +109,7 @@ def load_data_cifar10(batch_size, root='../data', num_parts=1, part_index=0,
     small sets written in CIFAR-10's format, as the tests do). Note that the
     files are Python pickles: load only files you trust, never received ones.
     """
-    import torchvision
-    from torchvision import transforms
+    transforms = _torchvision().transforms
     normalize = transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)
     transform_train = transforms.Compose([
         transforms.RandomCrop(32, padding=4),
@@ -121,7 +120,7 @@ def load_data_cifar10(batch_size, root='../data', num_parts=1, part_index=0,
     if not download and not cifar10_on_disk(root):
         raise FileNotFoundError(f'CIFAR-10 is not in {root}/cifar-10-batches-py '
                                 '(pass download=True to fetch it)')
-    cifar10 = torchvision.datasets.CIFAR10 if verify else _unchecked_cifar10()
+    cifar10 = _torchvision().datasets.CIFAR10 if verify else _unchecked_cifar10()
     train_ds = cifar10(root, train=True, transform=transform_train, download=download)
     test_ds = cifar10(root, train=False, transform=transform_test)
     train_iter = _train_loader(train_ds, batch_size, num_parts, part_index, seed,
@@ -131,9 +130,19 @@ def load_data_cifar10(batch_size, root='../data', num_parts=1, part_index=0,
     return train_iter, test_iter
 
 
+def _torchvision():
+    """torchvision, which only CIFAR-10 needs: the extra d2ldist[vision]; without it, say so."""
+    try:
+        import torchvision
+    except ImportError:
+        raise ImportError("CIFAR-10 is read through torchvision, which is not installed: "
+                          "pip install 'd2ldist[vision]'") from None
+    return torchvision
+
+
 def _unchecked_cifar10():
     """torchvision's CIFAR10 with the MD5 sums removed (the files must still exist)."""
-    import torchvision
+    torchvision = _torchvision()
 
     class UncheckedCIFAR10(torchvision.datasets.CIFAR10):
         train_list = [[name, None] for name, _ in torchvision.datasets.CIFAR10.train_list]

@@ -1,14 +1,22 @@
 """What the wheel is made of (pyproject.toml) and d2l-book, which copies the chapters out.
 
 tests/system/test_wheel.py builds and installs the wheel for real; these are the quick
-checks: every package folder is listed, one version, and the copy's refusals.
+checks: every package folder is listed, one version, torchvision an extra, the metadata,
+type hints on the public API, its reference (pdoc), and the copy's refusals.
 """
+import importlib
+import inspect
+import re
+import sys
 import tomllib
+import types
 
 import pytest
+import yaml
 
 import d2ldist
 from d2ldist import book
+from nbtools import load_book
 from support import ROOT
 
 
@@ -28,9 +36,108 @@ def test_every_package_folder_is_in_the_wheel():
     assert (ROOT / 'examples' / '__init__.py').is_file()
 
 
-def test_one_version():
+def test_one_version_written_once_and_every_place_that_names_it_agrees():
+    project, tools = setuptools_config()
+    assert 'version' not in project and project['dynamic'] == ['version']
+    assert tools['dynamic'] == {'version': {'attr': 'd2ldist.__version__'}}
+    version = d2ldist.__version__
+    assert re.fullmatch(r'\d+\.\d+\.\d+', version)
+    assert str(yaml.safe_load((ROOT / 'CITATION.cff').read_text())['version']) == version
+    readme = (ROOT / 'README.md').read_text()
+    named = re.findall(r'd2ldist-(\d[\w.]*)-py3-none-any\.whl', readme)  # Set-up's wheel
+    named += re.findall(r'^ +version = \{([^}]+)\},$', readme, re.M)      # the BibTeX
+    chapter = (ROOT / 'notebooks' / book.FIRST).read_text()
+    named += re.findall(r'd2ldist==([\w.]+)', chapter)                     # the install cell
+    assert len(named) == 3 and set(named) == {version}
+
+
+def test_torchvision_is_an_extra_that_make_venv_installs():
+    """pip must never replace a user's own (CUDA) torch to satisfy torchvision: only the
+    CIFAR-10 loader needs it. make venv (and so CI) installs it, at the pinned version."""
     project, _ = setuptools_config()
-    assert project['version'] == d2ldist.__version__
+    assert not any(d.startswith('torchvision') for d in project['dependencies'])
+    assert project['optional-dependencies']['vision'] == ['torchvision>=0.16']
+    makefile = (ROOT / 'Makefile').read_text()
+    extras, = re.findall(r"pip install -q -c constraints.txt -e '\.\[([\w,]+)\]'", makefile)
+    assert sorted(extras.split(',')) == sorted(project['optional-dependencies'])
+    pins = dict(line.split('==') for line in (ROOT / 'constraints.txt').read_text().split('\n')
+                if line and not line.startswith('#'))
+    assert {'torch', 'torchvision', 'pdoc'} <= set(pins)
+
+
+def test_cifar10_without_torchvision_names_the_extra_in_one_line(tmp_path, monkeypatch):
+    from d2ldist.training import data
+    monkeypatch.setitem(sys.modules, 'torchvision', None)        # as if not installed
+    with pytest.raises(ImportError) as e:
+        data.load_data_cifar10(2, tmp_path)
+    assert "pip install 'd2ldist[vision]'" in str(e.value) and '\n' not in str(e.value)
+    with pytest.raises(ImportError, match=re.escape("'d2ldist[vision]'")):
+        data.load_data('cifar10', 2, tmp_path)
+    example = (ROOT / 'examples' / 'multimachine_cifar10_train.py').read_text()
+    assert 'FileNotFoundError, ImportError) as e:' in example        # printed as one line
+
+
+def test_metadata_says_linux_python_3_10_and_up_and_the_authors():
+    project, tools = setuptools_config()
+    assert project['requires-python'] == '>=3.10'
+    classifiers = project['classifiers']
+    assert 'Operating System :: POSIX :: Linux' in classifiers
+    versions = [c.rsplit(' ', 1)[1] for c in classifiers
+                if re.fullmatch(r'Programming Language :: Python :: 3\.\d+', c)]
+    assert versions[0] == '3.10' and versions == [f'3.{n}' for n in range(10, 10 + len(versions))]
+    assert f'3.{sys.version_info.minor}' in versions                 # the one running this
+    assert any(c.startswith('Topic :: ') for c in classifiers) and 'Typing :: Typed' in classifiers
+    cff = yaml.safe_load((ROOT / 'CITATION.cff').read_text())
+    assert project['authors'] == cff['authors']
+    assert project['license'] == cff['license']    # (an SPDX expression: no license classifier)
+    assert tools['package-data']['d2ldist'] == ['py.typed']
+    assert (ROOT / 'd2ldist' / 'py.typed').is_file()
+
+
+# -- the public API: typed, and documented by pdoc -------------------------------------------
+PUBLIC = ['d2ldist', 'd2ldist.horovod', 'd2ldist.kv']
+
+
+def public_functions():
+    """{qualified name: function} for each function of PUBLIC's ``__all__`` and each public
+    method (and ``__init__``) of its classes, where d2ldist defines it."""
+    def ours(f):
+        return (getattr(f, '__module__', None) or '').startswith('d2ldist')
+
+    found = {}
+    for module_name in PUBLIC:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if isinstance(obj, types.ModuleType) or not callable(obj) or not ours(obj):
+                continue
+            if not inspect.isclass(obj):
+                found[f'{obj.__module__}.{obj.__qualname__}'] = obj
+                continue
+            for attr, raw in inspect.getmembers_static(obj):
+                f = raw.fget if isinstance(raw, property) else getattr(raw, '__func__', raw)
+                if (attr == '__init__' or not attr.startswith('_')) and \
+                        inspect.isfunction(f) and ours(f):
+                    found[f'{f.__module__}.{f.__qualname__}'] = f
+    return found
+
+
+def test_the_api_reference_builds_offline_and_names_every_public_name(tmp_path):
+    pytest.importorskip('pdoc')
+    pages = load_book().api_reference(tmp_path)
+    assert {p.relative_to(tmp_path).as_posix() for p in pages} >= {
+        'd2ldist.html', 'd2ldist/horovod.html', 'd2ldist/kv.html', 'index.html'}
+    for module_name in PUBLIC:
+        module = importlib.import_module(module_name)
+        page = (tmp_path / f'{module_name.replace(".", "/")}.html').read_text()
+        assert f'<title>{module_name} API documentation</title>' in page
+        absent = [n for n in module.__all__ if not isinstance(getattr(module, n), types.ModuleType)
+                  and f'<section id="{n}">' not in page]
+        assert absent == [], f'{module_name}: {absent}'
+        assert not re.search(r'<(script|link|img)\b[^>]*\b(src|href)="(https?:)?//', page)
+    page = (tmp_path / 'd2ldist.html').read_text()
+    section = page[page.index('<section id="allreduce">'):]
+    assert d2ldist.allreduce.__doc__.split('`')[0].strip() in section[:section.index('</section>')]
 
 
 def test_the_commands_are_there():
