@@ -91,7 +91,7 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY) | set(_LAZY_MODULES))
 
 
-def load_ipython_extension(ipython):
+def load_ipython_extension(ipython: object) -> None:
     """``%load_ext d2ldist``: register the ``%launch`` magic."""
     from .notebook.magic import LaunchMagics
     ipython.register_magics(LaunchMagics)

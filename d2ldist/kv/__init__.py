@@ -40,7 +40,7 @@ def __getattr__(name):
     return value
 
 
-def create(name='local'):
+def create(name: str = 'local') -> 'KVStore':
     """A key-value store of the given kind (MXNet's ``mx.kv.create``; its names too)."""
     from .worker import ALIASES, KINDS, REFUSED, DistKVStore, LocalKVStore
     if name in REFUSED:
