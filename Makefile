@@ -12,10 +12,11 @@ OTHER_CPU = ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
 venv: $(VENV)/.installed
 
-# constraints.txt pins the torch this project is tested with; pyproject.toml only ranges
+# constraints.txt pins the torch this project is tested with; pyproject.toml only ranges.
+# Every extra: vision (torchvision, for CIFAR-10), notebooks, test (pytest, build, pdoc).
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -c constraints.txt -e '.[notebooks,test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[vision,notebooks,test]'
 	touch $@
 
 demo: venv
@@ -26,9 +27,15 @@ lab: venv
 	$(VENV)/bin/jupyter lab notebooks/
 
 # the wheel and the sdist, in dist/: pip install dist/d2ldist-*.whl gives d2l-launch,
-# %load_ext d2ldist, the examples (python -m d2ldist.examples) and d2l-book
-wheel: venv
-	$(PY) -m build --outdir dist .
+# %load_ext d2ldist, the examples (python -m d2ldist.examples) and d2l-book. Needs only
+# PyPA's build, in a small venv of its own (build/builder), not .venv and its extras.
+BUILDER = build/builder
+wheel: $(BUILDER)/bin/pyproject-build
+	$(BUILDER)/bin/pyproject-build --outdir dist .
+
+$(BUILDER)/bin/pyproject-build:
+	$(PYTHON) -m venv $(BUILDER)
+	$(BUILDER)/bin/python -m pip install -q build
 
 # Two test files at a time (pytest-xdist): most tests wait on processes, so two share the
 # 2 cores. A file's tests stay in one worker (a module's fixtures start once, a chapter's
@@ -85,7 +92,7 @@ prose: venv
 	$(PY) book/prose.py
 
 # the chapters (answers.ipynb last) as a static site, no kernel and no network needed:
-# build/book/index.html
+# build/book/index.html, and the API reference from the docstrings (pdoc): build/book/api/
 book: venv
 	$(PY) book/build.py
 

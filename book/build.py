@@ -32,10 +32,14 @@ that, each chapter gets the book's markup that d2l's own tool would give it:
   line whose number is not its figure's stops the build;
 * math as MathML, which browsers draw themselves (latex2mathml), instead of MathJax;
 * no nbval markers (``# NBVAL_SKIP``) in the code.
+
+Beside the chapters, ``api/``: the API reference of ``d2ldist``, ``d2ldist.horovod`` and
+``d2ldist.kv`` (their ``__all__``), generated from the docstrings by pdoc.
 """
 import argparse
 import base64
 import html
+import importlib
 import mimetypes
 import re
 import sys
@@ -49,6 +53,7 @@ from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+API = ['d2ldist', 'd2ldist.horovod', 'd2ldist.kv']    # the public modules: the API reference
 TITLE = 'Multi-Machine Training, Taught by Code That Runs'
 CHAPTERS = ['multi_machine_training', 'parameter_server_scratch', 'ring_allreduce_scratch',
             'multimachine_resnet18', 'scaling', 'concise', 'inside_a_job',
@@ -344,7 +349,8 @@ def page(exporter, nb, name, title, book):
 
 
 def index_notebook(titles):
-    """The front page: what the book is, its chapters in order, then its appendices."""
+    """The front page: what the book is, its chapters in order, its appendices, and the
+    API reference."""
     intro = ROOT.joinpath('README.md').read_text().split('\n\n')[1]
     toc = '\n'.join(f'{i}. [{title}]({name}.html)'
                     for i, (name, title) in enumerate(titles[:len(CHAPTERS)], 1))
@@ -353,9 +359,29 @@ def index_notebook(titles):
         text += '\n\n## Appendices\n\n' + '\n'.join(
             f'* [{number}. {title}]({name}.html)'
             for (name, number), (_, title) in zip(numbered()[len(CHAPTERS):], titles[len(CHAPTERS):]))
+    api = ', '.join(f'[`{name}`](api/{name.replace(".", "/")}.html)' for name in API)
+    text += f'\n\n## API reference\n\nEvery public name of {api}, from its docstring.'
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell(text)]
     return nb
+
+
+def api_reference(out):
+    """The API reference into out (pdoc: one page per module of API, their ``__all__``,
+    nothing loaded from elsewhere); returns the pages written."""
+    try:
+        import pdoc
+    except ImportError:
+        raise SystemExit("book: the API reference needs pdoc: pip install -c constraints.txt "
+                         "pdoc (make venv installs it)") from None
+    for name in API:                 # d2ldist's names load on first use: load them for pdoc
+        module = importlib.import_module(name)
+        for public in module.__all__:
+            getattr(module, public)
+    pdoc.render.configure(docformat='restructuredtext', show_source=False,
+                          footer_text=TITLE)
+    pdoc.pdoc(*API, output_directory=Path(out))
+    return sorted(Path(out).rglob('*.html'))
 
 
 def build(chapters_dir, out):
@@ -375,6 +401,7 @@ def build(chapters_dir, out):
     pages = [out / 'index.html']
     pages[0].write_text(page(ex, index_notebook(titles), 'index', TITLE,
                              {'title': TITLE, 'prev': None, 'next': links[0]}))
+    api_reference(out / 'api')
     for i, ((name, _), nb) in enumerate(zip(order, nbs)):
         resolve(nb, refs, f'{name}.html')
         book = {'title': TITLE, 'prev': links[i - 1] if i else None,
@@ -390,7 +417,8 @@ def main(argv=None):
     parser.add_argument('--out', default=ROOT / 'build' / 'book', help='where the site goes')
     args = parser.parse_args(argv)
     pages = build(args.chapters, args.out)
-    print(f'book: {len(pages)} pages in {args.out} (open {pages[0]})')
+    print(f'book: {len(pages)} pages and the API reference (api/) in {args.out} '
+          f'(open {pages[0]})')
 
 
 if __name__ == '__main__':

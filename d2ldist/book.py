@@ -38,7 +38,7 @@ def chapter_files(source=None):
                   *source.glob('figures/*.svg'), *source.glob('data/*.json')])
 
 
-def download_chapters(folder, overwrite=False):
+def download_chapters(folder: str | Path, overwrite: bool = False) -> list[Path]:
     """Copy the chapters and their figures into ``folder`` (made if need be); return
     the paths written. Refuses, writing nothing, if a file would be overwritten."""
     source, folder = chapters_folder(), Path(folder).expanduser()

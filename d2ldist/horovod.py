@@ -33,11 +33,25 @@ from .collectives.world import (barrier, cross_rank, cross_size, init,  # noqa: 
                                 is_initialized, local_rank, local_size, rank, shutdown,
                                 size)
 
+__all__ = [   # Horovod's names (pdoc's reference lists these; `missing` is none of them)
+    'Compression', 'Handle', 'allgather', 'allgather_async', 'allgather_object', 'allreduce',
+    'allreduce_', 'allreduce_async', 'allreduce_async_', 'broadcast', 'broadcast_',
+    'broadcast_async', 'broadcast_async_', 'broadcast_object', 'grouped_allgather',
+    'grouped_allgather_async', 'grouped_allreduce', 'grouped_allreduce_',
+    'grouped_allreduce_async', 'grouped_allreduce_async_', 'grouped_reducescatter',
+    'grouped_reducescatter_async', 'join', 'poll', 'reducescatter', 'reducescatter_async',
+    'alltoall', 'sparse_allreduce_async', 'synchronize', 'DistributedOptimizer',
+    'broadcast_optimizer_state', 'broadcast_parameters', 'metric_average', 'elastic',
+    'HorovodInternalError', 'Average', 'Max', 'Min', 'Product', 'Sum', 'SyncBatchNorm',
+    'barrier', 'cross_rank', 'cross_size', 'init', 'is_initialized', 'local_rank',
+    'local_size', 'rank', 'shutdown', 'size', 'nccl_built', 'cuda_built', 'ccl_built',
+    'ddl_built', 'gloo_built', 'mpi_built', 'mpi_enabled']
+
 
 # -- what Horovod was built with: here, what torch and this machine have -----------------
 # (torch is imported in each function, so that ``hvd.torch`` and ``hvd.dist`` are no names
 # of this face: it has Horovod's names only)
-def nccl_built():
+def nccl_built() -> int:
     """NCCL's version code, as Horovod's (2.18.3: 21803), where torch.distributed has NCCL
     and a GPU is usable (backend 'torch' on GPUs); else 0."""
     import torch
@@ -54,29 +68,29 @@ def _nccl_code(version):
     return major * (1000 if major <= 2 and minor <= 8 else 10000) + minor * 100 + patch
 
 
-def cuda_built():
+def cuda_built() -> bool:
     """Whether torch has CUDA and a GPU is usable here (Horovod: built with CUDA)."""
     import torch
     return torch.version.cuda is not None and torch.cuda.is_available()
 
 
-def ccl_built():
+def ccl_built() -> bool:
     """d2ldist does not use oneCCL (False, as Horovod built without it)."""
     return False
 
 
-def ddl_built():
+def ddl_built() -> bool:
     """d2ldist does not use IBM's DDL (False, as Horovod built without it)."""
     return False
 
 
-def gloo_built():
+def gloo_built() -> bool:
     """Whether torch.distributed has gloo (Horovod: built with Gloo)."""
     import torch.distributed as dist
     return dist.is_available() and dist.is_gloo_available()
 
 
-def mpi_built():
+def mpi_built() -> bool:
     """d2ldist does not use MPI (False), as Horovod answers when built without it."""
     return False
 

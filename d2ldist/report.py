@@ -26,7 +26,7 @@ FIELDS = {'epoch': int, 'num_epochs': int, 'batch': int, 'num_batches': int,
 MAX_LINE = 1 << 16
 
 
-def report(**metrics):
+def report(**metrics: object) -> None:
     """Report this worker's progress to the launcher (one line on stdout)."""
     unknown = set(metrics) - set(FIELDS)
     if unknown:

@@ -101,7 +101,7 @@ def main():
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_workers))
     try:
         store, devices, train_iter, test_iter, net = setup(args)
-    except (ValueError, RuntimeError, FileNotFoundError) as e:
+    except (ValueError, RuntimeError, FileNotFoundError, ImportError) as e:
         print(f'error: {e}', file=sys.stderr)
         sys.exit(2)
     print(f'worker {store.rank} of {store.num_workers}, kvstore {args.kvstore}, devices '

@@ -121,8 +121,10 @@ def _codec(compression):
     return None if compression in (None, Compression.none) else compression
 
 
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0, compression=None):
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None,
+                     name: str | None = None, op: ops.ReduceOp | None = None,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     compression: Cast | Identity | None = None) -> Handle:
     """Start reducing ``tensor`` in place across workers; returns a Handle.
 
     (``compression``, not Horovod's here: what DistributedOptimizer's buckets go through.)"""
@@ -132,22 +134,25 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                 None, prescale_factor, postscale_factor)
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-               postscale_factor=1.0):
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+               op: ops.ReduceOp | None = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce ``tensor`` across all workers, in place (op: Sum, Average, Min, Max, Product)."""
     return allreduce_async_(tensor, average, name, op, prescale_factor,
                             postscale_factor).wait()
 
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0):
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: ops.ReduceOp | None = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0) -> Handle:
     """Start the reduction of ``tensor`` into a new tensor; ``synchronize(handle)`` gives it."""
     return allreduce_async_(tensor.detach().clone(), average, name, op, prescale_factor,
                             postscale_factor)
 
 
-def allreduce(tensor, average=None, name=None, compression=None, op=None,
-              prescale_factor=1.0, postscale_factor=1.0):
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: Cast | Identity | None = None, op: ops.ReduceOp | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
     """The reduction of ``tensor`` across all workers, as a new tensor (differentiable);
     ``compression=Compression.fp16``: through 16 bits, back in the tensor's dtype."""
     op = _reduction(average, op)
@@ -159,8 +164,10 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None,
                             postscale_factor=postscale_factor, compression=compression).wait()
 
 
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None,
-                             prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce_async_(tensors: list[torch.Tensor], average: bool | None = None,
+                             name: str | None = None, op: ops.ReduceOp | None = None,
+                             prescale_factor: float = 1.0,
+                             postscale_factor: float = 1.0) -> Handle:
     """Start reducing a list of tensors in place, in one go; one Handle for all."""
     return _grouped_async_(tensors, _reduction(average, op), name, prescale_factor,
                            postscale_factor)
@@ -177,21 +184,27 @@ def _grouped_async_(tensors, op, name, prescale_factor, postscale_factor, compre
     return _run(name, reduce_all)
 
 
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                       postscale_factor=1.0):
+def grouped_allreduce_(tensors: list[torch.Tensor], average: bool | None = None,
+                       name: str | None = None, op: ops.ReduceOp | None = None,
+                       prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0) -> list[torch.Tensor]:
     """Reduce every tensor of a list in place; returns the list."""
     return grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                     postscale_factor).wait()
 
 
-def grouped_allreduce_async(tensors, average=None, name=None, op=None,
-                            prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce_async(tensors: list[torch.Tensor], average: bool | None = None,
+                            name: str | None = None, op: ops.ReduceOp | None = None,
+                            prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0) -> Handle:
     return grouped_allreduce_async_([t.detach().clone() for t in tensors], average, name,
                                     op, prescale_factor, postscale_factor)
 
 
-def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None,
+                      name: str | None = None, compression: Cast | Identity | None = None,
+                      op: ops.ReduceOp | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0) -> list[torch.Tensor]:
     """The reductions of a list of tensors, as new tensors (through ``compression``);
     differentiable, then one all-reduce per tensor."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
@@ -202,7 +215,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
                            name, prescale_factor, postscale_factor, compression).wait()
 
 
-def sparse_allreduce_async(tensor, name=None, op=Average):
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
+                           op: ops.ReduceOp = Average) -> Handle:
     """Start reducing a sparse tensor (an ``nn.Embedding(sparse=True)`` gradient): every
     worker's rows are gathered and added up (Average: divided by the workers). As
     Horovod's, returns a function to call for the sparse result (``synchronize`` takes it
@@ -225,23 +239,27 @@ def sparse_allreduce_async(tensor, name=None, op=Average):
     return _run(name, sparse_allreduce)
 
 
-def broadcast_async_(tensor, root_rank=0, name=None):
+def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0,
+                     name: str | None = None) -> Handle:
     """Start copying worker ``root_rank``'s tensor into ``tensor``; returns a Handle."""
     root = _check_root(root_rank)
     _check_name(name)
     return _run(name, world.backend().broadcast_, _tensor(tensor), root)
 
 
-def broadcast_(tensor, root_rank=0, name=None):
+def broadcast_(tensor: torch.Tensor, root_rank: int = 0,
+               name: str | None = None) -> torch.Tensor:
     """Overwrite ``tensor`` with worker ``root_rank``'s, in place."""
     return broadcast_async_(tensor, root_rank, name).wait()
 
 
-def broadcast_async(tensor, root_rank=0, name=None):
+def broadcast_async(tensor: torch.Tensor, root_rank: int = 0,
+                    name: str | None = None) -> Handle:
     return broadcast_async_(_tensor(tensor).detach().clone(), root_rank, name)
 
 
-def broadcast(tensor, root_rank=0, name=None):
+def broadcast(tensor: torch.Tensor, root_rank: int = 0,
+              name: str | None = None) -> torch.Tensor:
     """Worker ``root_rank``'s ``tensor``, as a new tensor on every worker (differentiable)."""
     if _tensor(tensor).requires_grad and torch.is_grad_enabled():
         _check_name(name)
@@ -256,14 +274,14 @@ def _tensor(x):
     return x
 
 
-def allgather_async(tensor, name=None):
+def allgather_async(tensor: torch.Tensor, name: str | None = None) -> Handle:
     """Start an allgather; ``synchronize(handle)`` gives its result."""
     _check_rows(tensor, 'allgather')
     _check_name(name)
     return _run(name, world.backend().allgather, tensor.detach())
 
 
-def grouped_allgather_async(tensors, name=None):
+def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None) -> Handle:
     """Start allgathers of a list of tensors, in one go; one Handle for all the results."""
     for t in tensors:
         if _tensor(t).dim() == 0:
@@ -276,7 +294,8 @@ def grouped_allgather_async(tensors, name=None):
     return _run(name, grouped_allgather)
 
 
-def grouped_allgather(tensors, name=None):
+def grouped_allgather(tensors: list[torch.Tensor],
+                      name: str | None = None) -> list[torch.Tensor]:
     """Every worker's tensors, each concatenated along dim 0 in rank order (differentiable)."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         _check_name(name)
@@ -284,7 +303,7 @@ def grouped_allgather(tensors, name=None):
     return grouped_allgather_async([t.detach() for t in tensors], name).wait()
 
 
-def allgather(tensor, name=None):
+def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     """Every worker's ``tensor`` concatenated along dim 0 in rank order (dim 0 may differ)."""
     if _tensor(tensor).requires_grad and torch.is_grad_enabled():
         _check_name(name)
@@ -292,7 +311,7 @@ def allgather(tensor, name=None):
     return allgather_async(tensor, name).wait()
 
 
-def broadcast_object(obj, root_rank=0, name=None):
+def broadcast_object(obj: object, root_rank: int = 0, name: str | None = None) -> object:
     """Worker ``root_rank``'s ``obj`` on every worker, never pickled (``encode_object``):
     None, bools, ints, floats, str, bytes, lists, tuples, sets and dicts of them, any keys.
     An object that cannot be sent is a TypeError on every worker, not only the root."""
@@ -308,7 +327,7 @@ def broadcast_object(obj, root_rank=0, name=None):
     return decode_object(data)
 
 
-def allgather_object(obj, name=None):
+def allgather_object(obj: object, name: str | None = None) -> list[object]:
     """Every worker's ``obj`` in rank order, as a list (encoded as by ``broadcast_object``);
     one that cannot be sent is a TypeError on every worker."""
     data, failed = _encoded(obj)
@@ -385,8 +404,10 @@ def decode_object(data):
         raise ValueError(f'not an encoded object: {e}') from None
 
 
-def reducescatter_async(tensor, op=None, name=None, prescale_factor=1.0,
-                        postscale_factor=1.0, compression=None):
+def reducescatter_async(tensor: torch.Tensor, op: ops.ReduceOp | None = None,
+                        name: str | None = None, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0,
+                        compression: Cast | Identity | None = None) -> Handle:
     """Start a reducescatter (see ``reducescatter``); ``synchronize(handle)`` gives its rows."""
     _check_rows(tensor, 'reducescatter')
     op = _reduction(None, op)
@@ -395,8 +416,9 @@ def reducescatter_async(tensor, op=None, name=None, prescale_factor=1.0,
                 _codec(compression), prescale_factor, postscale_factor)
 
 
-def reducescatter(tensor, op=None, name=None, compression=None, prescale_factor=1.0,
-                  postscale_factor=1.0):
+def reducescatter(tensor: torch.Tensor, op: ops.ReduceOp | None = None,
+                  name: str | None = None, compression: Cast | Identity | None = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce ``tensor`` over the workers and give each its rows: dim 0 cut as evenly as
     can be (the first ones get one more), rank r the r-th part (op: Average by default;
     integers scaled in float64). Differentiable, as Horovod's (``_ReducescatterGrad``)."""
@@ -409,8 +431,10 @@ def reducescatter(tensor, op=None, name=None, compression=None, prescale_factor=
                                compression).wait()
 
 
-def grouped_reducescatter_async(tensors, op=None, name=None, prescale_factor=1.0,
-                                postscale_factor=1.0, compression=None):
+def grouped_reducescatter_async(tensors: list[torch.Tensor], op: ops.ReduceOp | None = None,
+                                name: str | None = None, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0,
+                                compression: Cast | Identity | None = None) -> Handle:
     """Start reducescatters of a list of tensors, in one go; one Handle for all the rows."""
     for t in tensors:
         _check_rows(t, 'reducescatter')
@@ -424,8 +448,10 @@ def grouped_reducescatter_async(tensors, op=None, name=None, prescale_factor=1.0
     return _run(name, grouped_reducescatter)
 
 
-def grouped_reducescatter(tensors, op=None, name=None, compression=None,
-                          prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter(tensors: list[torch.Tensor], op: ops.ReduceOp | None = None,
+                          name: str | None = None, compression: Cast | Identity | None = None,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
     """This worker's rows of each tensor's reduction (differentiable: then one
     reducescatter per tensor)."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
@@ -451,7 +477,8 @@ def _reducescatter(backend, tensor, op, codec, prescale_factor, postscale_factor
     return codec.decompress(rows, ctx) if codec is not None else rows
 
 
-def alltoall(tensor, splits=None, name=None):
+def alltoall(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None = None,
+             name: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Send rows ``splits[i]`` of ``tensor`` (in order) to worker i; the rows every worker
     sent here, in rank order. As Horovod's: with ``splits``, also how many came from each
     (``(rows, received_splits)``); without, dim 0 is cut in equal parts, one per worker.
@@ -509,17 +536,17 @@ class Compression:
     fp16 = Cast('fp16')
 
 
-def poll(handle):
+def poll(handle: Handle) -> bool:
     """Whether the asynchronous collective of ``handle`` has finished."""
     return handle.done()
 
 
-def synchronize(handle):
+def synchronize(handle: Handle) -> object:
     """Wait for the asynchronous collective of ``handle``; returns its result."""
     return handle.wait()
 
 
-def join(device=-1):
+def join(device: int = -1) -> int:
     """This worker is out of data (Horovod's join): until every worker has called join(),
     it takes part in the collectives the others still call, with nothing of its own
     (RingBackend.join says how; TorchBackend.join does the same). Returns, on every

@@ -20,6 +20,7 @@ gradient as zero.)
 """
 import time
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -42,7 +43,8 @@ def _broadcast_tensors_(tensors, root_rank):
             api.broadcast_(flat, root_rank)
 
 
-def broadcast_parameters(params, root_rank=0):
+def broadcast_parameters(params: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                         root_rank: int = 0) -> None:
     """Give every worker worker ``root_rank``'s values of ``params``, in place.
 
     ``params``: ``net.state_dict()`` or ``net.named_parameters()``."""
@@ -50,7 +52,7 @@ def broadcast_parameters(params, root_rank=0):
     _broadcast_tensors_([t for _, t in items if torch.is_tensor(t)], root_rank)
 
 
-def broadcast_optimizer_state(optimizer, root_rank=0):
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
     """Give every worker worker ``root_rank``'s optimizer state and hyperparameters.
 
     Tensors (momenta, ...) by broadcast; every other setting of each parameter group
@@ -116,7 +118,7 @@ STEP_AFTER_SYNCHRONIZE = (
     'your code.')
 
 
-def metric_average(value, name=None):
+def metric_average(value: float | torch.Tensor, name: str | None = None) -> float:
     """The average of a number (a loss, an accuracy) over all workers, for logging."""
     return api.allreduce(torch.tensor(float(value), dtype=torch.float64), op=Average).item()
 
@@ -132,10 +134,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
     (``Compression.fp16``: each bucket through 16 bits). ``groups`` / ``num_groups`` are accepted but the buckets are made
     by size (``bucket_cap_mb``, like DDP's)."""
 
-    def __init__(self, optimizer, named_parameters=None, compression=None,
-                 backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                 num_groups=0, groups=None, sparse_as_dense=False,
-                 bucket_cap_mb=BUCKET_CAP_MB):
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
+                 compression: api.Cast | api.Identity | None = None,
+                 backward_passes_per_step: int = 1, op: ops.ReduceOp = Average,
+                 gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                 groups: object = None, sparse_as_dense: bool = False,
+                 bucket_cap_mb: float = BUCKET_CAP_MB) -> None:
         self.compression, self.sparse_as_dense = compression, sparse_as_dense
         if int(backward_passes_per_step) < 1:
             raise ValueError('backward_passes_per_step must be 1 or more')
@@ -197,7 +202,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                     postscale_factor=f, compression=self.compression)
 
     @torch.no_grad()
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Wait for every bucket's all-reduce and put the averages into ``.grad``.
 
         Called alone (to clip the averaged gradients, say), it must be followed by
@@ -221,7 +226,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = True
 
     @contextmanager
-    def skip_synchronize(self):
+    def skip_synchronize(self) -> Iterator[None]:
         """``with optimizer.skip_synchronize(): optimizer.step()`` after ``synchronize()``."""
         self._should_synchronize = False
         try:
@@ -229,7 +234,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._should_synchronize = True
 
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """Average the gradients over all workers, then take the wrapped optimizer's step."""
         computed = time.perf_counter() - self._computing_since
         now = time.time()                # since the last step: data, forward, backward
@@ -248,7 +253,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             spans.step_done()
             self._computing_since = time.perf_counter()
 
-    def forget_gradients(self):
+    def forget_gradients(self) -> None:
         """Forget the gradients of a step cut short (elastic: its collective failed); the
         next step's compute is timed from here, not from the step before."""
         if self._buckets is not None:
@@ -256,13 +261,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._computing_since = time.perf_counter()
 
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, set_to_none: bool = True) -> None:
         return self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         return self.optimizer.state_dict()
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict) -> None:
         return self.optimizer.load_state_dict(state_dict)
 
     def __repr__(self):

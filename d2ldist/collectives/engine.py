@@ -20,21 +20,21 @@ from ..runtime import spans
 class Handle:
     """The result of a collective: ``wait()`` returns it (or raises its error)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._done, self._result, self._error = threading.Event(), None, None
         self.on_wait = None      # called once, at the first wait() (api.py: it has ended)
 
     @classmethod
-    def finished(cls, result):
+    def finished(cls, result: object) -> 'Handle':
         """A handle whose collective has already run (alone, or on torch.distributed)."""
         handle = cls()
         handle._finish(result)
         return handle
 
-    def done(self):
+    def done(self) -> bool:
         return self._done.is_set()
 
-    def wait(self):
+    def wait(self) -> object:
         self._done.wait()
         if self.on_wait is not None:
             self.on_wait, on_wait = None, self.on_wait

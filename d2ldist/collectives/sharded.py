@@ -16,6 +16,8 @@ counts it (``paper_memory``).
 
 Why shard, and one step drawn: docs/design/zero.md.
 """
+from collections.abc import Callable, Iterable
+
 import torch
 
 from . import world
@@ -106,8 +108,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
     Mixed dtypes (and devices) are bucketed separately. Start every worker with the same
     weights (``broadcast_parameters``); then ``loss.backward(); optimizer.step()``."""
 
-    def __init__(self, optimizer, named_parameters=None, stage=1,
-                 bucket_cap_mb=BUCKET_CAP_MB, max_whole_buckets=None):
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
+                 stage: int = 1, bucket_cap_mb: float = BUCKET_CAP_MB,
+                 max_whole_buckets: int | None = None) -> None:
         check(optimizer, None if named_parameters is None else list(named_parameters), stage)
         if max_whole_buckets is not None and (stage != 2 or not isinstance(
                 max_whole_buckets, int) or max_whole_buckets < 1):
@@ -143,7 +147,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         a, b = bucket.shard(self.rank)
         return bucket.pack(bucket.params)[a:b].clone()
 
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """Average the gradients into this worker's shards, step them, gather the weights."""
         loss = None
         if closure is not None:
@@ -218,13 +222,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._in_flight = [h for h in self._in_flight if not h.done()]
 
     @property
-    def filling(self):
+    def filling(self) -> list[torch.Tensor]:
         """The gradient buckets held whole (stage 2): being filled by backward, or waiting
         for their reduce-scatter; memory_by_kind counts them."""
         return [flat for flat in getattr(self, '_grads', ()) + getattr(self, '_sending', ())
                 if flat is not None]
 
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, set_to_none: bool = True) -> None:
         """As torch's: the parameters' gradients (and the shards') to None, or to zeros."""
         for p in self._params:
             if p.grad is not None:
@@ -234,10 +238,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     p.grad.zero_()
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         return self.optimizer.state_dict()
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict) -> None:
         return self.optimizer.load_state_dict(state_dict)
 
     def __repr__(self):

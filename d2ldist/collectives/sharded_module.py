@@ -13,6 +13,8 @@ Between steps a unit's ``weight`` is None; ``full_weights(net)`` gathers them al
 Start every worker with the same weights. One step drawn, its bytes, and how "free"
 keeps autograd's views: docs/design/zero.md, "Stage 3".
 """
+from collections.abc import Iterable
+
 import torch
 from torch import nn
 
@@ -137,7 +139,7 @@ def tensors(output):
     return []
 
 
-def shard_module(net, units=None):
+def shard_module(net: nn.Module, units: Iterable[nn.Module] | None = None) -> nn.Module:
     """ZeRO stage 3 on ``net``, in place: each unit's weights cut into a flat shard per
     worker (``units``: modules of net, each taking the parameters under it that no unit
     inside it took; default: each module with parameters of its own). Returns net."""

@@ -30,7 +30,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         if X.dim() < 2:
             raise ValueError(f'SyncBatchNorm expects (N, C, ...) input, got {X.dim()}-D')
 
-    def forward(self, X):
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
         if not self.training or size() == 1:
             return super().forward(X)
         self._check_input_dim(X)

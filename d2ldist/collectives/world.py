@@ -27,7 +27,7 @@ _backend = None   # the backend object (RingBackend or TorchBackend), made on fi
 _engine = None    # the communication thread (an Engine); None when alone
 
 
-def init(backend=None):
+def init(backend: str | None = None) -> node.Node | None:
     """Join the job and choose the backend; returns the node (None when run alone)."""
     global _name
     node.report_in_one_line()          # (a StartError ends the process in one line)
@@ -118,7 +118,7 @@ def active():
     return _backend is not None
 
 
-def rank():
+def rank() -> int:
     """This worker's rank, 0 .. size() - 1."""
     if _name == 'torch':
         return backend().rank
@@ -126,7 +126,7 @@ def rank():
     return n.workers().index(n.id) if n and n.role == 'worker' else n.rank if n else 0
 
 
-def size():
+def size() -> int:
     """The number of workers in the job."""
     if _name == 'torch':
         return backend().size
@@ -134,34 +134,34 @@ def size():
     return len(n.workers()) if n else 1
 
 
-def local_rank():
+def local_rank() -> int:
     """This worker's rank among the workers on its machine."""
     return started.local_rank()
 
 
-def local_size():
+def local_size() -> int:
     """The number of workers on this machine."""
     return started.local_size()
 
 
-def cross_rank():
+def cross_rank() -> int:
     """The index of this worker's machine among the machines with workers (Horovod's)."""
     cross = config.get().cross_rank
     return started.group_rank() if cross is None else cross
 
 
-def cross_size():
+def cross_size() -> int:
     """The number of machines with workers."""
     cross = config.get().cross_size
     return max(1, size() // local_size()) if cross is None else cross
 
 
-def is_initialized():
+def is_initialized() -> bool:
     """Whether init() has run (and shutdown() has not since)."""
     return _name is not None
 
 
-def shutdown():
+def shutdown() -> None:
     """Forget the backend (after waiting for the collectives asked for); init() starts
     again. The process stays a node of the job until it ends."""
     global _name, _backend, _engine
@@ -174,7 +174,7 @@ def shutdown():
     _name = _backend = _engine = None
 
 
-def barrier():
+def barrier() -> None:
     """Wait until every worker has reached this point."""
     if active():                      # collectives run on their own thread: queue behind them
         run(_backend.barrier).wait()

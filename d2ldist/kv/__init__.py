@@ -26,6 +26,7 @@ from .placement import place  # noqa: F401  (light: no torch)
 _LAZY = {'KVError': 'messages', 'KINDS': 'worker', 'KVStore': 'worker',
          'DistKVStore': 'worker', 'LocalKVStore': 'worker'}
 _MODULES = ('placement', 'worker', 'server', 'optimizers', 'messages')
+__all__ = ['create', 'place', *_LAZY]
 
 
 def __getattr__(name):
@@ -39,7 +40,7 @@ def __getattr__(name):
     return value
 
 
-def create(name='local'):
+def create(name: str = 'local') -> 'KVStore':
     """A key-value store of the given kind (MXNet's ``mx.kv.create``; its names too)."""
     from .worker import ALIASES, KINDS, REFUSED, DistKVStore, LocalKVStore
     if name in REFUSED:

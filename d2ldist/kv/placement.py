@@ -28,7 +28,8 @@ def bigarray_bound():
     return DEFAULT_BIGARRAY_BOUND if bound is None else bound
 
 
-def place(key, numel, num_servers, bound=None):
+def place(key: int | str, numel: int, num_servers: int,
+          bound: int | None = None) -> list[tuple[int, int, int]]:
     """The parts of a value: a list of (server, start, stop) over its flattened elements."""
     bound = bigarray_bound() if bound is None else bound
     if numel < bound or num_servers == 1:

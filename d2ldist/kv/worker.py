@@ -28,7 +28,7 @@ import torch
 
 from .. import lines
 from ..runtime import compression, hang, shm, spans, staging, stream
-from ..runtime.node import WorkersChanged
+from ..runtime.node import Node, WorkersChanged
 from . import messages as M
 from .asking import InFlight
 from .optimizers import Updater, torch_names
@@ -45,6 +45,8 @@ REFUSED = {'nccl': "kvstore 'nccl' is not a parameter server: for NCCL all-reduc
                    "d2ldist.Trainer(..., kvstore='torch') (torch.distributed) or the "
                    "Horovod API with D2L_BACKEND=torch"}
 CPU = torch.device('cpu')
+Key = int | str | list[int | str]      # (type hints) a key, or a list of keys
+Value = torch.Tensor | list            # a tensor, its copies on devices, or one per key
 
 
 def sum_copies(copies, device=None, into_first=False):
@@ -70,7 +72,7 @@ class KVStore:
     its engine and runs the higher ones first, while a call of d2ldist is done when it
     returns, so calls run in the order they are made."""
 
-    def __init__(self, kind):
+    def __init__(self, kind: str) -> None:
         self.type = kind                       # MXNet's kv.type (kv.create: the name given)
         self.is_async = kind == 'dist_async'   # each push updates the weights on its own
         self._sum_on_device = kind == 'dist_sync_device'   # step 2 on the first copy's device
@@ -85,7 +87,8 @@ class KVStore:
     rank, num_workers, is_recovery = 0, 1, False
 
     # -- the API -------------------------------------------------------------------------
-    def init(self, key, value, optimizer=True, compress=None):
+    def init(self, key: Key, value: Value, optimizer: bool = True,
+             compress: bool | None = None) -> None:
         """Give keys their initial values (call it on every worker with the same values).
 
         ``optimizer=False``: the optimizer never updates these keys (the Trainer's
@@ -107,7 +110,7 @@ class KVStore:
         self._init(keys, [self._to_cpu(k, _first(v)) for k, v in zip(keys, values)],
                    optimizer)
 
-    def push(self, key, value, priority=0):
+    def push(self, key: Key, value: Value, priority: int = 0) -> None:
         """Push values (a list of device copies is summed first); a sparse tensor's rows
         go by ``_push_sparse``. ``priority``: see the class."""
         _check_priority(priority)
@@ -124,7 +127,8 @@ class KVStore:
             if _sparse(v):
                 self._push_rows(k, *self._rows(k, v))
 
-    def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
+    def row_sparse_pull(self, key: Key, out: Value | None = None, priority: int = 0,
+                        row_ids: Value | None = None) -> None:
         """Pull only rows ``row_ids`` of the key into ``out`` (its other rows stay as they
         are): MXNet's row_sparse_pull, in its order of arguments, for an embedding whose
         batch used a few rows."""
@@ -154,7 +158,8 @@ class KVStore:
         total = total.coalesce()
         return total.indices()[0].contiguous(), total.values().contiguous()
 
-    def pull(self, key, out=None, priority=0, ignore_sparse=True):
+    def pull(self, key: Key, out: Value | None = None, priority: int = 0,
+             ignore_sparse: bool = True) -> None:
         """Pull the current values into ``out`` (a tensor, or a list of device copies; a
         sparse one: ``_sparse_outs``). ``priority``: see the class."""
         _check_priority(priority)
@@ -191,7 +196,8 @@ class KVStore:
             for t in rows:
                 t.copy_(whole.to_sparse(t.sparse_dim()).to(t.device))
 
-    def pushpull(self, key, value, out=None, priority=0):
+    def pushpull(self, key: Key, value: Value, out: Value | None = None,
+                 priority: int = 0) -> None:
         """Push, then pull the updated values: one round trip (into ``value`` when no ``out``).
         A sparse value: push its rows, then pull those rows into ``out``. ``priority``:
         see the class."""
@@ -212,13 +218,13 @@ class KVStore:
         _, outs = self._outputs(key, value if out is None else out)
         self._pushpull(keys, [self._reduce(k, v) for k, v in zip(keys, values)], outs)
 
-    def broadcast(self, key, value, out, priority=0):
+    def broadcast(self, key: Key, value: Value, out: Value, priority: int = 0) -> None:
         """Initialise keys with rank 0's ``value`` and pull it into ``out`` on every worker."""
         _check_priority(priority)
         self.init(key, value)
         self.pull(key, out=out)
 
-    def set_gradient_compression(self, compression_params):
+    def set_gradient_compression(self, compression_params: dict) -> None:
         """Compress what later pushes send (MXNet's): ``{'type': '2bit', 'threshold':
         0.5}`` (add ``'error_feedback': False`` to drop the residual), ``{'type': 'fp16'}``
         or ``'bf16'``; ``None`` for none. Pulls, sparse rows and keys made with
@@ -230,7 +236,7 @@ class KVStore:
         """The codec for a push of ``key`` (None: whole)."""
         return None if key in self._whole else self._codec
 
-    def compression_residuals(self):
+    def compression_residuals(self) -> dict:
         """What 2-bit compression has kept back on this worker (error feedback), whole
         per key: {key: 1-D tensor}. Empty without it."""
         parts = {}
@@ -239,7 +245,7 @@ class KVStore:
         return {key: torch.cat([r for _, r in sorted(p, key=lambda sr: sr[0])])
                 for key, p in parts.items()}
 
-    def set_compression_residuals(self, residuals):
+    def set_compression_residuals(self, residuals: dict) -> None:
         """Take back what compression_residuals() gave, cut as today's servers hold the keys."""
         if residuals and not hasattr(self._codec, 'residuals'):
             raise M.KVError('these are residuals of 2-bit compression: set the same '
@@ -251,7 +257,7 @@ class KVStore:
     def _num_servers(self):
         return 1
 
-    def set_optimizer(self, name, **hyper):
+    def set_optimizer(self, name: str, **hyper: float) -> None:
         """Update the values with this optimizer on every push: a name and numbers, in
         torch.optim's names or gluon's (learning_rate, wd, beta1, beta2)."""
         hyper = torch_names(hyper)
@@ -313,15 +319,15 @@ class KVStore:
             raise M.KVError(f'key {key!r}: {what} {_describe(t.dtype, t.shape)} but the key '
                             f'holds {_describe(dtype, shape)}')
 
-    def save_optimizer_states(self, path):
+    def save_optimizer_states(self, path: str) -> None:
         """Save the optimizer's states in one file (MXNet's name; tensors and numbers only)."""
         torch.save(self.optimizer_states(), path)
 
-    def load_optimizer_states(self, path):
+    def load_optimizer_states(self, path: str) -> None:
         """Load a file of save_optimizer_states (read with weights_only: nothing unpickled)."""
         self.set_optimizer_states(torch.load(path, weights_only=True))
 
-    def barrier(self):
+    def barrier(self) -> None:
         """Wait for every worker (nothing to wait for in one process)."""
 
     def _barrier(self):
@@ -335,14 +341,14 @@ class KVStore:
 class LocalKVStore(KVStore):
     """'local': the values and the optimizer live in this process."""
 
-    def __init__(self, kind='local'):
+    def __init__(self, kind: str = 'local') -> None:
         super().__init__(kind)
         self._store, self._updater = {}, None
 
     def _set_optimizer(self, name, hyper):
         self._updater = Updater(name, **hyper)
 
-    def set_learning_rate(self, lr):
+    def set_learning_rate(self, lr: float) -> None:
         """A new learning rate; the optimizer's states (momentum, ...) stay."""
         if self._updater is None:
             raise M.KVError('set the optimizer before its learning rate')
@@ -384,13 +390,13 @@ class LocalKVStore(KVStore):
         self._push(keys, values)
         self._pull(keys, outs)
 
-    def optimizer_states(self):
+    def optimizer_states(self) -> dict:
         """The optimizer's state of every key: {'optimizer': name, 'states': {key: {...}}}."""
         states = {k: {n: v.clone() if isinstance(v, torch.Tensor) else v for n, v in s.items()}
                   for k, s in (self._updater.states if self._updater else {}).items()}
         return {'optimizer': self._updater and self._updater.name, 'states': states}
 
-    def set_optimizer_states(self, data):
+    def set_optimizer_states(self, data: dict) -> None:
         """Take back what optimizer_states() gave."""
         if self._updater is None:
             raise M.KVError('set the optimizer before loading its states')
@@ -401,7 +407,7 @@ class LocalKVStore(KVStore):
 class DistKVStore(KVStore):
     """'dist_sync', 'dist_async', 'dist_sync_device': the values live on the servers."""
 
-    def __init__(self, kind, node):
+    def __init__(self, kind: str, node: Node) -> None:
         super().__init__(kind)
         self._node, self._ids = node, itertools.count(1)
         if node.num_servers < 1:
@@ -448,7 +454,7 @@ class DistKVStore(KVStore):
                        for s in self._shards()])
         self.barrier('kv.set_optimizer')
 
-    def set_learning_rate(self, lr):
+    def set_learning_rate(self, lr: float) -> None:
         """A new learning rate on the servers; the optimizer's states (momentum, ...) stay.
 
         Rank 0 sends it. In dist_sync it takes effect from the round after rank 0's
@@ -460,7 +466,7 @@ class DistKVStore(KVStore):
         if self.rank == 0:
             self._ask([(s, M.LEARNING_RATE, {'lr': lr}, []) for s in self._shards()])
 
-    def barrier(self, what='barrier()'):
+    def barrier(self, what: str = 'barrier()') -> None:
         """Wait until every worker has reached this point (elastic: every worker left)."""
         while True:
             try:
@@ -612,7 +618,7 @@ class DistKVStore(KVStore):
         return answers
 
     # -- looking inside the servers -----------------------------------------------------------
-    def server_info(self):
+    def server_info(self) -> dict[str, dict]:
         """What each shard holds, by the server whose shard it is: {'server:0': {'keys':
         [[key, dtype, shape, start, stop]], 'pid' of the process answering for it,
         'optimizer', 'replicated': the bytes of its changes sent to its replicas}}."""
@@ -621,7 +627,7 @@ class DistKVStore(KVStore):
                                          'optimizer': m['optimizer'],
                                          'replicated': m['replicated']} for m in answers}
 
-    def optimizer_states(self):
+    def optimizer_states(self) -> dict:
         """The servers' optimizer states, gathered key by key as optimizer_states() of a
         'local' store gives them: whole tensors, whatever the number of servers."""
         answers = self._ask([(s, M.GET_STATE, {}, []) for s in self._shards()])
@@ -642,7 +648,7 @@ class DistKVStore(KVStore):
         optimizer = next((m['optimizer'] for m in answers if m['optimizer']), None)
         return {'optimizer': optimizer, 'states': states}
 
-    def set_optimizer_states(self, data):
+    def set_optimizer_states(self, data: dict) -> None:
         """Send states back to the servers, cut by today's placement (so a job with
         another number of servers takes them too). Every worker calls it; rank 0 sends
         its ``data`` (the others may pass None), and all wait until the servers have them.

@@ -20,12 +20,13 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Collection, Sequence
 
 from .. import config
 from ..lines import NAME, clip, say, shown
 from . import faults, hang, hosted, protocol, spans
 from . import shm, started, stream
-from .van import LINGER_SECONDS, Van
+from .van import LINGER_SECONDS, Message, Van
 from ..report import report
 
 
@@ -65,7 +66,7 @@ class WorkersChanged(PeerFailed):
     the collective in flight failed; ``lost`` names the worker left out, ``round`` the
     membership's number (Horovod's HorovodInternalError)."""
 
-    def __init__(self, message, lost=None, round=0):
+    def __init__(self, message: str, lost: str | None = None, round: int = 0) -> None:
         super().__init__(message)
         self.lost, self.round = lost, round
 
@@ -73,7 +74,8 @@ class WorkersChanged(PeerFailed):
 class Node:
     """This process as a node of a job: its van, its rank and the address book."""
 
-    def __init__(self, role, rank, num_workers, num_servers, scheduler, secret, host=None):
+    def __init__(self, role: str, rank: int | None, num_workers: int, num_servers: int,
+                 scheduler: str, secret: str, host: str | None = None) -> None:
         self.role, self.rank = role, rank
         self.num_workers, self.num_servers = num_workers, num_servers
         self.scheduler, self.secret = scheduler, secret
@@ -98,7 +100,7 @@ class Node:
         self.chains = None        # replicated servers, after a loss: each shard's holders
 
     @classmethod
-    def from_env(cls, role=None):
+    def from_env(cls, role: str | None = None) -> 'Node':
         """The node the launcher's variables describe (see ARCHITECTURE.md, config.py)."""
         cfg = config.get()
         try:
@@ -111,10 +113,10 @@ class Node:
                    cfg.node_host)
 
     @property
-    def id(self):
+    def id(self) -> str:
         return self.van.node_id
 
-    def start(self, timeout=60.0):
+    def start(self, timeout: float = 60.0) -> 'Node':
         """Register with the scheduler and wait for the address book, ``timeout`` s at most."""
         report_in_one_line()             # from here on, a StartError is one line
         me = shm.identity()
@@ -152,7 +154,7 @@ class Node:
             self.sync_clock()
         return self
 
-    def sync_clock(self, exchanges=5):
+    def sync_clock(self, exchanges: int = 5) -> None:
         """Put the timeline on the scheduler's clock: of a few exchanges, the offset
         of the one with the shortest round trip (off by at most half of it)."""
         best = None
@@ -168,29 +170,31 @@ class Node:
         if best is not None:
             spans.set_clock(best[0], best[1] / 2)
 
-    def host_of(self, peer):
+    def host_of(self, peer: str) -> str:
         """The host a peer listens on, from the address book."""
         return _host(self.book[peer])
 
-    def peers(self, role):
+    def peers(self, role: str) -> list[str]:
         """The ids of the nodes with ``role``, in rank order."""
         count = self.num_workers if role == 'worker' else self.num_servers
         return [f'{role}:{r}' for r in range(count)]
 
-    def head(self, shard):
+    def head(self, shard: int) -> str:
         """The server that answers for ``shard`` (server ``shard``, unless it was lost and
         a replica took over)."""
         return self.chains[shard][0] if self.chains is not None else f'server:{shard}'
 
-    def workers(self):
+    def workers(self) -> list[str]:
         """The ids of the workers of the current membership, in rank order."""
         return list(self.members) if self.members is not None else self.peers('worker')
 
-    def send(self, peer, kind, header=None, frames=(), track=False):
+    def send(self, peer: str, kind: str, header: dict | None = None,
+             frames: Sequence[bytes] = (), track: bool = False) -> object:
         """Send a message to a peer (``Van.send``)."""
         return self.van.send(peer, kind, header, frames, track=track)
 
-    def recv(self, kinds=None, timeout=None, wait=None):
+    def recv(self, kinds: Collection[str] | None = None, timeout: float | None = None,
+             wait: hang.Wait | None = None) -> Message | None:
         """The next message of one of ``kinds`` (others wait in a stash for later), or
         None after ``timeout`` seconds. ``wait``: what this node waits for (a ``hang.Wait``),
         watched by the hang detector (``_watched``) and a span on the timeline."""
@@ -225,7 +229,7 @@ class Node:
                 return msg
         return None
 
-    def put_back(self, msg):
+    def put_back(self, msg: Message) -> None:
         """Return a message just received: the next recv of its kind gets it first."""
         self._stash.appendleft(msg)
 
@@ -269,7 +273,7 @@ class Node:
             report(waiting=line)
         return True
 
-    def missing(self, wait):
+    def missing(self, wait: hang.Wait) -> list[tuple[str, dict]]:
         """Ask whoever knows who has not arrived: [(node, what it is doing)]."""
         found = {}
         for peer, question in wait.questions:
@@ -282,7 +286,8 @@ class Node:
                     found[node] = {**doing, **found[node]}
         return sorted(found.items())
 
-    def ask(self, peer, question, timeout=2.0):
+    def ask(self, peer: str, question: object,
+            timeout: float = 2.0) -> list[tuple[str, object]]:
         """One WHO question to ``peer``: its list of [node, doing] (empty if no answer)."""
         qid = next(self._questions)
         self.send(peer, protocol.WHO, {'id': qid, 'question': question})
@@ -346,7 +351,7 @@ class Node:
             if isinstance(lost, str):
                 self.van.give_up_on(lost)
 
-    def meet(self, joined):
+    def meet(self, joined: list) -> None:
         """A worker joins the job (elastic): [its id, its address, its host's identity];
         ValueError for an address that is not tcp://HOST:PORT."""
         if isinstance(joined, list) and len(joined) == 3:
@@ -357,7 +362,7 @@ class Node:
             self.van.connect(peer, address, same_host=host == shm.identity()
                              and shm.same_host(self.van.address, address))
 
-    def take_news(self):
+    def take_news(self) -> None:
         """Take a new membership that came meanwhile, without waiting for anything else
         (elastic: a worker alone has no collective that would bring it)."""
         try:
@@ -365,7 +370,7 @@ class Node:
         except WorkersChanged:
             pass                       # taken: self.round and self.members are the new ones
 
-    def take_newcomers(self):
+    def take_newcomers(self) -> None:
         """Elastic ring, at a commit that every worker agreed on: say READY, and wait
         for the membership that takes in the workers waiting to join."""
         self.send('scheduler', protocol.READY, {'round': self.round})
@@ -375,7 +380,7 @@ class Node:
         except WorkersChanged:
             pass                       # taken: self.round and self.members are the new ones
 
-    def barrier(self, group='worker', what='barrier()'):
+    def barrier(self, group: str = 'worker', what: str = 'barrier()') -> None:
         """Wait until every node of ``group`` ('worker', 'server' or 'all') is here.
 
         ``what`` names the call (e.g. 'kv.init'): the scheduler fails every node of the
@@ -393,7 +398,7 @@ class Node:
                     and msg.get('round', 0) == self.round:
                 return
 
-    def passed_barrier(self, group, n):
+    def passed_barrier(self, group: str, n: int) -> None:
         """Count barrier n of ``group`` as passed without entering it (a worker in
         hvd.join(): the scheduler counted it as there)."""
         if isinstance(group, str) and isinstance(n, int):
@@ -410,7 +415,7 @@ class Node:
                 'for': doing and round(time.monotonic() - doing[1], 1)})
         van.close()
 
-    def stop(self):
+    def stop(self) -> None:
         """Say goodbye to the scheduler, wait for its answer, and close the sockets.
 
         The answer matters: a message still queued in ZeroMQ when the process exits

@@ -32,6 +32,7 @@ from .. import config
 from ..lines import say
 from ..report import report
 from ..runtime import spans
+from .trainer import Trainer
 
 FORMAT = 2        # what a file holds (1: before every worker kept its learning rate)
 HEADER = re.compile(rb'd2ldist-checkpoint (\d+) sha256=([0-9a-f]{64})')
@@ -122,7 +123,8 @@ class Checkpoint:
     resume() from the newest complete checkpoint. ``d2ldist.train`` uses one when
     D2L_CHECKPOINT_DIR is set (``d2l-launch --checkpoint-dir``)."""
 
-    def __init__(self, directory, trainer, every=100, keep=3):
+    def __init__(self, directory: str | Path, trainer: Trainer, every: int = 100,
+                 keep: int = 3) -> None:
         self.dir, self.trainer, self.every, self.keep = Path(directory), trainer, every, keep
         store, cfg = trainer.store, config.get()
         if store.num_workers > 1:      # the workers share a store (also under torchrun)
@@ -145,7 +147,7 @@ class Checkpoint:
             raise CheckpointError(f'checkpoint folder {self.dir}: {e.strerror}') from None
 
     @classmethod
-    def from_config(cls, trainer):
+    def from_config(cls, trainer: Trainer) -> 'Checkpoint | None':
         """The Checkpoint D2L_CHECKPOINT_* ask for, or None (unset)."""
         cfg = config.get()
         if cfg.checkpoint_dir is None:
@@ -153,7 +155,7 @@ class Checkpoint:
         return cls(cfg.checkpoint_dir, trainer, cfg.checkpoint_every, cfg.checkpoint_keep)
 
     # -- saving ------------------------------------------------------------------------
-    def step_done(self, step, epoch, batch, loop):
+    def step_done(self, step: int, epoch: int, batch: int, loop: dict) -> None:
         """After step ``step`` (batch ``batch`` of ``epoch`` done): every ``every`` steps,
         snapshot this worker's state in memory and write it on a thread."""
         if step % self.every == 0:
@@ -165,7 +167,7 @@ class Checkpoint:
                                             name='d2ldist-checkpoint')
             self._writer.start()
 
-    def snapshot(self, step, epoch, batch, loop):
+    def snapshot(self, step: int, epoch: int, batch: int, loop: dict) -> dict:
         """This worker's state at the step boundary, copied (training goes on meanwhile)."""
         t = self.trainer
         state = {'step': step, 'epoch': epoch, 'batch': batch, 'loop': dict(loop),
@@ -193,13 +195,13 @@ class Checkpoint:
         self.writes += 1
         self.prune()
 
-    def wait(self):
+    def wait(self) -> None:
         """Until the last snapshot is on disk (or has failed to get there)."""
         if self._writer is not None:
             self._writer.join()
             self._writer = None
 
-    def prune(self):
+    def prune(self) -> None:
         """Keep the newest ``keep`` complete checkpoints, and any newer still being
         written: remove this worker's files of the older ones. (A worker that sees no
         other worker's file, on its own disk, counts its own files.)"""
@@ -218,22 +220,22 @@ class Checkpoint:
                 except OSError:
                     pass
 
-    def steps(self):
+    def steps(self) -> list[tuple[int, Path]]:
         """The checkpoints' (step, folder), newest first."""
         found = [(int(m.group(1)), p) for p in self.dir.iterdir()
                  if (m := re.fullmatch(r'step-(\d+)', p.name)) and p.is_dir()]
         return sorted(found, reverse=True)
 
-    def file(self, folder, rank):
+    def file(self, folder: Path, rank: int) -> Path:
         """Worker ``rank``'s file in a checkpoint's folder (its name says how many workers)."""
         return folder / f'worker-{rank}-of-{self.num_workers}.ckpt'
 
-    def complete(self, folder):
+    def complete(self, folder: Path) -> bool:
         """Whether every worker's file of this checkpoint is there."""
         return all(self.file(folder, r).exists() for r in range(self.num_workers))
 
     # -- resuming ----------------------------------------------------------------------
-    def resume(self):
+    def resume(self) -> dict | None:
         """Before the first step: restore the newest checkpoint every worker holds whole,
         if there is one. Returns its position {'step', 'epoch', 'batch', 'loop'}, or None."""
         held = self.held()
@@ -258,7 +260,7 @@ class Checkpoint:
         spans.resume(step)                    # (the timeline counts steps on from it)
         return {k: mine[k] for k in ('step', 'epoch', 'batch', 'loop')}
 
-    def held(self):
+    def held(self) -> list[int]:
         """The steps of this worker's files; files of another number of workers: refused."""
         held = set()
         for step, folder in self.steps():
@@ -273,13 +275,13 @@ class Checkpoint:
                 held.add(step)
         return held
 
-    def newest_common(self, held):
+    def newest_common(self, held: list[int]) -> int | None:
         """The newest step that every worker holds a file of (None: there is none)."""
         width = max(n for [n] in self.gather([len(held)], 1))
         rows = self.gather(sorted(held, reverse=True), width)
         return max(set.intersection(*map(set, rows)), default=None)
 
-    def gather(self, numbers, width):
+    def gather(self, numbers: list[int], width: int) -> list[list[int]]:
         """Every worker's list of at most ``width`` whole numbers >= 0, by rank: one sum
         over the store of a table in which each worker fills its own row (-1: empty)."""
         if self.num_workers == 1:
@@ -300,7 +302,7 @@ class Checkpoint:
             store.pushpull([key], [table], out=[table])
         return [[int(v) for v in row if v >= 0] for row in table.cpu()]
 
-    def restore(self, mine):
+    def restore(self, mine: dict) -> None:
         """The model, then the store (rank 0's weights for all), the optimizer's states,
         what compression kept back, the rate."""
         t = self.trainer
@@ -315,7 +317,7 @@ class Checkpoint:
         if mine['lr'] is not None:
             t.set_learning_rate(mine['lr'])
 
-    def restore_rng(self):
+    def restore_rng(self) -> None:
         """Once the resumed epoch's data iterator exists (making it draws a seed): this
         worker's generators as they were at the checkpoint."""
         if self._rng is not None:

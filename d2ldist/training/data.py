@@ -42,8 +42,8 @@ class SplitSampler:
       ``num_parts - 1`` examples (different ones each epoch) are skipped.
     """
 
-    def __init__(self, length, num_parts=1, part_index=0, shuffle=True, seed=0,
-                 drop_last=False):
+    def __init__(self, length: int, num_parts: int = 1, part_index: int = 0,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
         if not 0 <= part_index < num_parts:
             raise ValueError(f'part_index must be in [0, {num_parts}), got {part_index}')
         if length < num_parts:
@@ -58,7 +58,7 @@ class SplitSampler:
         self.end = self.start + self.part_len
         self.skip = 0
 
-    def set_epoch(self, epoch, skip=0):
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
         """Use the permutation of this epoch (the same on every worker); ``skip``: leave
         out the first examples of this worker's part (a job resumed in mid-epoch)."""
         if not 0 <= skip <= self.part_len:
@@ -98,9 +98,10 @@ def cifar10_on_disk(root):
     return all(os.path.isfile(os.path.join(folder, f)) for f in CIFAR10_FILES)
 
 
-def load_data_cifar10(batch_size, root='../data', num_parts=1, part_index=0,
-                      download=False, verify=True, seed=0, num_workers=0,
-                      pin_memory=False):
+def load_data_cifar10(batch_size: int, root: str = '../data', num_parts: int = 1,
+                      part_index: int = 0, download: bool = False, verify: bool = True,
+                      seed: int = 0, num_workers: int = 0,
+                      pin_memory: bool = False) -> tuple[data.DataLoader, data.DataLoader]:
     """CIFAR-10 as (train_iter, test_iter); the train set is split into parts.
 
     Training images are augmented as in d2l: a random 32x32 crop of the image
@@ -109,8 +110,7 @@ def load_data_cifar10(batch_size, root='../data', num_parts=1, part_index=0,
     small sets written in CIFAR-10's format, as the tests do). Note that the
     files are Python pickles: load only files you trust, never received ones.
     """
-    import torchvision
-    from torchvision import transforms
+    transforms = _torchvision().transforms
     normalize = transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)
     transform_train = transforms.Compose([
         transforms.RandomCrop(32, padding=4),
@@ -121,7 +121,7 @@ def load_data_cifar10(batch_size, root='../data', num_parts=1, part_index=0,
     if not download and not cifar10_on_disk(root):
         raise FileNotFoundError(f'CIFAR-10 is not in {root}/cifar-10-batches-py '
                                 '(pass download=True to fetch it)')
-    cifar10 = torchvision.datasets.CIFAR10 if verify else _unchecked_cifar10()
+    cifar10 = _torchvision().datasets.CIFAR10 if verify else _unchecked_cifar10()
     train_ds = cifar10(root, train=True, transform=transform_train, download=download)
     test_ds = cifar10(root, train=False, transform=transform_test)
     train_iter = _train_loader(train_ds, batch_size, num_parts, part_index, seed,
@@ -131,9 +131,19 @@ def load_data_cifar10(batch_size, root='../data', num_parts=1, part_index=0,
     return train_iter, test_iter
 
 
+def _torchvision():
+    """torchvision, which only CIFAR-10 needs: the extra d2ldist[vision]; without it, say so."""
+    try:
+        import torchvision
+    except ImportError:
+        raise ImportError("CIFAR-10 is read through torchvision, which is not installed: "
+                          "pip install 'd2ldist[vision]'") from None
+    return torchvision
+
+
 def _unchecked_cifar10():
     """torchvision's CIFAR10 with the MD5 sums removed (the files must still exist)."""
-    import torchvision
+    torchvision = _torchvision()
 
     class UncheckedCIFAR10(torchvision.datasets.CIFAR10):
         train_list = [[name, None] for name, _ in torchvision.datasets.CIFAR10.train_list]
@@ -164,8 +174,9 @@ def digits_tensors(num_test=297, seed=0):
     return X[train_idx], y[train_idx], X[test_idx], y[test_idx]
 
 
-def load_data_digits(batch_size, num_parts=1, part_index=0, seed=0, num_test=297,
-                     pin_memory=False):
+def load_data_digits(batch_size: int, num_parts: int = 1, part_index: int = 0, seed: int = 0,
+                     num_test: int = 297,
+                     pin_memory: bool = False) -> tuple[data.DataLoader, data.DataLoader]:
     """The digits as (train_iter, test_iter) of 3x32x32 images; the train set is split.
 
     The train/test split is fixed (seed 0); `seed` only seeds the shuffling.
@@ -178,8 +189,9 @@ def load_data_digits(batch_size, num_parts=1, part_index=0, seed=0, num_test=297
     return train_iter, test_iter
 
 
-def load_data(name, batch_size, root='../data', num_parts=1, part_index=0, verbose=True,
-              **kwargs):
+def load_data(name: str, batch_size: int, root: str = '../data', num_parts: int = 1,
+              part_index: int = 0, verbose: bool = True,
+              **kwargs: object) -> tuple[data.DataLoader, data.DataLoader]:
     """Load 'cifar10', 'digits', or 'auto' (CIFAR-10 when it is on disk, else the digits)."""
     if name == 'auto':
         name = 'cifar10' if cifar10_on_disk(root) else 'digits'

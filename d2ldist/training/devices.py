@@ -10,7 +10,7 @@ import torch
 from ..runtime.split import even_sizes
 
 
-def cpu():
+def cpu() -> torch.device:
     """The CPU device."""
     return torch.device('cpu')
 
@@ -24,19 +24,19 @@ def indexed(device):
     return device
 
 
-def try_gpu(i=0):
+def try_gpu(i: int = 0) -> torch.device:
     """GPU i if it exists, else the CPU."""
     if torch.cuda.device_count() >= i + 1:
         return torch.device(f'cuda:{i}')
     return cpu()
 
 
-def try_all_gpus():
+def try_all_gpus() -> list[torch.device]:
     """All GPUs, or [cpu()] if there is none."""
     return [torch.device(f'cuda:{i}') for i in range(torch.cuda.device_count())] or [cpu()]
 
 
-def parse_devices(spec):
+def parse_devices(spec: str) -> list[torch.device]:
     """Devices from a string: 'cpu', 'cpu:2' (two CPU replicas), 'gpu' (all GPUs), 'cuda:0,cuda:1'.
 
     Note that 'cpu:N' means N replicas on the CPU, not a device index.
@@ -68,7 +68,7 @@ def parse_devices(spec):
     return devices
 
 
-def split_and_load(data, devices):
+def split_and_load(data: torch.Tensor, devices: list[torch.device]) -> list[torch.Tensor]:
     """Split data evenly along dim 0 into len(devices) slices, one on each device.
 
     n examples on k devices: every slice gets n // k examples, and the first

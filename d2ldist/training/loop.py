@@ -8,6 +8,7 @@ one line per epoch. Saved from the chapter that introduces it
 """
 import sys
 import time
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -17,7 +18,8 @@ from .checkpoint import Checkpoint, CheckpointError
 from .trainer import train_batch
 
 
-def evaluate_accuracy(net, data_iter, device=None):
+def evaluate_accuracy(net: nn.Module, data_iter: Iterable,
+                      device: torch.device | None = None) -> float:
     """The accuracy of net on a data set, in evaluation mode."""
     device = device or next(net.parameters()).device
     net.eval()

@@ -45,7 +45,7 @@ def resnet_block(input_channels, num_channels, num_residuals, first_block=False)
     return nn.Sequential(*blk)
 
 
-def resnet18(num_classes, in_channels=3, width=64):
+def resnet18(num_classes: int, in_channels: int = 3, width: int = 64) -> nn.Sequential:
     """ResNet-18 for 32x32 inputs (width: channels of the first stage, 64 in d2l)."""
     w = width
     return nn.Sequential(

@@ -19,6 +19,8 @@ The stores: ``d2ldist.kv.create(kind)`` for 'local' (one process) and the parame
 server ('dist_sync', 'dist_async', 'dist_sync_device'); here ``AllreduceStore`` for
 'ring' (d2ldist's ring) and 'torch' (torch.distributed).
 """
+from collections.abc import Callable
+
 import torch
 
 from ..collectives import compressed, ops
@@ -37,7 +39,7 @@ class AllreduceStore:
     docs/design/training.md). ``device``: the Trainer's first, where NCCL sums if a GPU.
     """
 
-    def __init__(self, kind='ring', device=None):
+    def __init__(self, kind: str = 'ring', device: torch.device | None = None) -> None:
         from ..collectives import world
         if kind not in ('ring', 'torch'):
             raise ValueError(f"AllreduceStore runs 'ring' or 'torch', not {kind!r}")
@@ -67,7 +69,8 @@ class AllreduceStore:
         self._plain = set()       # keys that are not gradients: never compressed
         self.gradient_compression = None
 
-    def init(self, keys, values, optimizer=True):
+    def init(self, keys: list[int], values: list[torch.Tensor],
+             optimizer: bool = True) -> None:
         """Give every worker rank 0's values (a broadcast), and remember them.
 
         (``optimizer=False``: not gradients, so never compressed; pushpull only sums.)
@@ -78,13 +81,13 @@ class AllreduceStore:
         if not optimizer:
             self._plain.update(keys)
 
-    def pull(self, keys, out):
+    def pull(self, keys: list[int], out: list[torch.Tensor]) -> None:
         """Copy the values (the same on every worker since init) into out."""
         for k, o in zip(keys, out):
             if o is not self._values[k]:
                 o.copy_(self._values[k])
 
-    def set_gradient_compression(self, compression_params):
+    def set_gradient_compression(self, compression_params: dict) -> None:
         """Gradients through 16 bits: ``{'type': 'fp16'}`` or ``'bf16'`` (each hop of the
         ring adds in 16 bits, as Horovod's Compression.fp16). 2-bit needs servers: a
         ring adds on the way, and a sum of codes is no code."""
@@ -94,7 +97,8 @@ class AllreduceStore:
                              f"'dist_sync'); kvstore {self.type!r} takes fp16 or bf16")
         self._codec, self.gradient_compression = codec, codec and codec.params
 
-    def pushpull(self, keys, values, out):
+    def pushpull(self, keys: list[int], values: list[torch.Tensor],
+                 out: list[torch.Tensor]) -> None:
         """Sum values over all workers into out: one all-reduce of the flat buffer
         (through the codec, unless the keys were made with ``optimizer=False``)."""
         codec = None if self._plain.intersection(keys) else self._codec
@@ -104,7 +108,8 @@ class AllreduceStore:
             if o is not v:
                 o.copy_(v)
 
-    def allreduce_async_(self, tensor, after=None):
+    def allreduce_async_(self, tensor: torch.Tensor,
+                         after: Callable[[], None] | None = None) -> Handle:
         """Start summing a contiguous tensor of gradients over all workers, in place;
         ``.wait()`` for it.
 
@@ -116,7 +121,7 @@ class AllreduceStore:
         return self._run(compressed.allreduce_, self._backend, tensor, ops.Sum, self._codec,
                          after)
 
-    def barrier(self):
+    def barrier(self) -> None:
         self._run(self._backend.barrier).wait()
 
     def __repr__(self):
@@ -126,7 +131,7 @@ class AllreduceStore:
 STORES = ('local', 'dist_sync', 'dist_async', 'dist_sync_device', 'ring', 'torch', 'dist')
 
 
-def create_store(kvstore, device=None):
+def create_store(kvstore: 'str | object', device: torch.device | None = None) -> object:
     """A store from a name ('local', 'dist_sync', 'ring', 'torch', ...), or the store itself
     (``device``: the Trainer's first, for 'torch').
 

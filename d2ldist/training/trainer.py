@@ -24,6 +24,7 @@ statistics): docs/design/training.md.
 import copy
 import itertools
 import time
+from contextlib import AbstractContextManager
 from typing import NamedTuple
 
 import torch
@@ -69,9 +70,12 @@ class Trainer:
     running statistics over all replicas of all workers (why: docs/design/training.md).
     """
 
-    def __init__(self, net, optimizer='sgd', optimizer_params=None, kvstore='local',
-                 devices=None, update_on_kvstore=None, overlap=True,
-                 bucket_cap_mb=BUCKET_CAP_MB, compression_params=None):
+    def __init__(self, net: torch.nn.Module, optimizer: str = 'sgd',
+                 optimizer_params: dict | None = None, kvstore: object = 'local',
+                 devices: list[torch.device] | None = None,
+                 update_on_kvstore: bool | None = None, overlap: bool = True,
+                 bucket_cap_mb: float = BUCKET_CAP_MB,
+                 compression_params: dict | None = None) -> None:
         self.devices = [indexed(d) for d in devices] if devices else [
             next(net.parameters()).device]
         optimizer = optimizer.lower()
@@ -130,7 +134,7 @@ class Trainer:
 
     _made = itertools.count()   # Trainers made in this process
 
-    def init(self):
+    def init(self) -> None:
         """Put the weights in the store and give every worker rank 0's: at the first step
         (``train_batch`` calls it before the forward pass), as gluon's Trainer does."""
         if self._initialized:
@@ -172,7 +176,7 @@ class Trainer:
                              'update_on_kvstore=True')
         return update_on_kvstore
 
-    def step(self, batch_size):
+    def step(self, batch_size: int) -> None:
         """Steps 2 to 7: update every replica with the mean gradient of all workers' examples.
 
         batch_size: the number of examples this worker used (the same on every worker).
@@ -297,20 +301,20 @@ class Trainer:
             for b, b0 in zip(buffers[r], buffers[0]):
                 b.copy_(b0, non_blocking=True)
 
-    def timed(self, step, count=True):
+    def timed(self, step: int, count: bool = True) -> AbstractContextManager[None]:
         """A block timed as step ``step``; ``count=False`` (a hook in backward) adds its
         time but not a batch, and waits for no device (``timing.StepTimes.timed``)."""
         return self._times.timed(step, count)
 
-    def reset_step_times(self):
+    def reset_step_times(self) -> None:
         self._times.reset()
 
     @property
-    def step_times(self):
+    def step_times(self) -> dict[int, float | None]:
         """Mean seconds per batch of each step, {1: ..., 7: ...} (None if not run yet)."""
         return self._times.means()
 
-    def step_times_report(self):
+    def step_times_report(self) -> dict[str, float]:
         """step_times as d2ldist.report and the dashboard's bars take them.
 
         {'1 forward, backward': seconds, ..., '7 to all devices': seconds}: the
@@ -319,15 +323,15 @@ class Trainer:
         return {STEPS[s].label: t for s, t in self.step_times.items() if t is not None}
 
     @property
-    def initialized(self):
+    def initialized(self) -> bool:
         """Whether the store has the weights (the first step, or init(), has run)."""
         return self._initialized
 
     @property
-    def learning_rate(self):
+    def learning_rate(self) -> float | None:
         return self.optimizer_params.get('lr')
 
-    def set_learning_rate(self, lr):
+    def set_learning_rate(self, lr: float) -> None:
         """Change the learning rate of the optimizer, wherever it runs (states stay)."""
         self.optimizer_params['lr'] = lr
         if self.update_on_kvstore:
@@ -337,7 +341,7 @@ class Trainer:
             for group in self._optimizer.param_groups:
                 group['lr'] = lr
 
-    def optimizer_states(self):
+    def optimizer_states(self) -> dict:
         """The optimizer's states (momenta, ...), wherever it runs: on the servers (the
         store gathers them; ask on rank 0 only) or here. Tensors and numbers only."""
         if self.update_on_kvstore:        # by parameter index: the keys' names may differ
@@ -346,7 +350,7 @@ class Trainer:
                 i: held['states'][k] for i, k in enumerate(self.keys) if k in held['states']}}
         return {'on': 'worker', 'states': self._optimizer.state_dict()}
 
-    def set_optimizer_states(self, data):
+    def set_optimizer_states(self, data: dict) -> None:
         """Take back what optimizer_states() gave, after init(); every worker calls it
         (on the servers, rank 0's ``data`` is sent)."""
         if self.update_on_kvstore:
@@ -355,20 +359,21 @@ class Trainer:
         else:
             self._optimizer.load_state_dict(data['states'])
 
-    def compression_residuals(self):
+    def compression_residuals(self) -> dict:
         """What 2-bit gradient compression has kept back on this worker, by parameter
         index ({} without it): a resumed job needs them to go on bit for bit."""
         held = self.store.compression_residuals() \
             if hasattr(self.store, 'compression_residuals') else {}
         return {i: held[k] for i, k in enumerate(self.keys) if k in held}
 
-    def set_compression_residuals(self, data):
+    def set_compression_residuals(self, data: dict) -> None:
         """Take back what compression_residuals() gave."""
         if data:
             self.store.set_compression_residuals({self.keys[i]: r for i, r in data.items()})
 
 
-def train_batch(X, y, net, loss, trainer, devices):
+def train_batch(X: torch.Tensor, y: torch.Tensor, net: torch.nn.Module, loss: torch.nn.Module,
+                trainer: 'Trainer', devices: list[torch.device]) -> tuple[float, int]:
     """Train on one batch (steps 1 to 7); returns (sum of losses, number correct).
 
     loss must give one value per example, e.g. nn.CrossEntropyLoss(reduction='none').

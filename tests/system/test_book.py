@@ -6,7 +6,8 @@ to every chapter, saves a screenshot of each under test-artifacts/, and checks w
 reader sees there: the chapter's number in its headings, numbered and captioned figures
 (plots and diagrams, in one sequence) that load,
 math drawn, every finished %launch as its summary (never a dashboard caught
-'starting'), no raw d2l markup, no error, and nothing fetched from anywhere.
+'starting'), no raw d2l markup, no error, and nothing fetched from anywhere. The front page
+leads to the API reference (pdoc) built beside the chapters.
 """
 import os
 import re
@@ -81,6 +82,16 @@ def test_every_chapter_reads_right(page, site):
     assert page.errors == []
     fetched = [u for u in page.requests if not u.startswith(('file:', 'data:'))]
     assert fetched == []                                   # nothing from the network
+
+
+@pytest.mark.slow
+def test_the_front_page_leads_to_the_api_reference(site):
+    """pdoc's pages beside the chapters (tests/unit/test_packaging.py checks what they hold)."""
+    front = site.read_text()
+    for name in ('d2ldist', 'd2ldist/horovod', 'd2ldist/kv'):
+        assert f'href="api/{name}.html"' in front
+        assert (site.parent / 'api' / f'{name}.html').is_file()
+    assert '<section id="allreduce">' in (site.parent / 'api' / 'd2ldist.html').read_text()
 
 
 def check_chapter(page, number):

@@ -1,5 +1,6 @@
 """The package as a reader gets it: build the wheel, install it into a fresh venv, and use
-it from a folder that is not the clone, with no PYTHONPATH.
+it from a folder that is not the clone, with no PYTHONPATH. torchvision is not installed
+(it is the extra d2ldist[vision]): CIFAR-10 says which extra in one line, the rest runs.
 
 The venv is a real one (``python -m venv``, no system site-packages, nothing of the clone
 on its path) and the wheel's dependencies are really installed, torch and CUDA's
@@ -56,6 +57,19 @@ def chapter_cells(path):
     launch = next(i for i, c in enumerate(code) if '%launch' in c.source)
     return [c.source for c in code[:launch + 2]]
 
+
+CIFAR10_WITHOUT_TORCHVISION = """
+import importlib.metadata, importlib.resources, importlib.util
+import d2ldist
+print('torchvision', importlib.util.find_spec('torchvision'))
+try:
+    d2ldist.load_data_cifar10(2, 'data')
+except ImportError as e:
+    print(f'ImportError: {e}')
+print('py.typed', importlib.resources.files('d2ldist').joinpath('py.typed').is_file())
+print('vision', [r.split(';')[0].strip() for r in importlib.metadata.requires('d2ldist')
+                 if 'extra == "vision"' in r])
+"""
 
 VENV_BYTES = 7 * 2**30      # torch and CUDA's libraries, with room to spare
 
@@ -119,6 +133,16 @@ def test_the_wheel_installs_and_runs_a_job_and_a_chapter_outside_the_tree(tmp_pa
         where = run([python, '-c', 'import d2ldist; print(d2ldist.__file__)'],
                     tmp_path / 'where.log', timeout=60, cwd=work, env=env)
         assert where.startswith(str(venv / 'lib')), where
+
+        # torchvision is the extra d2ldist[vision]: not installed here, and CIFAR-10 says so
+        # in one line; the metadata and py.typed as a type checker finds them
+        cifar = subprocess.run([python, '-c', CIFAR10_WITHOUT_TORCHVISION], capture_output=True,
+                               text=True, cwd=work, env=env, timeout=120)
+        assert cifar.returncode == 0, cifar.stderr[-2000:]
+        assert cifar.stdout.splitlines() == [
+            'torchvision None', "ImportError: CIFAR-10 is read through torchvision, which is "
+            "not installed: pip install 'd2ldist[vision]'", 'py.typed True',
+            "vision ['torchvision>=0.16']"]
 
         # 3. the commands: d2l-book, the examples' list, a 2-worker job with d2l-launch
         out = run([bin_ / 'd2l-book', 'book'], tmp_path / 'book.log', timeout=60,

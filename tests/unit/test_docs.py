@@ -490,7 +490,8 @@ def test_citation_agrees_with_pyproject():
     assert cff['cff-version'] == '1.2.0'
     assert {'cff-version', 'message', 'title', 'authors'} <= set(cff)
     assert cff['title'] == PYPROJECT['project']['name'] == 'd2ldist'
-    assert cff['version'] == PYPROJECT['project']['version']
+    assert PYPROJECT['project']['dynamic'] == ['version']      # d2ldist.__version__, once
+    assert cff['version'] == importlib.import_module('d2ldist').__version__
     assert cff['license'] == PYPROJECT['project']['license']
     assert cff['authors'] == [{'name': 'The d2ldist authors'}]
     assert re.fullmatch(r'\d{4}-\d{2}-\d{2}', str(cff['date-released']))
