@@ -234,6 +234,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     p.grad.zero_()
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
+    @torch.no_grad()
+    def refresh_shards(self):
+        """This worker's shards of the weights cut again from the parameters (after new
+        values were loaded into them: ``d2ldist.checkpoint.load``)."""
+        for bucket, shard in zip(self.buckets, self.shards):
+            shard.copy_(self._my_shard(bucket))
+
     def state_dict(self):
         return self.optimizer.state_dict()
 
