@@ -167,12 +167,17 @@ class OptimizerPart:
         return found
 
     def prepare(self, manifest):
-        """Before its slots are filled: a state for every parameter where the checkpoint
-        has one (made by a step on zero gradients), none where it has none."""
-        if not any(k.startswith(f'{self.key}.state.') for k in manifest['tensors']):
-            self.inner.state.clear()
-        elif any(p not in self.inner.state for p in self.params()):
+        """Before its slots are filled: a state for each parameter the checkpoint holds
+        one for (made by a step on zero gradients, then overwritten), none for the others."""
+        prefix = f'{self.key}.state.'
+        saved = {k[len(prefix):] for k in [*manifest['tensors'], *manifest['values']]
+                 if k.startswith(prefix)}
+        held = [p for p in self.params() if any(
+            s.startswith(f'{k}.') for k in self.flats[id(p)].keys for s in saved)]
+        if any(p not in self.inner.state for p in held):
             initialize_state(self.inner, [p for p in self.params() if p.is_floating_point()])
+        for p in set(self.params()) - set(held):
+            self.inner.state.pop(p, None)
 
     def restore(self, values):
         """The groups' settings and the state's other values; ZeRO's shards of the weights

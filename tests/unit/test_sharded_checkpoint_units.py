@@ -140,3 +140,23 @@ def test_every_way_of_training_saves_the_same_state(tmp_path):
     assert len(set(shas)) == 1
     net, opt = make(2, mlp(seed=1))
     assert d2ldist.checkpoint.load({'model': net, 'optimizer': opt}, tmp_path / '3') == shas[0]
+
+
+def test_what_cannot_be_saved_or_loaded_is_one_line(tmp_path):
+    """An optimizer without its module, a value JSON cannot hold; a load into another
+    kind of optimizer; and a parameter without state (unused) stays without."""
+    net = torch.nn.ModuleDict({'used': torch.nn.Linear(3, 2), 'unused': torch.nn.Linear(2, 2)})
+    adam = torch.optim.Adam(net.parameters(), lr=0.1)
+    net['used'](torch.ones(4, 3)).sum().backward()
+    adam.step()
+    with pytest.raises(TypeError, match='^the parameters of o are in no module of the state'):
+        d2ldist.checkpoint.save({'o': adam}, tmp_path)
+    with pytest.raises(TypeError, match='^a checkpoint holds modules, .*not JSON serializable$'):
+        d2ldist.checkpoint.save({'m': net, 'x': object()}, tmp_path)
+    sha = d2ldist.checkpoint.save({'m': net, 'o': adam}, tmp_path)
+    again = torch.optim.Adam(net.parameters(), lr=0.5)
+    assert d2ldist.checkpoint.load({'m': net, 'o': again}, tmp_path) == sha
+    assert len(again.state) == 2 and again.param_groups[0]['lr'] == 0.1
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(CheckpointError, match=r'holds no o\.state\.m\.used\.weight\.momentum_buffer$'):
+        d2ldist.checkpoint.load({'m': net, 'o': sgd}, tmp_path)
