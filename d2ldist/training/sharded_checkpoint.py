@@ -99,7 +99,24 @@ def itemsize(name):
 
 
 # -- what each kind of entry of the state holds ------------------------------------------
-class ModulePart:
+class Part:
+    """An entry of the state: the Slots it holds here, its plain values; before a load
+    fills its slots, ``prepare``; after, ``restore`` what is not in them."""
+
+    def slots(self):
+        return []
+
+    def values(self):
+        return {}
+
+    def prepare(self, manifest):
+        """(Nothing to make before the slots are filled.)"""
+
+    def restore(self, values):
+        """(Nothing but the slots to load.)"""
+
+
+class ModulePart(Part):
     """A module: each unit of shard_module one Flat (its shard held), every other tensor
     of its state_dict alone (held whole). ``flats``: by each parameter, its Flat."""
 
@@ -119,17 +136,9 @@ class ModulePart:
     def slots(self):
         return [s for flat, t in self.held for s in flat.slots(t, self.rank)]
 
-    def values(self):
-        return {}
-
-    def prepare(self, manifest):
-        pass
-
-    def restore(self, values):
-        pass
 
 
-class OptimizerPart:
+class OptimizerPart(Part):
     """An optimizer: each parameter's state tensors cut as the parameter's Flat is (a
     ZeRO bucket's, a unit's, or the parameter alone); its groups' settings as values."""
 
@@ -187,13 +196,14 @@ class OptimizerPart:
         if groups is None or [g['params'] for g in groups] != [g['params'] for g in mine]:
             raise CheckpointError(f'the checkpoint\'s {self.key} has other parameter groups '
                                   'than this optimizer')
-        for group, saved in zip(self.inner.param_groups, groups):
-            for k, v in saved.items():
+        for group, theirs in zip(self.inner.param_groups, groups):
+            for k, v in theirs.items():
                 if k != 'params':
                     group[k] = tuple(v) if isinstance(group.get(k), tuple) else v
         for p, flat, name, value in self.entries():
             if not torch.is_tensor(value):
-                self.inner.state[p][name] = values[f'{self.key}.state.{flat.keys[0]}.{name}']
+                key = f'{self.key}.state.{flat.keys[0]}.{name}'
+                self.inner.state[p][name] = saved(values, key)
         if isinstance(self.optimizer, ShardedOptimizer):
             self.optimizer.refresh_shards()
 
@@ -206,7 +216,7 @@ def flat_of(flats, param, key):
     return flats[id(param)]
 
 
-class TensorPart:
+class TensorPart(Part):
     """A tensor of the state: held whole, loaded in place."""
 
     def __init__(self, key, tensor, rank):
@@ -215,31 +225,17 @@ class TensorPart:
     def slots(self):
         return self.flat.slots(self.tensor.detach(), self.rank)
 
-    def values(self):
-        return {}
-
-    def prepare(self, manifest):
-        pass
-
-    def restore(self, values):
-        pass
 
 
-class ValuePart:
+class ValuePart(Part):
     """A plain value of the state (a number, a string, lists and dicts of them): in the
     manifest; a load puts the saved one in its place in the state."""
 
     def __init__(self, key, state):
         self.key, self.state = key, state
 
-    def slots(self):
-        return []
-
     def values(self):
         return {self.key: self.state[self.key]}
-
-    def prepare(self, manifest):
-        pass
 
     def restore(self, values):
         self.state[self.key] = saved(values, self.key)

@@ -58,7 +58,8 @@ def test_a_missing_tensor_or_another_shape_is_one_line(tmp_path):
     (tmp_path / 'manifest.json').write_text(json.dumps(
         manifest([[s.row() for s in layout.slots(held, 0)]], {}, 'sha')))
     other = Flat(['a', 'e'], [(5, 7), (1,)], 0, 36, whole=True)
-    with pytest.raises(CheckpointError, match=r'^a is of shape \(7, 5\) in .*, and \(5, 7\) here$'):
+    with pytest.raises(CheckpointError,
+                       match=r'^a is of shape \(7, 5\) in .*, and \(5, 7\) here$'):
         fill(other.slots(torch.zeros(36), 0), read_manifest(tmp_path), tmp_path)
     with pytest.raises(CheckpointError, match=r'holds no e$'):
         fill(Flat.alone('e', torch.zeros(1)).slots(torch.zeros(1), 0),
@@ -158,5 +159,6 @@ def test_what_cannot_be_saved_or_loaded_is_one_line(tmp_path):
     assert d2ldist.checkpoint.load({'m': net, 'o': again}, tmp_path) == sha
     assert len(again.state) == 2 and again.param_groups[0]['lr'] == 0.1
     sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    with pytest.raises(CheckpointError, match=r'holds no o\.state\.m\.used\.weight\.momentum_buffer$'):
+    with pytest.raises(CheckpointError,
+                       match=r'holds no o\.state\.m\.used\.weight\.momentum_buffer$'):
         d2ldist.checkpoint.load({'m': net, 'o': sgd}, tmp_path)
