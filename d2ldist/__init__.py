@@ -72,7 +72,7 @@ __all__ = ['BACKENDS', 'barrier', 'cross_rank', 'cross_size', 'init', 'is_initia
            *_LAZY]
 _LAZY_MODULES = {'kv': 'kv', 'horovod': 'horovod', 'timeline': 'timeline',
                  'elastic': 'collectives.elastic',
-                 'checkpoint': 'training.checkpoint'}
+                 'checkpoint': 'training.sharded_checkpoint'}
 def __getattr__(name):
     """Load the heavy parts (torch) on first use, then keep them as module attributes."""
     import importlib

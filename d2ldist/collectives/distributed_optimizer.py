@@ -61,7 +61,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     if size() == 1:
         return
     if not optimizer.state:   # make the state (momenta, ...) exist on every worker
-        _initialize_state(optimizer)
+        initialize_state(optimizer)
     tensors, settings = [], []   # settings: the dicts whose other entries are sent
     for group in optimizer.param_groups:
         settings.append(group)
@@ -77,11 +77,13 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
 
 
 @torch.no_grad()
-def _initialize_state(optimizer):
-    """One step with zero gradients creates the state; the parameters are restored and
-    keep a zero gradient where they had none (as Horovod's: ``.grad`` is a tensor after)."""
-    params = [p for g in optimizer.param_groups for p in g['params']
-              if p.requires_grad and p.is_floating_point()]   # (integer ones have no grad)
+def initialize_state(optimizer, params=None):
+    """One step with zero gradients creates the state of ``params`` (default: those that
+    train); they are restored and keep a zero gradient where they had none (as Horovod's:
+    ``.grad`` is a tensor after)."""
+    if params is None:
+        params = [p for g in optimizer.param_groups for p in g['params']
+                  if p.requires_grad and p.is_floating_point()]   # (integer ones have no grad)
     saved = [(p.clone(), p.grad) for p in params]
     inner = getattr(optimizer, 'optimizer', optimizer)
     sparse = isinstance(inner, torch.optim.SparseAdam)   # (it takes sparse gradients only)

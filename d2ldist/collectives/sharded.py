@@ -9,7 +9,8 @@ its bucket), steps the shards, and all-gathers them into every worker's weights:
 all-reduce cut in its two halves (``ring.py``), the same bytes, Adam's state 1/N.
 
 A parameter that gets no gradient in a step counts as zero there (as in
-DistributedOptimizer's buckets). Each worker's ``state_dict()`` is its own shard's.
+DistributedOptimizer's buckets). Each worker's ``state_dict()`` is its own shard's;
+``d2ldist.checkpoint`` saves every worker's, and loads them on any number of workers.
 Stage 3, the weights sharded too, is ``sharded_module.py``. At the end of this file,
 what a worker holds: counted (``memory_by_kind``, ``MemoryPeak``), and as the paper
 counts it (``paper_memory``).
@@ -237,6 +238,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 else:
                     p.grad.zero_()
         self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def refresh_shards(self) -> None:
+        """This worker's shards of the weights cut again from the parameters (after new
+        values were loaded into them: ``d2ldist.checkpoint.load``)."""
+        for bucket, shard in zip(self.buckets, self.shards):
+            shard.copy_(self._my_shard(bucket))
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()

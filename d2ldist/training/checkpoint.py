@@ -49,12 +49,17 @@ def write_file(path, state):
     torch.save(state, buffer)
     data = buffer.getbuffer()
     digest = hashlib.sha256(data).hexdigest().encode()
-    header = b'd2ldist-checkpoint %d sha256=%s\n' % (FORMAT, digest)
+    replace_file(path, b'd2ldist-checkpoint %d sha256=%s\n' % (FORMAT, digest), data)
+
+
+def replace_file(path, *data):
+    """Write the bytes ``data`` into ``path``, whole or not at all: a temporary file,
+    fsync, rename, and the folder's fsync."""
     tmp = path.with_name(f'{path.name}.tmp{os.getpid()}')
     try:
         with open(tmp, 'wb') as f:
-            f.write(header)
-            f.write(data)
+            for part in data:
+                f.write(part)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

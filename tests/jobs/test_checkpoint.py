@@ -1,5 +1,7 @@
 """Checkpoints of whole jobs (training/checkpoint.py): a job stopped by a failure and
-started again with the same checkpoint folder goes on bit for bit, as if it never stopped."""
+started again with the same checkpoint folder goes on bit for bit, as if it never stopped.
+At the end, d2ldist.checkpoint (training/sharded_checkpoint.py): ZeRO saved by 3 workers
+and resumed by 2."""
 import json
 import os
 import re
@@ -7,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from support import IN_CI, ROOT, need, run_launch, run_torchrun, wait_no_survivors
 from d2ldist.timeline import load
@@ -253,3 +256,38 @@ def test_under_torchrun_a_stopped_job_resumes_bit_for_bit(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f'resumed from {tmp_path / "ckpt"}/step-{whole[-1]:08d}' in again.stdout + again.stderr
     assert sorted(re.findall(r'FINAL (.*)', again.stdout)) == sorted(plain)
+
+
+# -- d2ldist.checkpoint: sharded training saved by N workers, resumed by M -------------------
+SHARDED_JOB = ROOT / 'tests' / 'jobs' / 'sharded_checkpoint_job.py'
+
+
+def sharded_job(n, stage, folder, *save_at):
+    """The ZeRO job on the ring with n workers, to step 8; its output and RESULT records."""
+    r = run_launch('-n', n, '-s', 0, '--timeout', 90, sys.executable, SHARDED_JOB, stage,
+                   folder, 8, *save_at, timeout=120)
+    assert wait_no_survivors(r.tag) == []
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    found = [json.loads(line) for line in re.findall(r'RESULT (.*)', r.stdout)]
+    assert sorted(f['rank'] for f in found) == list(range(n))
+    return r.stdout + r.stderr, found
+
+
+def test_zero_stage_2_saved_by_3_workers_resumes_on_2(tmp_path):
+    """3 workers save at step 4 and go on to step 8; 2 workers load it and go on to step
+    8 from there: the whole state's SHA-256 at the load is the save's, and both end with
+    the same weights (up to float64's rounding: 2 workers sum in another order)."""
+    out, three = sharded_job(3, 2, tmp_path, '--save-at', 4)
+    saved = re.findall(rf'checkpoint saved in {tmp_path} by 3 workers: state sha256 '
+                       r'([0-9a-f]{64})', out)
+    assert len(saved) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == \
+        ['manifest.json', 'shard-0-of-3.ckpt', 'shard-1-of-3.ckpt', 'shard-2-of-3.ckpt']
+    out, two = sharded_job(2, 2, tmp_path)
+    assert re.findall(rf'checkpoint loaded from {tmp_path} \(saved by 3 workers\) by 2 '
+                      r'workers: state sha256 ([0-9a-f]{64})', out) == saved
+    assert {f['began'] for f in two} == {4} and {f['began'] for f in three} == {0}
+    for f in two:
+        for name, w in f['weights'].items():
+            assert torch.allclose(torch.tensor(w), torch.tensor(three[0]['weights'][name]),
+                                  rtol=1e-10, atol=1e-13)

@@ -175,7 +175,8 @@ def test_the_flat_collectives_alone_and_their_one_line_error():
 
 
 class ThreadWorkers:
-    """N workers as threads: the two flat collectives over memory, each thread its rank."""
+    """N workers as threads: the two flat collectives and allgather over memory, each
+    thread its rank."""
 
     def __init__(self, n):
         self.n, self.slots, self.here = n, [None] * n, threading.Barrier(n, timeout=60)
@@ -188,6 +189,9 @@ class ThreadWorkers:
 
     def all_gather_flat_(self, flat, shard):
         return flat.copy_(torch.cat(self._exchange(shard)))
+
+    def allgather(self, tensor):
+        return torch.cat(self._exchange(tensor))
 
     def _exchange(self, tensor):
         """Every worker's tensor, in rank order."""

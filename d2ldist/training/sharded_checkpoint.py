@@ -1,0 +1,441 @@
+"""Checkpoints of sharded training, written by N workers and read back by any number.
+
+``save(state, folder)`` and ``load(state, folder)``, as ``torch.distributed.checkpoint``'s:
+``state`` is a dict of modules, optimizers (a torch optimizer, Horovod's
+``DistributedOptimizer``, ZeRO's ``ShardedOptimizer``, or a torch optimizer over
+``shard_module``'s shards), tensors and plain values (numbers, strings, lists, dicts).
+Every worker calls both.
+
+Each tensor is named as if nothing were sharded (``model.0.weight``,
+``optimizer.state.model.0.weight.exp_avg``). A worker writes the pieces it holds (its
+shard; a tensor all workers hold whole: worker 0 alone) into its own file, and worker 0
+writes ``manifest.json``: the number of workers, each piece's owner and range, the plain
+values. A load cuts the pieces again for its own layout: any number of workers, any
+stage. At both, worker 0 prints the SHA-256 of the whole state in a canonical order.
+
+The layout, and why: docs/design/sharded_checkpoints.md.
+"""
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..collectives import world
+from ..collectives.distributed_optimizer import DistributedOptimizer, initialize_state
+from ..collectives.sharded import ShardedOptimizer
+from ..collectives.sharded_module import units_of
+from ..lines import say
+from .checkpoint import CheckpointError, read_file, replace_file, write_file
+
+FORMAT = 1
+MANIFEST = 'manifest.json'
+
+
+class Slot:
+    """Elements ``start``..``end`` of the tensor ``key`` (of ``shape``, flattened), held
+    here in ``view``; ``written``: by this worker (one that all hold whole: by worker 0)."""
+
+    def __init__(self, key, shape, start, end, view, written):
+        self.key, self.shape, self.start, self.end = key, tuple(shape), start, end
+        self.view, self.written = view, written
+
+    def row(self):
+        """What the manifest records of it: key, dtype, shape, start, end."""
+        return [self.key, dtype_name(self.view.dtype), list(self.shape), self.start, self.end]
+
+    def data(self):
+        """Its elements' bytes."""
+        return self.view.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+
+
+class Flat:
+    """Tensors back to back in one flat vector (a ZeRO bucket or unit; or one tensor
+    alone, ``whole``), of which this worker holds elements [start, start + length)."""
+
+    def __init__(self, keys, shapes, start, length, whole):
+        self.keys, self.shapes = list(keys), [tuple(s) for s in shapes]
+        self.start, self.length, self.whole = start, length, whole
+
+    @classmethod
+    def alone(cls, key, tensor):
+        return cls([key], [tensor.shape], 0, tensor.numel(), whole=True)
+
+    def pieces(self):
+        """(key, shape, start, end, offset in the part held) of each tensor held here."""
+        found, offset = [], 0
+        for key, shape in zip(self.keys, self.shapes):
+            numel = math.prod(shape)
+            lo, hi = max(self.start, offset), min(self.start + self.length, offset + numel)
+            if lo < hi:
+                found.append((key, shape, lo - offset, hi - offset, lo - self.start))
+            offset += numel
+        return found
+
+    def slots(self, held, rank, prefix='', suffix=''):
+        """The Slots of ``held``: this worker's part of the flat vector, or a state tensor
+        shaped like it; anything else (Adam's step) belongs whole to each of its tensors."""
+        written = rank == 0 or not self.whole
+        if held.dim() > 0 and held.numel() == self.length:
+            flat = held.view(-1)
+            return [Slot(prefix + key + suffix, shape, a, b, flat[at:at + b - a], written)
+                    for key, shape, a, b, at in self.pieces()]
+        return [Slot(prefix + key + suffix, held.shape, 0, held.numel(), held.view(-1),
+                     rank == 0) for key in self.keys]
+
+
+def dtype_name(dtype):
+    return str(dtype).removeprefix('torch.')
+
+
+def itemsize(name):
+    """The bytes of an element of the dtype called ``name`` (a manifest's: checked)."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointError(f'unknown dtype {name!r} in a checkpoint')
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+# -- what each kind of entry of the state holds ------------------------------------------
+class Part:
+    """An entry of the state: the Slots it holds here, its plain values; before a load
+    fills its slots, ``prepare``; after, ``restore`` what is not in them."""
+
+    def slots(self):
+        return []
+
+    def values(self):
+        return {}
+
+    def prepare(self, manifest):
+        """(Nothing to make before the slots are filled.)"""
+
+    def restore(self, values):
+        """(Nothing but the slots to load.)"""
+
+
+class ModulePart(Part):
+    """A module: each unit of shard_module one Flat (its shard held), every other tensor
+    of its state_dict alone (held whole). ``flats``: by each parameter, its Flat."""
+
+    def __init__(self, key, module, rank):
+        self.rank, self.held, self.flats = rank, [], {}
+        for unit in units_of(module):
+            k = unit.shard.numel()
+            flat = Flat([f'{key}.{n}' for n in unit.names], unit.shapes, rank * k, k, False)
+            self.held.append((flat, unit.shard.detach()))
+            self.flats[id(unit.shard)] = flat
+        for name, t in module.state_dict(keep_vars=True).items():
+            if id(t) not in self.flats:
+                flat = Flat.alone(f'{key}.{name}', t)
+                self.held.append((flat, t.detach()))
+                self.flats[id(t)] = flat
+
+    def slots(self):
+        return [s for flat, t in self.held for s in flat.slots(t, self.rank)]
+
+
+
+class OptimizerPart(Part):
+    """An optimizer: each parameter's state tensors cut as the parameter's Flat is (a
+    ZeRO bucket's, a unit's, or the parameter alone); its groups' settings as values."""
+
+    def __init__(self, key, optimizer, flats, rank):
+        self.key, self.optimizer, self.rank = key, optimizer, rank
+        wrapped = isinstance(optimizer, (DistributedOptimizer, ShardedOptimizer))
+        self.inner = optimizer.optimizer if wrapped else optimizer
+        if isinstance(optimizer, ShardedOptimizer):     # its buckets' shards
+            flats = {id(shard): Flat([flat_of(flats, p, key).keys[0] for p in bucket.params],
+                                     [p.shape for p in bucket.params],
+                                     bucket.shard(optimizer.rank)[0], bucket.shard_numel, False)
+                     for bucket, shard in zip(optimizer.buckets, optimizer.shards)}
+        self.flats = {id(p): flat_of(flats, p, key) for p in self.params()}
+
+    def params(self):
+        return [p for g in self.inner.param_groups for p in g['params']]
+
+    def entries(self):
+        """(parameter, its Flat, name, value) of each entry of each parameter's state."""
+        return [(p, self.flats[id(p)], name, value) for p in self.params()
+                for name, value in self.inner.state.get(p, {}).items()]
+
+    def slots(self):
+        return [s for _, flat, name, value in self.entries() if torch.is_tensor(value)
+                for s in flat.slots(value.detach(), self.rank, f'{self.key}.state.', f'.{name}')]
+
+    def values(self):
+        found = {f'{self.key}.state.{k}.{name}': value
+                 for _, flat, name, value in self.entries() if not torch.is_tensor(value)
+                 for k in flat.keys}
+        found[f'{self.key}.param_groups'] = [
+            {**{k: v for k, v in g.items() if k != 'params'},
+             'params': sorted(k for p in g['params'] for k in self.flats[id(p)].keys)}
+            for g in self.inner.param_groups]
+        return found
+
+    def prepare(self, manifest):
+        """Before its slots are filled: a state for each parameter the checkpoint holds
+        one for (made by a step on zero gradients, then overwritten), none for the others."""
+        prefix = f'{self.key}.state.'
+        saved = {k[len(prefix):] for k in [*manifest['tensors'], *manifest['values']]
+                 if k.startswith(prefix)}
+        held = [p for p in self.params() if any(
+            s.startswith(f'{k}.') for k in self.flats[id(p)].keys for s in saved)]
+        if any(p not in self.inner.state for p in held):
+            initialize_state(self.inner, [p for p in self.params() if p.is_floating_point()])
+        for p in set(self.params()) - set(held):
+            self.inner.state.pop(p, None)
+
+    def restore(self, values):
+        """The groups' settings and the state's other values; ZeRO's shards of the weights
+        cut again from the weights loaded."""
+        key = f'{self.key}.param_groups'
+        groups, mine = values.get(key), self.values()[key]
+        if groups is None or [g['params'] for g in groups] != [g['params'] for g in mine]:
+            raise CheckpointError(f'the checkpoint\'s {self.key} has other parameter groups '
+                                  'than this optimizer')
+        for group, theirs in zip(self.inner.param_groups, groups):
+            for k, v in theirs.items():
+                if k != 'params':
+                    group[k] = tuple(v) if isinstance(group.get(k), tuple) else v
+        for p, flat, name, value in self.entries():
+            if not torch.is_tensor(value):
+                key = f'{self.key}.state.{flat.keys[0]}.{name}'
+                self.inner.state[p][name] = saved(values, key)
+        if isinstance(self.optimizer, ShardedOptimizer):
+            self.optimizer.refresh_shards()
+
+
+def flat_of(flats, param, key):
+    """A parameter's Flat, from the modules of the state (one line if none holds it)."""
+    if id(param) not in flats:
+        raise TypeError(f'the parameters of {key} are in no module of the state: save the '
+                        'module beside its optimizer')
+    return flats[id(param)]
+
+
+class TensorPart(Part):
+    """A tensor of the state: held whole, loaded in place."""
+
+    def __init__(self, key, tensor, rank):
+        self.flat, self.tensor, self.rank = Flat.alone(key, tensor), tensor, rank
+
+    def slots(self):
+        return self.flat.slots(self.tensor.detach(), self.rank)
+
+
+
+class ValuePart(Part):
+    """A plain value of the state (a number, a string, lists and dicts of them): in the
+    manifest; a load puts the saved one in its place in the state."""
+
+    def __init__(self, key, state):
+        self.key, self.state = key, state
+
+    def values(self):
+        return {self.key: self.state[self.key]}
+
+    def restore(self, values):
+        self.state[self.key] = saved(values, self.key)
+
+
+def saved(values, key):
+    """The manifest's value of ``key`` (one line if it has none)."""
+    if key not in values:
+        raise CheckpointError(f'the checkpoint holds no {key}')
+    return values[key]
+
+
+def parts_of(state, rank):
+    """A part for each entry of ``state``: the modules first (the optimizers find their
+    parameters' names in them), then optimizers, tensors and plain values."""
+    if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
+        raise TypeError('a checkpoint\'s state is a dict by names (str): of modules, '
+                        'optimizers, tensors and plain values')
+    modules = [ModulePart(k, v, rank) for k, v in state.items() if isinstance(v, nn.Module)]
+    flats = {i: flat for m in modules for i, flat in m.flats.items()}
+    others = [OptimizerPart(k, v, flats, rank) if isinstance(v, torch.optim.Optimizer)
+              else TensorPart(k, v, rank) if torch.is_tensor(v) else ValuePart(k, state)
+              for k, v in state.items() if not isinstance(v, nn.Module)]
+    return modules + others
+
+
+def contents(parts):
+    """Every Slot the parts hold here, and their values as plain JSON (tuples as lists)."""
+    values = {k: v for part in parts for k, v in part.values().items()}
+    try:
+        values = json.loads(json.dumps(values))
+    except (TypeError, ValueError) as e:
+        raise TypeError(f'a checkpoint holds modules, optimizers, tensors and plain values '
+                        f'(numbers, strings, lists, dicts): {e}') from None
+    return [s for part in parts for s in part.slots()], values
+
+
+# -- among the workers ----------------------------------------------------------------------
+def allgather_bytes(data):
+    """Every worker's bytes, by rank: the lengths, then the bytes, gathered."""
+    backend = world.backend()
+    lengths = world.run(backend.allgather, torch.tensor([len(data)])).wait().tolist()
+    mine = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data \
+        else torch.zeros(0, dtype=torch.uint8)
+    everything = world.run(backend.allgather, mine).wait().numpy().tobytes()
+    ends = [sum(lengths[:r + 1]) for r in range(len(lengths))]
+    return [everything[end - n:end] for n, end in zip(lengths, ends)]
+
+
+def agree(error, rows=()):
+    """Every worker's rows of the manifest, by rank, once every one has got this far; if
+    one failed (``error``: what went wrong there), a CheckpointError on all."""
+    told = [json.loads(b) for b in allgather_bytes(json.dumps([error, list(rows)]).encode())]
+    for r, (why, _) in enumerate(told):
+        if why is not None:
+            raise CheckpointError(why if r == world.backend().rank else f'worker {r}: {why}')
+    return [rows for _, rows in told]
+
+
+def digest(mine, values, table):
+    """The SHA-256 of the whole state: every worker's pieces gathered (``table``: their
+    rows), each tensor whole, by key in sorted order (key, dtype, shape, then its
+    bytes), then the values as JSON with sorted keys."""
+    whole = {}
+    for rows, data in zip(table, allgather_bytes(b''.join(s.data() for s in mine))):
+        at = 0
+        for key, dtype, shape, start, end in rows:
+            size = itemsize(dtype)
+            _, _, buffer = whole.setdefault(key, (dtype, shape,
+                                                  bytearray(math.prod(shape) * size)))
+            buffer[start * size:end * size] = data[at:at + (end - start) * size]
+            at += (end - start) * size
+    sha = hashlib.sha256()
+    for key in sorted(whole):
+        dtype, shape, buffer = whole[key]
+        sha.update(json.dumps([key, dtype, shape]).encode())
+        sha.update(buffer)
+    sha.update(json.dumps(values, sort_keys=True).encode())
+    return sha.hexdigest()
+
+
+# -- save and load ---------------------------------------------------------------------------
+def save(state, directory):
+    """Save ``state`` into the folder ``directory``: each worker its own pieces, worker 0
+    the manifest, last. Every worker calls it; each gets the SHA-256 of the whole state."""
+    backend, folder = world.backend(), Path(directory)
+    rank, size = backend.rank, backend.size
+    slots, values = contents(parts_of(state, rank))
+    mine, error = [s for s in slots if s.written], None
+    try:
+        if rank == 0:                 # (until its new manifest is written: no checkpoint)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / MANIFEST).unlink(missing_ok=True)
+        agree(None)
+        write_file(folder / shard_file(rank, size),
+                   {s.key: s.view.detach().to('cpu', copy=True) for s in mine})
+    except OSError as e:
+        error = f'checkpoint not saved in {folder}: {e.strerror or e}'
+    table = agree(error, [s.row() for s in mine])
+    sha = digest(mine, values, table)
+    if rank == 0:
+        try:
+            write_manifest(folder, manifest(table, values, sha))
+        except OSError as e:
+            error = f'checkpoint not saved in {folder}: {e.strerror or e}'
+        else:
+            say(f'checkpoint saved in {folder} by {workers(size)}: state sha256 {sha}')
+    agree(error)
+    return sha
+
+
+def workers(n):
+    return f'{n} worker' + ('s' if n != 1 else '')
+
+
+def shard_file(rank, size):
+    return f'shard-{rank}-of-{size}.ckpt'
+
+
+def manifest(table, values, sha):
+    """The checkpoint's layout: by each tensor, its dtype, shape and pieces (owner, start,
+    end); the files; the values; the SHA-256 of the whole state."""
+    tensors = {}
+    for owner, rows in enumerate(table):
+        for key, dtype, shape, start, end in rows:
+            entry = tensors.setdefault(key, {'dtype': dtype, 'shape': shape, 'pieces': []})
+            entry['pieces'].append([owner, start, end])
+    for entry in tensors.values():
+        entry['pieces'].sort(key=lambda piece: piece[1])
+    return {'format': FORMAT, 'workers': len(table),
+            'files': [shard_file(r, len(table)) for r in range(len(table))],
+            'tensors': dict(sorted(tensors.items())), 'values': values, 'sha256': sha}
+
+
+def write_manifest(folder, layout):
+    replace_file(folder / MANIFEST, json.dumps(layout, indent=1).encode())
+
+
+def read_manifest(folder):
+    """The manifest of the checkpoint in ``folder`` (one line if there is none, or another)."""
+    try:
+        layout = json.loads((folder / MANIFEST).read_text())
+    except OSError as e:
+        raise CheckpointError(f'{folder} holds no whole checkpoint ({MANIFEST}: '
+                              f'{e.strerror})') from None
+    except ValueError:
+        raise CheckpointError(f'{folder / MANIFEST} is damaged (not JSON)') from None
+    if not isinstance(layout, dict) or layout.get('format') != FORMAT:
+        raise CheckpointError(f'{folder / MANIFEST} is not a checkpoint of format {FORMAT}')
+    if any(Path(name).name != name for name in layout['files']):
+        raise CheckpointError(f'{folder / MANIFEST} names files outside its folder')
+    return layout
+
+
+def load(state, directory):
+    """Load the checkpoint in ``directory`` into ``state``: modules, optimizers and
+    tensors in place, plain values replaced; cut for this job's workers, however many
+    saved it. Every worker calls it; each gets the SHA-256 of the whole state loaded."""
+    backend, folder = world.backend(), Path(directory)
+    parts, error = parts_of(state, backend.rank), None
+    try:
+        layout = read_manifest(folder)
+        for part in parts:
+            part.prepare(layout)
+        slots, _ = contents(parts)
+        fill(slots, layout, folder)
+        for part in parts:
+            part.restore(layout['values'])
+    except CheckpointError as e:
+        error = str(e)
+    slots, values = contents(parts)
+    mine = [s for s in slots if s.written]
+    sha = digest(mine, values, agree(error, [s.row() for s in mine]))
+    if backend.rank == 0:
+        say(f'checkpoint loaded from {folder} (saved by {workers(layout["workers"])}) by '
+            f'{workers(backend.size)}: state sha256 {sha}')
+    return sha
+
+
+def fill(slots, layout, folder):
+    """Each Slot's elements, copied from the pieces that hold them, file by file."""
+    files = {}
+    for slot in slots:
+        entry = layout['tensors'].get(slot.key)
+        if entry is None:
+            raise CheckpointError(f'the checkpoint in {folder} holds no {slot.key}')
+        if tuple(entry['shape']) != slot.shape:
+            raise CheckpointError(f'{slot.key} is of shape {tuple(entry["shape"])} in '
+                                  f'{folder}, and {slot.shape} here')
+        found = 0
+        for owner, start, end in entry['pieces']:
+            lo, hi = max(start, slot.start), min(end, slot.end)
+            if lo < hi:
+                if owner not in files:
+                    files[owner] = read_file(folder / layout['files'][owner])
+                piece = files[owner].get(slot.key)
+                if piece is None:
+                    raise CheckpointError(f'{layout["files"][owner]} holds no {slot.key}')
+                slot.view[lo - slot.start:hi - slot.start].copy_(piece[lo - start:hi - start])
+                found += hi - lo
+        if found != slot.end - slot.start:
+            raise CheckpointError(f'{folder / MANIFEST}: pieces of {slot.key} are missing')
+

@@ -1,0 +1,164 @@
+"""d2ldist.checkpoint (training/sharded_checkpoint.py) without processes: the pieces of a
+flat vector cut for N workers, written, and cut again for M; every way of training
+(Horovod's DistributedOptimizer too) writing the same state; and N workers as threads
+(ZeRO's stages 1-3) saving, M loading, the same SHA-256,
+and training on to the weights of one process on the whole batch.
+tests/jobs/test_checkpoint.py does it among real workers on the ring."""
+import json
+import math
+
+import pytest
+import torch
+
+import d2ldist
+from d2ldist.collectives.distributed_optimizer import DistributedOptimizer
+from d2ldist.collectives.sharded_module import full_weights
+from d2ldist.training.checkpoint import CheckpointError, write_file
+from d2ldist.training.sharded_checkpoint import Flat, fill, manifest, read_manifest
+
+from test_sharded_units import OPTIMIZERS, in_threads, mlp, zero
+
+SHAPES = {'a': (7, 5), 'b': (7,), 'c': (3, 7), 'd': (3,)}      # 35 + 7 + 21 + 3 = 66
+
+
+def cut(flat, n, r):
+    """Worker r's Flat of the tensors of SHAPES back to back, among n workers."""
+    k = -(-flat.numel() // n)
+    return Flat(SHAPES, SHAPES.values(), r * k, k, whole=False), \
+        torch.cat([flat, flat.new_zeros(n * k - flat.numel())])[r * k:(r + 1) * k]
+
+
+@pytest.mark.parametrize('n, m', [(3, 2), (2, 3), (4, 1), (1, 5), (3, 3)])
+def test_pieces_written_by_n_workers_are_cut_again_for_m(tmp_path, n, m):
+    flat = torch.arange(66, dtype=torch.float64)
+    table = []
+    for r in range(n):
+        layout, held = cut(flat, n, r)
+        slots = layout.slots(held, r)
+        table.append([s.row() for s in slots])
+        write_file(tmp_path / f'shard-{r}-of-{n}.ckpt', {s.key: s.view.clone() for s in slots})
+    written = manifest(table, {'step': 7}, 'sha')
+    (tmp_path / 'manifest.json').write_text(json.dumps(written))
+    layout = read_manifest(tmp_path)
+    for key, shape in SHAPES.items():     # the pieces tile each tensor, in order
+        pieces = layout['tensors'][key]['pieces']
+        assert pieces[0][1] == 0 and pieces[-1][2] == math.prod(shape)
+        assert all(a[2] == b[1] for a, b in zip(pieces, pieces[1:]))
+    again = []
+    for r in range(m):
+        layout_m, held = cut(torch.full((66,), -1.0, dtype=torch.float64), m, r)
+        fill(layout_m.slots(held, r), layout, tmp_path)
+        again.append(held)
+    assert torch.equal(torch.cat(again)[:66], flat)      # (the padding stays -1: not read)
+
+
+def test_a_missing_tensor_or_another_shape_is_one_line(tmp_path):
+    layout, held = cut(torch.zeros(66), 1, 0)
+    write_file(tmp_path / 'shard-0-of-1.ckpt', {s.key: s.view for s in layout.slots(held, 0)})
+    (tmp_path / 'manifest.json').write_text(json.dumps(
+        manifest([[s.row() for s in layout.slots(held, 0)]], {}, 'sha')))
+    other = Flat(['a', 'e'], [(5, 7), (1,)], 0, 36, whole=True)
+    with pytest.raises(CheckpointError,
+                       match=r'^a is of shape \(7, 5\) in .*, and \(5, 7\) here$'):
+        fill(other.slots(torch.zeros(36), 0), read_manifest(tmp_path), tmp_path)
+    with pytest.raises(CheckpointError, match=r'holds no e$'):
+        fill(Flat.alone('e', torch.zeros(1)).slots(torch.zeros(1), 0),
+             read_manifest(tmp_path), tmp_path)
+    with pytest.raises(CheckpointError, match=r'holds no whole checkpoint \(manifest.json: '):
+        read_manifest(tmp_path / 'nothing')
+
+
+def make(kind, net):
+    """(net, optimizer) of a way of training: ZeRO's stages 1-3, or Horovod's."""
+    if kind == 'horovod':
+        return net, DistributedOptimizer(OPTIMIZERS['adam'](list(net.parameters())))
+    return zero(kind, net, OPTIMIZERS['adam'])
+
+
+def weights(kind, net):
+    return full_weights(net) if kind == 3 else dict(net.named_parameters())
+
+
+def steps(net, opt, r, n, first, last):
+    """Global batches first..last-1 of 12 (each from its own seed), worker r's part."""
+    for step in range(first, last):
+        X = torch.randn(12, 5, generator=torch.Generator().manual_seed(step),
+                        dtype=torch.float64)
+        opt.zero_grad()
+        net(X[r * 12 // n:(r + 1) * 12 // n]).pow(2).mean().backward()
+        opt.step()
+
+
+@pytest.mark.parametrize('kind, n, m', [(1, 3, 2), (2, 3, 2), (2, 2, 3), (3, 3, 2)])
+def test_saved_by_n_threads_loaded_by_m_the_same_state_and_training_goes_on(
+        tmp_path, monkeypatch, kind, n, m, capsys):
+    nets = [mlp() for _ in range(n)]            # (torch's seed is global: not in threads)
+
+    def first(r):
+        net, opt = make(kind, nets[r])
+        steps(net, opt, r, n, 0, 3)
+        return d2ldist.checkpoint.save({'model': net, 'optimizer': opt, 'step': 3}, tmp_path)
+
+    def then(r):
+        net, opt = make(kind, mlp(seed=1))          # other weights, no state: all loaded
+        state = {'model': net, 'optimizer': opt, 'step': 0}
+        sha = d2ldist.checkpoint.load(state, tmp_path)
+        steps(net, opt, r, m, state['step'], 5)
+        return sha, weights(kind, net)
+
+    saved = in_threads(n, monkeypatch, first)
+    loaded = in_threads(m, monkeypatch, then)
+    assert len(set(saved)) == 1 and {sha for sha, _ in loaded} == set(saved)
+    assert sorted(p.name for p in tmp_path.iterdir()) == \
+        ['manifest.json'] + [f'shard-{r}-of-{n}.ckpt' for r in range(n)]
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.rsplit(' ', 1)[1] for line in lines if 'state sha256' in line] == saved[:1] * 2
+    plain = mlp()
+    expected = train_steps(plain)
+    for _, got in loaded:
+        assert all(torch.allclose(got[name], p, rtol=1e-10, atol=1e-13)
+                   for (name, _), p in zip(plain.named_parameters(), expected))
+
+
+def train_steps(net):
+    """Adam on the whole global batches 0..4, in one process."""
+    opt = OPTIMIZERS['adam'](list(net.parameters()))
+    steps(net, opt, 0, 1, 0, 5)
+    return [p.detach() for p in net.parameters()]
+
+
+def test_every_way_of_training_saves_the_same_state(tmp_path):
+    """Alone, the same steps: ZeRO's stages, Horovod's and the plain optimizer write the
+    same tensors under the same names (their SHA-256 equal): one checkpoint for all; and
+    stage 3's loads into stage 2."""
+    shas = []
+    for i, kind in enumerate(['plain', 1, 2, 3, 'horovod']):
+        net = mlp()
+        net, opt = (net, OPTIMIZERS['adam'](list(net.parameters()))) if kind == 'plain' \
+            else make(kind, net)
+        steps(net, opt, 0, 1, 0, 3)
+        shas.append(d2ldist.checkpoint.save({'model': net, 'optimizer': opt}, tmp_path / str(i)))
+    assert len(set(shas)) == 1
+    net, opt = make(2, mlp(seed=1))
+    assert d2ldist.checkpoint.load({'model': net, 'optimizer': opt}, tmp_path / '3') == shas[0]
+
+
+def test_what_cannot_be_saved_or_loaded_is_one_line(tmp_path):
+    """An optimizer without its module, a value JSON cannot hold; a load into another
+    kind of optimizer; and a parameter without state (unused) stays without."""
+    net = torch.nn.ModuleDict({'used': torch.nn.Linear(3, 2), 'unused': torch.nn.Linear(2, 2)})
+    adam = torch.optim.Adam(net.parameters(), lr=0.1)
+    net['used'](torch.ones(4, 3)).sum().backward()
+    adam.step()
+    with pytest.raises(TypeError, match='^the parameters of o are in no module of the state'):
+        d2ldist.checkpoint.save({'o': adam}, tmp_path)
+    with pytest.raises(TypeError, match='^a checkpoint holds modules, .*not JSON serializable$'):
+        d2ldist.checkpoint.save({'m': net, 'x': object()}, tmp_path)
+    sha = d2ldist.checkpoint.save({'m': net, 'o': adam}, tmp_path)
+    again = torch.optim.Adam(net.parameters(), lr=0.5)
+    assert d2ldist.checkpoint.load({'m': net, 'o': again}, tmp_path) == sha
+    assert len(again.state) == 2 and again.param_groups[0]['lr'] == 0.1
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(CheckpointError,
+                       match=r'holds no o\.state\.m\.used\.weight\.momentum_buffer$'):
+        d2ldist.checkpoint.load({'m': net, 'o': sgd}, tmp_path)
