@@ -3,6 +3,10 @@
     python book/build.py                     # notebooks/*.ipynb -> build/book/index.html
     python book/build.py --chapters DIR --out DIR
 
+The pages: the chapters in CHAPTERS' order, numbered 1, 2, ...; then the appendices
+(APPENDICES: the depth a first reading skips, each linked from its chapter), lettered
+A, B, ... as d2l's are.
+
 nbconvert does the work, with JupyterLab's HTML export as the page (``template/``:
 a table of contents and a way back and forth, nothing loaded from elsewhere). Before
 that, each chapter gets the book's markup that d2l's own tool would give it:
@@ -50,12 +54,13 @@ CHAPTERS = ['multi_machine_training', 'parameter_server_scratch', 'ring_allreduc
             'multimachine_resnet18', 'scaling', 'concise', 'inside_a_job',
             'communication_efficiency', 'large_batches', 'sharding', 'fault_tolerance',
             'answers']      # the book's order (README's list); the exercises' answers last
+APPENDICES = ['appendix_fsdp2']     # notebooks/appendix_*.ipynb in the book's order, after the chapters
 EXTERNAL = {'sec_resnet': ('the ResNet section of Dive into Deep Learning',
                            'https://d2l.ai/chapter_convolutional-modern/resnet.html')}
 LABEL = re.compile(r'^(?::label:`([^`]+)`|<a id="([^"]+)"></a>)\s*$', re.M)   # d2l's, or refs.py's
 NUMREF = re.compile(r':numref:`([^`]+)`')
 LINK = re.compile(r'\[([^\]]*)\]\((?:(\w+)\.ipynb)?(?:#([\w-]+))?\)')  # [text](x.ipynb#label), [text](#label)
-NUMBERED = re.compile(r'^(Section|Figure) \d+(\.\d+)*$')           # a link text the book numbers
+NUMBERED = re.compile(r'^(Section|Figure) (\d+|[A-Z])(\.\d+)*$')           # a link text the book numbers
 HEADING = re.compile(r'^(#{1,2}) (.*)$')
 NBVAL = re.compile(r'^# *NBVAL_\w+ *\n', re.M)
 PLAIN_FIGURE = re.compile(r'^<(Figure|matplotlib)\b')   # a figure's repr, not words
@@ -79,6 +84,13 @@ def markdown_lines(source):
         if line.startswith('```'):
             fenced = not fenced
         yield line, not fenced and not line.startswith('```')
+
+
+def numbered():
+    """[(name, number)] for every page in the book's order: chapters '1', '2', ...,
+    then appendices 'A', 'B', ..."""
+    return ([(name, str(i)) for i, name in enumerate(CHAPTERS, 1)] +
+            [(name, chr(ord('A') + i)) for i, name in enumerate(APPENDICES)])
 
 
 def number_headings(nb, chapter):
@@ -141,7 +153,7 @@ def _page_link(m, refs, href):
     text, name, label = m.groups()
     if name is None and label is None:
         return m.group(0)
-    if name is not None and name not in CHAPTERS:
+    if name is not None and name not in CHAPTERS + APPENDICES:
         raise SystemExit(f'book: the link {m.group(0)!r} names no chapter')
     page = f'{name}.html' if name is not None else href
     if label is None:
@@ -332,20 +344,27 @@ def page(exporter, nb, name, title, book):
 
 
 def index_notebook(titles):
-    """The front page: what the book is, and its chapters in order."""
+    """The front page: what the book is, its chapters in order, then its appendices."""
     intro = ROOT.joinpath('README.md').read_text().split('\n\n')[1]
-    toc = '\n'.join(f'{i}. [{title}]({name}.html)' for i, (name, title) in enumerate(titles, 1))
+    toc = '\n'.join(f'{i}. [{title}]({name}.html)'
+                    for i, (name, title) in enumerate(titles[:len(CHAPTERS)], 1))
+    text = f'# {TITLE}\n\n{intro}\n\n## Chapters\n\n{toc}'
+    if APPENDICES:
+        text += '\n\n## Appendices\n\n' + '\n'.join(
+            f'* [{number}. {title}]({name}.html)'
+            for (name, number), (_, title) in zip(numbered()[len(CHAPTERS):], titles[len(CHAPTERS):]))
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell(f'# {TITLE}\n\n{intro}\n\n## Chapters\n\n{toc}')]
+    nb.cells = [nbformat.v4.new_markdown_cell(text)]
     return nb
 
 
 def build(chapters_dir, out):
-    """Write index.html and one page per chapter into out; returns the pages written."""
+    """Write index.html and one page per chapter and appendix into out; returns the pages."""
     chapters_dir, out = Path(chapters_dir), Path(out)
-    nbs = [nbformat.read(chapters_dir / f'{name}.ipynb', as_version=4) for name in CHAPTERS]
+    order = numbered()
+    nbs = [nbformat.read(chapters_dir / f'{name}.ipynb', as_version=4) for name, _ in order]
     titles, refs = [], {}
-    for number, (name, nb) in enumerate(zip(CHAPTERS, nbs), 1):
+    for (name, number), nb in zip(order, nbs):
         titles.append((name, number_headings(nb, number)))
         visible_captions(nb, number)
         refs.update(number_figures(nb, number, f'{name}.html', chapters_dir))
@@ -356,7 +375,7 @@ def build(chapters_dir, out):
     pages = [out / 'index.html']
     pages[0].write_text(page(ex, index_notebook(titles), 'index', TITLE,
                              {'title': TITLE, 'prev': None, 'next': links[0]}))
-    for i, (name, nb) in enumerate(zip(CHAPTERS, nbs)):
+    for i, ((name, _), nb) in enumerate(zip(order, nbs)):
         resolve(nb, refs, f'{name}.html')
         book = {'title': TITLE, 'prev': links[i - 1] if i else None,
                 'next': links[i + 1] if i + 1 < len(links) else None}

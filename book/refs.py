@@ -22,7 +22,7 @@ repository page show as they are written. This script writes what all three show
 * 'Figure 3.2' in plain words, where that figure has a label, becomes a link to it.
 
 The numbers are the book's: chapters in build.CHAPTERS' order (README's list, answers
-last), sections by their ``##`` headings, figures in build.py's one sequence per chapter.
+last), then the appendices lettered A, B, ... (build.APPENDICES), sections by their ``##`` headings, figures in build.py's one sequence per chapter.
 The links it wrote keep their label, so running it again writes their numbers again: it
 is idempotent, and after chapters or figures move it renumbers the links. An unknown
 label stops it, as it stops the build. Code cells and outputs are never touched.
@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import build  # noqa: E402
 
 ANCHOR = '<a id="{}"></a>'
-WRITTEN = re.compile(r'\[(?:Section|Figure) \d+(?:\.\d+)*\]\((?:(\w+)\.ipynb)?#([\w-]+)\)')
-PLAIN = re.compile(r'(?<![\[\w])Figure (\d+\.\d+)\b(?!\]\()')   # 'Figure 3.2', not yet a link
+WRITTEN = re.compile(r'\[(?:Section|Figure) (?:\d+|[A-Z])(?:\.\d+)*\]\((?:(\w+)\.ipynb)?#([\w-]+)\)')
+PLAIN = re.compile(r'(?<![\[\w])Figure ((?:\d+|[A-Z])\.\d+)\b(?!\]\()')   # 'Figure 3.2', not yet a link
 SKIP = re.compile(r'(`[^`]*`|\$[^$]*\$|\[[^\]]*\]\([^)]*\))')   # code, math and links keep their words
 
 
@@ -48,7 +48,7 @@ def numbers(chapters_dir):
     """{label: (chapter's name, 'Section 5.2' or 'Figure 3.1')} over the book's chapters,
     as build.py numbers them."""
     refs = {}
-    for number, name in enumerate(build.CHAPTERS, 1):
+    for name, number in build.numbered():
         nb = copy.deepcopy(nbformat.read(Path(chapters_dir) / f'{name}.ipynb', as_version=4))
         build.number_headings(nb, number)
         build.visible_captions(nb, number)
@@ -129,7 +129,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     refs = numbers(args.chapters)
     total = 0
-    for name in build.CHAPTERS:
+    for name, _ in build.numbered():
         path = Path(args.chapters) / f'{name}.ipynb'
         nb = nbformat.read(path, as_version=4)
         changes = convert(nb, refs, name)

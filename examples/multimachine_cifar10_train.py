@@ -79,9 +79,9 @@ parser.add_argument('--seed', type=int, default=0)
 
 def setup(args):
     """The store, this worker's devices, its part of the data, and ResNet-18."""
-    store = create_store(args.kvstore)
-    d2ldist.init()                               # (joins the job also with kvstore local)
     devices = d2ldist.parse_devices(args.devices)
+    store = create_store(args.kvstore, devices[0])   # 'torch' on NCCL sums on this GPU
+    d2ldist.init()                               # (joins the job also with kvstore local)
     train_iter, test_iter = d2ldist.load_data(
         args.data, args.batch_size, root=args.root, num_parts=store.num_workers,
         part_index=store.rank, seed=args.seed,

@@ -58,15 +58,17 @@ def version():
 # parser is built (build_parser).
 OPTIONS = {
     'the job': (
-        ('-n --num-workers -np', dict(type=int, required=True),
-         'number of worker processes (>= 1; -np as in horovodrun and mpirun)'),
+        ('-n --num-workers -np', dict(type=int, default=None),
+         'number of worker processes (>= 1; -np as in horovodrun and mpirun; '
+         "inside a Slurm allocation: its task count, SLURM_NTASKS, unless given)"),
         ('-s --num-servers', dict(type=int, default=None),
          'number of parameter servers (default: as many as workers, so -n 4 '
          'starts 4 workers, 4 servers and a scheduler; -s 0: no servers, the ring)'),
-        ('--launcher', dict(choices=['local', 'ssh', 'slurm', 'mpi'], default='local'),
-         'how processes are started (default: local; slurm: as one srun '
-         "step, inside an allocation of salloc or sbatch; mpi: by Open MPI's "
-         'mpirun, on the hosts of -H or on this machine)'),
+        ('--launcher', dict(choices=['local', 'ssh', 'slurm', 'mpi'], default=None),
+         'how processes are started (default: local, but slurm inside a Slurm '
+         'allocation of several nodes; slurm: as one srun step, inside an '
+         "allocation of salloc or sbatch; mpi: by Open MPI's mpirun, on the hosts "
+         'of -H or on this machine)'),
         ('--dry-run', dict(action='store_true'),
          'print the plan (every process: role, rank, host, and the command '
          "that starts it) and start nothing (mpirun's --display-map)"),
@@ -82,6 +84,16 @@ OPTIONS = {
          'run the job in it, and give it back when the job ends'),
         ('--nodes', dict(type=int, default=None, metavar='K'),
          'slurm, with --partition: the number of nodes to ask for'),
+        ('--time', dict(default=None, metavar='T'),
+         "slurm, with --partition: the allocation's time limit, salloc's --time "
+         '(30, 2:00:00)'),
+        ('--account', dict(default=None, metavar='A'),
+         "slurm, with --partition: the account to charge, salloc's --account"),
+        ('--gres', dict(default=None, metavar='G'),
+         "slurm, with --partition: generic resources per node, salloc's --gres (gpu:4)"),
+        ('--salloc-args', dict(default=None, metavar='"ARGS"'),
+         'slurm, with --partition: more salloc options, in one word after = '
+         '(--salloc-args="--qos=debug --mem=8G")'),
     ),
     'hosts (ssh, mpi)': (
         ('-H --hosts', dict(default=None, metavar='HOST:SLOTS,...'),
@@ -137,8 +149,11 @@ OPTIONS = {
          'kill a process (SIGKILL, as a crash): worker R after its compute '
          'step N (worker:1@step=40), server R after its N-th sync round (in '
          'dist_async: push) (server:0@step=3), or either, or the scheduler, a '
-         'time after it '
-         'joined (server:0@30s, scheduler@5s); repeatable'),
+         'time after it joined (server:0@30s, scheduler@5s); a worker that never '
+         'joins through d2ldist (a plain torch.distributed script): the time counts '
+         'from its start and the launcher kills it (local and ssh), and a step, '
+         'which only d2ldist counts, is said at the end never to have fired; '
+         'repeatable'),
     ),
     'what a failure costs': (
         ('--max-restarts', dict(type=int, default=0, metavar='K'),
@@ -201,25 +216,26 @@ OPTIONS = {
 
 
 def build_parser(prog='d2l-launch', loose=False):
-    """The launcher's options (the %launch magic takes the same); ``loose``: none
-    required (a --config-file may give them), and no --help."""
+    """The launcher's options (the %launch magic takes the same); ``loose``: no
+    --help (the first look, for a --config-file)."""
     p = _Parser(prog=prog, add_help=not loose, description='Start a distributed job: one scheduler, '
                 'S servers and N workers, with their output merged.')
     for rows in OPTIONS.values():
         for flags, how, text in rows:
-            p.add_argument(*flags.split(), help=text, **dict(
-                how, **({'required': False} if loose and 'required' in how else {})))
+            p.add_argument(*flags.split(), help=text, **how)
     p.set_defaults(interface=config.get().interface)
     return p
 
 
-def parse(argv, prog='d2l-launch'):
-    """Parse and check the options; raise UsageError on bad input."""
+def parse(argv, prog='d2l-launch', environ=os.environ):
+    """Parse and check the options; raise UsageError on bad input. ``environ``: the
+    launcher's variables (a Slurm allocation's say the launcher and -n)."""
     try:               # our own D2L_* variables, which local processes inherit too
         config.get()
     except ValueError as e:
         raise UsageError(str(e)) from None
     args = _with_config_file(prog, argv)
+    _in_allocation(args, environ)
     if args.num_workers < 1:
         raise UsageError(f'-n must be at least 1, got {args.num_workers}')
     if args.num_servers is None:
@@ -227,7 +243,7 @@ def parse(argv, prog='d2l-launch'):
     if args.num_servers < 0:
         raise UsageError(f'-s must be 0 or more, got {args.num_servers}')
     _check_hosts(args)
-    _check_launcher(args)
+    _check_launcher(args, environ)
     _check_values(args)
     _set_environments(args)
     args.console_ranks = _ranks(args.local_ranks_filter, args.num_workers)
@@ -238,7 +254,33 @@ def parse(argv, prog='d2l-launch'):
     return args
 
 
-def _check_launcher(args):
+def _in_allocation(args, environ):
+    """Inside a Slurm allocation: the launcher (slurm, over several nodes) and -n (its
+    tasks) unless given, and ``args.notice``, the line that says what was taken; outside,
+    -n is needed. Under an srun of several tasks: refused."""
+    from . import slurm
+    try:
+        launcher, tasks, where = slurm.inside(environ)
+    except slurm.SlurmError as e:
+        raise UsageError(str(e)) from None
+    taken = []
+    if args.launcher is None:
+        args.launcher = launcher or 'local'
+        if launcher == 'slurm':
+            taken.append('--launcher slurm, one srun step over its nodes (--launcher '
+                         'local keeps the job on this node)')
+    if args.num_workers is None and tasks is None:
+        raise UsageError('-n N, the number of workers, is needed' + (
+            ' (inside a Slurm allocation, its SLURM_NTASKS)' if where is None else
+            ': this Slurm allocation sets no SLURM_NTASKS (salloc or sbatch -n does)'),
+            hint=True)
+    if args.num_workers is None:
+        args.num_workers = tasks
+        taken.append(f'-n {tasks}, its SLURM_NTASKS')
+    args.notice = f'{where}: {"; ".join(taken)}' if taken else None
+
+
+def _check_launcher(args, environ):
     """The options that belong to a launcher are given with it, and its hosts answer."""
     if args.launcher not in ('ssh', 'mpi'):
         for name, value in (('-H/--hostfile', args.hosts or args.hostfile),
@@ -265,10 +307,11 @@ def _check_launcher(args):
     if args.nodes is not None and (args.nodes < 1 or not args.partition):
         raise UsageError('--nodes needs --partition P, and at least 1 node' if args.nodes >= 1
                          else f'--nodes must be at least 1, got {args.nodes}')
+    _check_salloc(args)
     if args.launcher == 'slurm':
         from . import slurm
         try:
-            slurm.check(args.partition)
+            slurm.check(args.partition, environ)
         except slurm.SlurmError as e:
             raise UsageError(str(e)) from None
     if args.launcher == 'mpi':
@@ -277,6 +320,20 @@ def _check_launcher(args):
             mpi.hosts_of(args)
         except (mpi.MpiError, mpi.HostError) as e:
             raise UsageError(str(e)) from None
+
+
+def _check_salloc(args):
+    """--time, --account, --gres and --salloc-args go to the salloc of --partition;
+    ``args.salloc_args``: the last as words."""
+    for name in ('time', 'account', 'gres', 'salloc_args'):
+        if getattr(args, name) is not None and not args.partition:
+            raise UsageError(f'--{name.replace("_", "-")} is an option of salloc, for the '
+                             'allocation that --partition P asks for (inside an allocation, '
+                             'salloc or sbatch took it)', hint=True)
+    try:
+        args.salloc_args = shlex.split(args.salloc_args or '')
+    except ValueError as e:
+        raise UsageError(f'--salloc-args {args.salloc_args!r}: {e}') from None
 
 
 def _with_config_file(prog, argv):
@@ -291,7 +348,8 @@ def _with_config_file(prog, argv):
 
 def config_file_argv(path):
     """A --config-file's options as command-line words: ``name = value`` (TOML) as
-    ``--name value``; a list as the option repeated; true as the flag alone."""
+    ``--name=value`` (a value may start with -); a list as the option repeated; true as
+    the flag alone."""
     where = f'--config-file {path}'
     if Path(path).suffix in ('.yaml', '.yml'):
         raise UsageError(f'{where}: YAML needs PyYAML, which d2ldist does not install; '
@@ -314,8 +372,7 @@ def config_file_argv(path):
         if kinds[flag] == 'store_true':
             words += [flag] if value is True else []
         else:
-            words += [w for v in (value if isinstance(value, list) else [value])
-                      for w in (flag, str(v))]
+            words += [f'{flag}={v}' for v in (value if isinstance(value, list) else [value])]
     return words
 
 
@@ -595,6 +652,8 @@ def make_job(args, out=None, notices=True, **job_options):
     the user (OMP_NUM_THREADS; %launch does not, so that a chapter's outputs are
     the same on every machine). ``job_options`` go to the Job (see job.py)."""
     secret = secrets.token_hex(32)
+    if args.notice:               # what a Slurm allocation chose (the launcher, -n)
+        (out or sys.stdout).write(args.notice + '\n')
     job_options = dict(job_options, log_dir=args.log_dir, console_ranks=args.console_ranks)
     if args.log_dir is not None:
         try:
@@ -640,7 +699,7 @@ def dry_run(args, environ=os.environ):
     raises UsageError."""
     from . import plan, slurm, ssh
     try:
-        return plan.plan(args, environ)
+        return (f'{args.notice}\n' if args.notice else '') + plan.plan(args, environ)
     except (ssh.HostError, slurm.SlurmError) as e:
         raise UsageError(str(e)) from None
 

@@ -5,7 +5,9 @@ process group and waits for it. The guard's stdin is a pipe from the launcher (o
 on a remote host, the ssh connection): when it closes - the launcher exited, was
 killed, or the ssh link dropped - the guard ends the command's whole process group.
 SIGTERM, SIGINT and SIGHUP to the guard do the same. The guard exits with the
-command's exit code (128 + signal number if a signal ended it).
+command's exit code (128 + signal number if a signal ended it). The one line the
+launcher may write there, ``FAIL``, SIGKILLs the command's group at once: ``--fail`` on a
+worker that never joined through d2ldist (``failwatch.py``).
 
 On a remote host the ssh launcher runs ``python -m d2ldist.launch.guard --remote -- command``:
 the guard then reads the job's environment as one JSON line from stdin (so that the
@@ -27,6 +29,7 @@ import time
 from .. import config
 from . import starter
 
+FAIL = b'd2ldist.guard: fail\n'       # from the launcher: kill the command now, as a crash
 
 def stop_group(pgid, grace=None):
     """SIGTERM a process group, then SIGKILL whatever is left after ``grace`` seconds
@@ -43,6 +46,11 @@ def stop_group(pgid, grace=None):
         except ProcessLookupError:
             return
         time.sleep(0.05)
+    kill_group(pgid)
+
+
+def kill_group(pgid):
+    """SIGKILL a process group, as a crash would end it."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
@@ -98,8 +106,9 @@ def main(argv=None):
         signal.signal(sig, stop)
 
     def watch_stdin():
-        while os.read(0, 4096):         # nothing is ever written; EOF means "go"
-            pass
+        while data := os.read(0, 4096):     # EOF means "go"; FAIL, "die now"
+            if FAIL in data:
+                kill_group(child.pid)
         stop()
 
     threading.Thread(target=watch_stdin, daemon=True).start()

@@ -26,6 +26,8 @@ from .. import config
 from ..runtime import protocol
 from ..runtime.spans import PREFIX as TIMELINE
 from . import starter
+from .failwatch import FailWatch
+from .guard import FAIL
 from .processes import child_env, guarded, shared_env
 
 # After the last worker, how long the servers and the scheduler get to leave by themselves
@@ -98,6 +100,7 @@ class Job:
 
     ``last_lines=False``: the report of a failure is one line, without the failed
     process's last lines (%launch: they are in the cell's log just above)."""
+    kills_one = True                      # it can kill one process alone (--fail)
 
     def __init__(self, specs, timeout=None, max_restarts=0, out=None, on_line=None,
                  on_state=None, on_tick=None, on_restart=None, on_change=None,
@@ -126,6 +129,7 @@ class Job:
         self.starter = None               # this host's starter, once the job starts
         self.scheduler_address = None     # tcp://host:port, once the scheduler is ready
         self.notice = None                # elastic: how we tell the scheduler of a loss
+        self.fails = FailWatch(specs, self.kills_one)   # --fail on workers not joined
 
     # -- the main loop -------------------------------------------------------------
     def run(self):
@@ -153,6 +157,8 @@ class Job:
                     p.file.close()
         if self.failure is not None:
             self._say(failure_report(self.failure, self.last_lines))
+        for line in self.fails.never_fired():
+            self._say(line)
         return self.code
 
     def _run_attempt(self, start):
@@ -162,6 +168,7 @@ class Job:
         while code is None:
             self._pump(0.01 if self._ending() else 0.1)
             self._reap()
+            self._fail_due()
             self.tick()
             self.on_tick()
             code = self._verdict(start)
@@ -169,6 +176,17 @@ class Job:
 
     def tick(self):
         """About every 0.1 s in the main loop (the ssh launcher looks for new hosts)."""
+
+    def _fail_due(self):
+        """--fail on a worker that never joined through d2ldist: at its time from its
+        start, its guard SIGKILLs it (guard.FAIL), as a crash would."""
+        for p, line in self.fails.due(self.procs):
+            self._say(line)
+            try:
+                p.popen.stdin.write(FAIL)
+                p.popen.stdin.flush()
+            except OSError:
+                pass              # it has ended already
 
     def _ending(self):
         """Whether a process has closed its output and not yet been seen to end: look
@@ -239,6 +257,7 @@ class Job:
     def _start(self, p):
         p.file = self._log_file(p)
         p.popen = self.spawn(p.spec)
+        self.fails.start(p)
         os.set_blocking(p.popen.stdout.fileno(), False)
         self._sel.register(p.popen.stdout, selectors.EVENT_READ, p)
         self._set_state(p, 'running')
@@ -307,6 +326,8 @@ class Job:
         return lines
 
     def _emit(self, p, line):
+        if self.fails.said(p, line):      # a worker's word that it joined: not shown
+            return
         if p.file is not None:             # --log-dir: every line, as the process printed it
             p.file.write(line + '\n')
         shown = self.on_line(p, line)

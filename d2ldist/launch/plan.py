@@ -68,17 +68,20 @@ def _slurm(args, environ):
     """The tasks of one srun step, on the allocation's nodes (with --partition: the
     nodes salloc gives, named node1, node2, ...)."""
     from . import slurm
+    first = []
     if args.partition:
         nodes = [f'node{i}' for i in range(1, (args.nodes or 1) + 1)]
         tasks, where = None, f'in an allocation salloc asks for in partition {args.partition}'
+        first = [f'  first: {shlex.join(slurm.salloc_argv(args))} (the allocation, given '
+                 'back when the job ends)']
     else:
         job, nodes, tasks, _ = slurm.allocation(environ)
         where = f'in allocation {job}'
     specs = _specs(args, nodes, tasks, remote=True)
     srun = slurm.srun_argv(specs, 'TASKS', 'd2l-launch')
     return (f'each a task of one srun step {where}', specs, [shlex.join(s.argv) for s in specs],
-            [f'  started by: {shlex.join(srun)} (TASKS: a --multi-prog file, task N the '
-             'Nth process above)'])
+            [*first, f'  started by: {shlex.join(srun)} (TASKS: a --multi-prog file, task N '
+             'the Nth process above)'])
 
 
 def _mpi(args, environ):

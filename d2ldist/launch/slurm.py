@@ -7,8 +7,11 @@ allocation's nodes: one ``srun --multi-prog`` step of one task per process
 ``--distribution=arbitrary``; output labelled by srun and shown as ``[worker 1@node2]``;
 the task side's ``d2ldist.task: exit N`` (hidden) names a process that fails. The
 step ends on a failure (``--kill-on-bad-exit``) or is cancelled (``scancel``); srun
-runs under the guard. From a login node, ``--partition P`` (``--nodes K``) first asks
-``salloc`` for an allocation, and gives it back when the job ends.
+runs under the guard. From a login node, ``--partition P`` (``--nodes K``, ``--time``,
+``--account``, ``--gres``, ``--salloc-args``) first asks ``salloc`` for an allocation,
+and gives it back when the job ends. Inside an allocation of several nodes the launcher
+is ``slurm`` unless told, ``-n`` is its task count, and d2l-launch refuses to be one of
+many srun tasks (``inside``).
 
 The steps one by one: docs/design/launch.md, "Under Slurm".
 """
@@ -69,6 +72,30 @@ def allocation(environ=os.environ):
     return job, nodes, tasks, cpus
 
 
+def inside(environ=os.environ):
+    """What the allocation we run in says of the job: (launcher, its task count, the
+    line that says so), or (None, None, None) outside one; SlurmError under an srun of
+    several tasks, which would start as many whole jobs."""
+    job = environ.get('SLURM_JOB_ID')
+    if not job:
+        return None, None, None
+    tasks = environ.get('SLURM_STEP_NUM_TASKS') or environ.get('SLURM_NTASKS') or '1'
+    if environ.get('SLURM_STEP_ID') and _number(tasks) > 1:
+        raise SlurmError(f'd2l-launch runs as one of {tasks} srun tasks, which would start '
+                         f'{tasks} whole jobs: run it once, in the allocation (d2l-launch '
+                         '--launcher slurm ..., which starts its own srun step), or '
+                         'srun -n1 d2l-launch ...')
+    nodes = _number(environ.get('SLURM_JOB_NUM_NODES') or environ.get('SLURM_NNODES'))
+    return ('slurm' if nodes > 1 else 'local', _number(environ.get('SLURM_NTASKS')) or None,
+            f'd2l-launch: inside Slurm allocation {job} of {nodes or 1} '
+            f'node{"s" * (nodes > 1)}')
+
+
+def _number(text):
+    """A count Slurm wrote ('4'), else 0."""
+    return int(text) if text and text.isdigit() else 0
+
+
 def check(partition=None, environ=os.environ):
     """Raise SlurmError unless a job can start: inside an allocation, or with
     ``--partition`` outside one (then salloc must be there to ask)."""
@@ -96,10 +123,8 @@ class Holder:
     allocation's SLURM_* variables, then waits; when the job ends, or the launcher
     dies, the guard ends salloc, and Slurm takes the allocation back."""
 
-    def __init__(self, partition, tasks, nodes=None):
-        self.argv = ['salloc', f'--partition={partition}', f'--ntasks={tasks}',
-                     *([f'--nodes={nodes}'] if nodes else []), '--quiet',
-                     sys.executable, '-c', HOLD]
+    def __init__(self, salloc):
+        self.argv = [*salloc, sys.executable, '-c', HOLD]
         self.popen = None
 
     def start(self):
@@ -126,6 +151,16 @@ class Holder:
             os.killpg(self.popen.pid, signal.SIGKILL)
             self.popen.wait()
         self.popen = None
+
+
+def salloc_argv(args):
+    """salloc's command line for ``--partition`` and the options that go with it."""
+    more = [f'--{name}={value}' for name in ('time', 'account', 'gres')
+            if (value := getattr(args, name)) is not None]
+    return ['salloc', f'--partition={args.partition}',
+            f'--ntasks={max(args.num_workers, args.nodes or 1)}',
+            *([f'--nodes={args.nodes}'] if args.nodes else []), *more, *args.salloc_args,
+            '--quiet']
 
 
 def addresses(nodes):
@@ -247,7 +282,7 @@ def prepare(args, secret, out=None, notices=True, **job_options):
         out.write(f'd2l-launch: asking Slurm for {tasks} tasks in partition {args.partition}'
                   f'{f" on {args.nodes} nodes" if args.nodes else ""} (salloc) ...\n')
         out.flush()
-        holder = Holder(args.partition, tasks, args.nodes)
+        holder = Holder(salloc_argv(args))
         environ = holder.start()
     try:
         return _prepare(args, secret, out, notices, holder, environ, **job_options)

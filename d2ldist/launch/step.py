@@ -70,6 +70,7 @@ class StepJob(Job):
     task's) and, if it
     can, ``cancel()`` (end the step through the cluster's manager)."""
     tool = 'step'
+    kills_one = False                         # a task dies only with its step
     drop_env = ()                             # our variables the tool must not see
     tool_env = {}                             # and variables it must see (an allocation's)
 

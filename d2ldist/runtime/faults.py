@@ -8,6 +8,8 @@ worker's pace, and what a failure looks like. The launcher gives the process it 
 * ``D2L_FAIL``: ``step=40`` (it dies after its 40th compute step; a server after the
   40th sync round it closed on the first key it holds, in dist_async the 40th push it
   applied there) or ``30s`` (30 s after it joined the job; servers and the scheduler too).
+  On joining, the process says so to the launcher (``JOINED``, a hidden line): a worker
+  that never joins is the launcher's to kill (``launch/failwatch.py``).
 
 (``config.py`` reads both; the steps are the timeline's count, ``spans.step()``.) Both
 act in the job's first attempt only (``D2L_RESTART=0``): a restart (``d2l-launch
@@ -27,6 +29,7 @@ from .. import config
 from ..lines import say
 from . import spans
 
+JOINED = 'd2ldist.fail: joined'     # this process counts its own --fail (hidden by the launcher)
 
 def computed(seconds):
     """The compute of this training step has just ended, after ``seconds``: stretch it
@@ -50,8 +53,11 @@ def served(rounds, what='sync round'):
 
 
 def arm():
-    """When a process joins the job: the timer of D2L_FAIL='30s', if any."""
+    """When a process joins the job: say so to the launcher, and start the timer of
+    D2L_FAIL='30s', if any."""
     kind, seconds = config.get().fail or (None, None)
+    if kind is not None and config.get().restart == 0:
+        print(JOINED, flush=True)
     if kind == 'time' and config.get().restart == 0:
         timer = threading.Timer(seconds, die, args=(f'{seconds:g} s after it joined',))
         timer.daemon = True

@@ -367,8 +367,41 @@ def hierarchical(h=3, g=4):
     return svg
 
 
+# -- ZeRO's stages: what each worker holds ------------------------------------------------------
+def zero_stages(N=4):
+    svg = SVG(1000, 330, f'What each of N = {N} workers holds at each stage of ZeRO, '
+              'Adam in mixed precision')
+    kinds = [('weights', 2, WEIGHT), ('gradients', 2, GRAD), ('optimizer state', 12, '#55a868')]
+    rows = [('data parallelism', 0, '16Ψ bytes'), ('stage 1', 1, '4Ψ + 12Ψ/N'),
+            ('stage 2', 2, '2Ψ + 14Ψ/N'), ('stage 3', 3, '16Ψ/N')]
+    unit, cw = 9.5, 190                                   # px per byte of a parameter; a worker
+    for r in range(N):
+        svg.text(200 + r * cw + 76, 24, f'worker {r}', size=13, weight='bold')
+    for i, (name, stage, formula) in enumerate(rows):
+        y = 40 + i * 62
+        svg.text(20, y + 24, name, size=13, anchor='start', weight='bold')
+        sharded = {'optimizer state': stage >= 1, 'gradients': stage >= 2, 'weights': stage >= 3}
+        svg.text(20, y + 42, formula, size=12, anchor='start', fill='#555555')
+        for r in range(N):
+            x = 200 + r * cw
+            for kind, nbytes, color in kinds:
+                w = nbytes * unit
+                svg.rect(x, y + 8, w, 30, fill=PALE if sharded[kind] else color,
+                         stroke=GRAY, rx=1, sw=0.8)
+                if sharded[kind]:                          # worker r's 1/N of it
+                    svg.rect(x + r * w / N, y + 8, w / N, 30, fill=color, stroke=DARK, rx=1, sw=0.8)
+                x += w
+    svg.text(500, 300, 'a bar per kind, its length its bytes per parameter (fp16 weights and '
+             'gradients, fp32 Adam state); pale: held by the other workers', size=12)
+    for k, (kind, _, color) in enumerate(kinds):
+        svg.rect(250 + k * 180, 311, 14, 12, fill=color, stroke=DARK, rx=1, sw=0.8)
+        svg.text(270 + k * 180, 321, kind, size=12, anchor='start')
+    return svg
+
+
 FIGURES = {'seven_steps': seven_steps, 'servers': servers, 'ring': ring,
-           'parallelism': parallelism, 'hierarchical': hierarchical}
+           'parallelism': parallelism, 'hierarchical': hierarchical,
+           'zero_stages': zero_stages}
 
 
 def draw(out=HERE):

@@ -53,3 +53,44 @@ def test_fail_kills_a_server_at_a_time_and_the_job_stops():
     assert 'server 1 fails on purpose 1 s after it joined (--fail)' in out
     assert 'd2l-launch: server 1 failed (killed by SIGKILL' in out
     assert wait_no_survivors(r.tag) == []
+
+
+# A plain torch.distributed script (PyTorch's DDP tutorial's shape, on the CPU): it never
+# joins through d2ldist, so its --fail is the launcher's to fire
+TORCH_JOB = '''
+import time
+import torch
+import torch.distributed as dist
+dist.init_process_group('gloo')
+total = torch.zeros(1)
+for step in range(30):                       # about 3 s
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    total += x
+    time.sleep(0.1)
+print(f'rank {dist.get_rank()} done: {total.item():g}', flush=True)
+dist.destroy_process_group()
+'''
+
+
+def test_fail_on_a_plain_torch_script_counts_from_its_start(write_script):
+    """--fail worker:1@2s on a script that never calls d2ldist: the launcher kills worker
+    1 two seconds after it started, and the job, restarted, finishes; the step-based
+    --fail on worker 0, which it cannot see, is said at the end never to have fired."""
+    r = run_launch('-n', 2, '-s', 0, '--max-restarts', 1, '--fail', 'worker:1@2s',
+                   '--fail', 'worker:0@step=2', '--timeout', 90, 'python',
+                   write_script(TORCH_JOB), timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    lines = r.stdout.splitlines()
+    said = lines.index('d2l-launch: worker 1 fails on purpose 2 s after it started (--fail; '
+                       'it never joined through d2ldist, so the launcher kills it)')
+    assert lines[said + 1:].count('d2l-launch: worker 1 failed (killed by SIGKILL (exit code '
+                                  '137)); restart 1 of 1') == 1, out[-3000:]
+    for rank in (0, 1):                        # the second attempt, to its end: 30 sums of 2
+        assert lines.count(f'[worker {rank}] rank {rank} done: 60') == 1, out[-3000:]
+    never = lines.index('d2l-launch: --fail worker:0@step=2 never fired: worker 0 never '
+                        'joined through d2ldist (a step is a d2ldist training step)')
+    assert lines[never + 1] == 'd2l-launch: 2 attempts:', out[-3000:]   # at the job's end
+    assert 'd2ldist.fail' not in out                   # (the hidden word of d2ldist's own)
+    assert wait_no_survivors(r.tag) == []

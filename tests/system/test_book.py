@@ -61,21 +61,23 @@ def page(site):
 
 @pytest.mark.slow
 def test_every_chapter_reads_right(page, site):
-    ORDER = load_book().CHAPTERS
+    book = load_book()
+    ORDER = [name for name, _ in book.numbered()]
     page.goto(site.as_uri())
-    toc = page.eval_on_selector_all('main ol a', 'els => els.map(e => e.getAttribute("href"))')
-    assert toc == [f'{name}.html' for name in ORDER]
+    hrefs = 'els => els.map(e => e.getAttribute("href"))'
+    assert page.eval_on_selector_all('main ol a', hrefs) == [f'{n}.html' for n in book.CHAPTERS]
+    assert page.eval_on_selector_all('main ul a', hrefs) == [f'{n}.html' for n in book.APPENDICES]
     ARTIFACTS.mkdir(exist_ok=True)
-    for number, name in enumerate(ORDER, 1):
+    for i, (name, number) in enumerate(book.numbered(), 1):
         page.goto(site.as_uri())
-        page.click(f'main ol a[href="{name}.html"]')
+        page.click(f'main a[href="{name}.html"]')
         page.wait_for_load_state('load')
         assert page.url.endswith(f'/{name}.html')
         page.screenshot(path=str(ARTIFACTS / f'book-{number}-{name}.png'), full_page=True)
         check_chapter(page, number)
         nxt = page.query_selector('nav.d2l-top a.d2l-next')
         assert (nxt.get_attribute('href') if nxt else None) == \
-            (f'{ORDER[number]}.html' if number < len(ORDER) else None)
+            (f'{ORDER[i]}.html' if i < len(ORDER) else None)
     assert page.errors == []
     fetched = [u for u in page.requests if not u.startswith(('file:', 'data:'))]
     assert fetched == []                                   # nothing from the network

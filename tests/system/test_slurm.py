@@ -10,6 +10,7 @@ process tables).
 import os
 import re
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -135,6 +136,48 @@ def test_launcher_slurm_runs_the_job_as_one_step(slurm, what, workers, servers):
         'node1', 'node2'}, where
     assert '[srun]' not in out and 'Traceback' not in out + r.stderr, out + r.stderr
     assert wait_no_survivors(r.tag) == []
+
+
+def test_inside_an_allocation_it_is_slurm_and_srun_of_many_tasks_is_refused(slurm):
+    """salloc -N 2 -n 2: d2l-launch without --launcher or -n plans one srun step of 2
+    workers over node1 and node2, and says so in one line (--dry-run: nothing starts);
+    srun of 2 tasks running d2l-launch: each task refuses in one line that names srun."""
+    py, launch = shlex.quote(sys.executable), f'{shlex.quote(sys.executable)} -m d2ldist.launch'
+    r = run_slurm(slurm, 'salloc', '-N', '2', '-n', '2', '--quiet', 'sh', '-c',
+                  f'{launch} --dry-run -s 0 {py} -c pass; echo "dry run: $?"; '
+                  f'srun --label {launch} -s 0 {py} -c pass; echo "srun: $?"', timeout=60)
+    out = r.stdout.splitlines()
+    assert re.fullmatch(r'd2l-launch: inside Slurm allocation \d+ of 2 nodes: --launcher '
+                        r'slurm, one srun step over its nodes \(--launcher local keeps the job '
+                        r'on this node\); -n 2, its SLURM_NTASKS', out[0]), r.stdout + r.stderr
+    assert out[1].endswith(' 2 workers; each a task of one srun step in allocation '
+                           f'{out[0].split()[4]}'), out
+    assert [line.split()[:3] for line in out[4:6]] == [['worker', '0', 'node1'],
+                                                       ['worker', '1', 'node2']], out
+    assert 'dry run: 0' in out and re.fullmatch(r'srun: [1-9]\d*', out[-1]), out
+    refusals = sorted(line for line in r.stderr.splitlines() if 'd2l-launch' in line)
+    assert refusals == [f'{task}: d2l-launch: error: d2l-launch runs as one of 2 srun tasks, '
+                        'which would start 2 whole jobs: run it once, in the allocation '
+                        '(d2l-launch --launcher slurm ..., which starts its own srun step), '
+                        'or srun -n1 d2l-launch ...' for task in (0, 1)], r.stderr
+    assert wait_no_survivors(r.tag) == []
+
+
+def test_in_a_batch_script_d2l_launch_takes_the_allocation_unasked(slurm, tmp_path):
+    """The issue's trap: ``d2l-launch train.py`` in an sbatch script of 2 nodes ran
+    everything on the batch node; now its plan is one srun step over both, -n from the
+    allocation, said in one line (the batch step is no srun of several tasks)."""
+    script, out = tmp_path / 'job.sbatch', tmp_path / 'job.out'
+    script.write_text(f'#!/bin/sh\n#SBATCH --nodes=2 --ntasks=2\n'
+                      f'exec {sys.executable} -m d2ldist.launch --dry-run -s 0 '
+                      f'{sys.executable} -c pass\n')
+    r = run_slurm(slurm, 'sbatch', '--wait', '--quiet', f'--output={out}', script, timeout=60)
+    lines = out.read_text().splitlines() if out.exists() else []
+    assert r.returncode == 0, r.stderr[-3000:] + '\n'.join(lines)
+    assert re.fullmatch(r'd2l-launch: inside Slurm allocation \d+ of 2 nodes: --launcher '
+                        r'slurm, .*; -n 2, its SLURM_NTASKS', lines[0]), lines
+    assert [line.split()[:3] for line in lines[4:6]] == [['worker', '0', 'node1'],
+                                                         ['worker', '1', 'node2']], lines
 
 
 def test_a_killed_worker_cancels_the_step(slurm, tmp_path):

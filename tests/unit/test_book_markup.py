@@ -25,8 +25,10 @@ def chapter(*sources):
     return nb
 
 
-def test_the_book_has_every_chapter_once():
-    assert sorted(book.CHAPTERS) == sorted(p.stem for p in (ROOT / 'notebooks').glob('*.ipynb'))
+def test_the_book_has_every_chapter_and_appendix_once():
+    names = [name for name, _ in book.numbered()]
+    assert sorted(names) == sorted(p.stem for p in (ROOT / 'notebooks').glob('*.ipynb'))
+    assert all(name.startswith('appendix_') for name in book.APPENDICES)
 
 
 def test_labels_anchor_headings_and_numrefs_link_to_them():
@@ -74,6 +76,30 @@ def test_links_to_chapters_become_links_to_their_pages(monkeypatch):
                                         '[the code](one.html) and [a page](https://example.org/x#y).')
 
 
+def test_an_appendix_is_lettered_after_the_chapters_and_linked_both_ways(tmp_path, monkeypatch):
+    """Appendices follow the chapters, lettered A, B, ...: their headings, their figures'
+    and sections' links (written by book/refs.py), and the front page's list."""
+    monkeypatch.setattr(book, 'CHAPTERS', ['one', 'two'])
+    monkeypatch.setattr(book, 'APPENDICES', ['appendix_deep'])
+    monkeypatch.setattr(refs.build, 'CHAPTERS', ['one', 'two'])
+    monkeypatch.setattr(refs.build, 'APPENDICES', ['appendix_deep'])
+    assert book.numbered() == [('one', '1'), ('two', '2'), ('appendix_deep', 'A')]
+    nbformat.write(chapter('# Rings\n\nDepth: :numref:`sec_deep`.'), tmp_path / 'one.ipynb')
+    nbformat.write(chapter('# Two\n\nText.'), tmp_path / 'two.ipynb')
+    nbformat.write(chapter('# Deep\n:label:`sec_deep`\n\n## Part\n:label:`sec_part`\n\n'
+                           'Back to [the chapter](one.ipynb).'), tmp_path / 'appendix_deep.ipynb')
+    assert refs.main(['--chapters', str(tmp_path)]) == 0
+    assert '[Section A](appendix_deep.ipynb#sec_deep)' in \
+        nbformat.read(tmp_path / 'one.ipynb', as_version=4).cells[0].source
+    out = tmp_path / 'site'
+    pages = book.build(tmp_path, out)
+    assert [p.name for p in pages] == ['index.html', 'one.html', 'two.html', 'appendix_deep.html']
+    deep = (out / 'appendix_deep.html').read_text()
+    assert 'A. Deep' in deep and 'A.1. Part' in deep and 'href="one.html"' in deep
+    assert 'href="appendix_deep.html#sec_deep"' in (out / 'one.html').read_text()
+    assert 'A. Deep' in (out / 'index.html').read_text()
+
+
 @pytest.mark.parametrize('text, error', [
     ('[Section 1](nowhere.ipynb#sec_ring)', 'names no chapter'),
     ('[Section 1](two.ipynb#sec_ring)', 'names no label of two.html'),
@@ -103,6 +129,7 @@ def test_refs_writes_links_that_read_right_everywhere_and_again(tmp_path, monkey
     nbformat.write(one, tmp_path / 'one.ipynb')
     nbformat.write(two, tmp_path / 'two.ipynb')
     monkeypatch.setattr(refs.build, 'CHAPTERS', ['one', 'two'])
+    monkeypatch.setattr(refs.build, 'APPENDICES', [])
     assert refs.main(['--chapters', str(tmp_path), '--check']) == 1
     assert nbformat.read(tmp_path / 'one.ipynb', as_version=4) == one      # --check writes nothing
     assert refs.main(['--chapters', str(tmp_path)]) == 0

@@ -142,13 +142,63 @@ def test_dry_run_over_ssh_shows_each_ssh_command_with_user_and_port():
 
 
 def test_dry_run_inside_slurm_shows_the_srun_step(monkeypatch):
-    from d2ldist.launch import slurm
-    monkeypatch.setattr(slurm, 'check', lambda partition: None)
     monkeypatch.setattr('shutil.which', lambda name: f'/usr/bin/{name}')   # (srun)
-    args = parse('-n', 2, '-s', 0, '--launcher', 'slurm', '--dry-run')
-    lines = cli.dry_run(args, {'SLURM_JOB_ID': '7', 'SLURM_JOB_NODELIST': 'n[1-2]',
-                               'SLURM_TASKS_PER_NODE': '1(x2)', 'PATH': '/usr/bin'}
-                        ).splitlines()
+    env = {'SLURM_JOB_ID': '7', 'SLURM_JOB_NODELIST': 'n[1-2]', 'SLURM_TASKS_PER_NODE': '1(x2)',
+           'PATH': '/usr/bin'}
+    args = cli.parse(['-n', '2', '-s', '0', '--launcher', 'slurm', '--dry-run', *COMMAND],
+                     environ=env)
+    lines = cli.dry_run(args, env).splitlines()
     assert lines[0].endswith('each a task of one srun step in allocation 7')
     assert [line.split()[2] for line in lines[2:5]] == ['n1', 'n1', 'n2']
     assert lines[-1].startswith('  started by: srun --ntasks=3 --nodes=2 ')
+
+
+# -- --fail on a worker that never joins through d2ldist ------------------------------------
+def test_the_launcher_fires_a_timed_fail_only_on_a_worker_that_never_joined():
+    """failwatch.FailWatch: a timed --fail on a worker that has not said it joined is due
+    its time after the start (once); one that joined counts its own; a step never fired
+    on a worker that never joined is said so; the word of joining is taken, not shown."""
+    import time
+    from d2ldist import config
+    from d2ldist.launch.failwatch import FailWatch
+    from d2ldist.runtime.faults import JOINED
+    args = parse('-n', 3, '-s', 0, '--fail', 'worker:0@2s', '--fail', 'worker:1@2s',
+                 '--fail', 'worker:2@step=5')
+    procs = [Proc(ProcSpec('worker', r, env=args.process_env[('worker', r)]
+                           | config.env(restart=0))) for r in range(3)]
+    watch = FailWatch([p.spec for p in procs])
+    for p in procs:
+        p.popen = object()                        # running (no process needed here)
+        watch.start(p)
+    assert watch.said(procs[1], JOINED) and not watch.said(procs[0], 'hello')
+    assert list(watch.due(procs)) == []           # not yet 2 s
+    for key in watch.started:
+        watch.started[key] = time.monotonic() - 2
+    assert [(p.spec.rank, line) for p, line in watch.due(procs)] == [
+        (0, 'worker 0 fails on purpose 2 s after it started (--fail; it never joined '
+            'through d2ldist, so the launcher kills it)')]
+    assert list(watch.due(procs)) == []           # once
+    assert list(watch.never_fired()) == [
+        '--fail worker:2@step=5 never fired: worker 2 never joined through d2ldist (a step '
+        'is a d2ldist training step)']
+    tasks = FailWatch([p.spec for p in procs], kills=False)    # srun's, mpirun's tasks
+    assert list(tasks.never_fired())[0] == (
+        '--fail worker:0@2s never fired: worker 0 never joined through d2ldist, and the '
+        'launcher cannot kill one task of srun or mpirun alone')
+
+
+def test_percent_launch_dry_run_prints_the_plan_and_starts_nothing(monkeypatch, capsys):
+    """%launch --dry-run (d2ldist/notebook/magic.py): d2l-launch's plan in the cell, no
+    job made, no process started."""
+    pytest.importorskip('IPython')
+    from d2ldist.notebook.magic import LaunchMagics
+
+    def refuse(*args, **kwargs):
+        raise AssertionError('a dry run started something')
+    monkeypatch.setattr(cli, 'make_job', refuse)
+    monkeypatch.setattr(subprocess, 'Popen', refuse)
+    assert LaunchMagics(shell=None).launch('--dry-run -n 2 -s 1 python -c pass') is None
+    out = capsys.readouterr().out
+    assert out == cli.dry_run(parse('--dry-run', '-n', 2, '-s', 1))
+    assert out.startswith('d2l-launch: dry run, nothing started: 1 scheduler, 1 server, 2 '
+                          'workers; each a process on this machine\n')

@@ -276,7 +276,7 @@ def test_public_names_import(module, name):
 # The launcher prints its usage; the processes it starts have no options of their own and
 # refuse in one line, saying what is missing (the guard runs any command, even '--help').
 HELP_ANSWERS = {
-    'd2ldist.launch': (0, 'stdout', 'usage: d2l-launch [-h] -n NUM_WORKERS [-s NUM_SERVERS]'),
+    'd2ldist.launch': (0, 'stdout', 'usage: d2l-launch [-h] [-n NUM_WORKERS] [-s NUM_SERVERS]'),
     'd2ldist.kv': (1, 'stderr', 'd2ldist.server: D2L_SCHEDULER_URI is not set: '
                                 'start the job with d2l-launch'),
     'd2ldist.runtime.scheduler': (1, 'stderr', 'd2ldist.scheduler: D2L_NUM_WORKER is not set '

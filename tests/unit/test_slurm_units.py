@@ -142,3 +142,88 @@ def test_asking_for_an_allocation_is_checked_in_one_line(args, env, says):
     r = subprocess.run(launch_argv('-n', '2', *args, 'python', '-c', '1'), capture_output=True,
                        text=True, timeout=60, env=env)
     assert (r.returncode, r.stdout, r.stderr) == (2, '', f'd2l-launch: error: {says}\n')
+
+
+# -- Slurm's traps: the allocation decides what the user did not say ------------------------
+SBATCH = {'SLURM_JOB_ID': '42', 'SLURM_JOB_NUM_NODES': '2', 'SLURM_NTASKS': '4',
+          'SLURM_JOB_NODELIST': 'node[1-2]', 'SLURM_TASKS_PER_NODE': '2(x2)', 'PATH': '/usr/bin'}
+
+
+def parsed(env, *options):
+    from d2ldist.launch import cli
+    return cli.parse([*map(str, options), 'python', '-c', '1'], environ=env)
+
+
+def test_in_an_allocation_of_two_nodes_the_launcher_is_slurm_and_n_its_tasks(monkeypatch):
+    """d2l-launch train.py in an sbatch script of 2 nodes, 4 tasks: one srun step of 4
+    workers over both nodes, said in one line; the plan shows it, starting nothing."""
+    from d2ldist.launch import cli
+    monkeypatch.setattr('shutil.which', lambda name: f'/usr/bin/{name}')   # (srun)
+    args = parsed(SBATCH, '-s', 0, '--dry-run')
+    assert (args.launcher, args.num_workers) == ('slurm', 4)
+    lines = cli.dry_run(args, SBATCH).splitlines()
+    assert lines[0] == ('d2l-launch: inside Slurm allocation 42 of 2 nodes: --launcher slurm, '
+                        'one srun step over its nodes (--launcher local keeps the job on this '
+                        'node); -n 4, its SLURM_NTASKS')
+    assert lines[1].endswith('4 workers; each a task of one srun step in allocation 42')
+    assert [line.split()[:3] for line in lines[4:8]] == [
+        ['worker', '0', 'node1'], ['worker', '1', 'node1'], ['worker', '2', 'node2'],
+        ['worker', '3', 'node2']]
+    # what the user says wins; one node (or SLURM_NNODES's older name) stays local
+    local = parsed(SBATCH, '-n', 2, '--launcher', 'local')
+    assert (local.launcher, local.num_workers, local.notice) == ('local', 2, None)
+    one = parsed(dict(SBATCH, SLURM_JOB_NUM_NODES='1'), '-s', 0)
+    assert (one.launcher, one.num_workers, one.notice) == (
+        'local', 4, 'd2l-launch: inside Slurm allocation 42 of 1 node: -n 4, its SLURM_NTASKS')
+    older = dict(SBATCH, SLURM_NNODES='2')
+    del older['SLURM_JOB_NUM_NODES']
+    assert parsed(older, '-n', 1).launcher == 'slurm'
+
+
+def test_under_srun_of_several_tasks_d2l_launch_refuses_in_one_line():
+    """srun -n 4 d2l-launch ... would start four whole jobs: one line names srun and
+    what to run instead; srun -n1 (one task) runs."""
+    env = dict(os.environ, **dict(SBATCH, PATH=os.environ['PATH']), SLURM_STEP_ID='0',
+               SLURM_STEP_NUM_TASKS='4')
+    r = subprocess.run(launch_argv('-n', '2', 'python', '-c', '1'), capture_output=True,
+                       text=True, timeout=30, env=env)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, '', 'd2l-launch: error: d2l-launch runs as one of 4 srun tasks, which would start '
+        '4 whole jobs: run it once, in the allocation (d2l-launch --launcher slurm ..., which '
+        'starts its own srun step), or srun -n1 d2l-launch ...\n')
+    one = dict(env, SLURM_STEP_NUM_TASKS='1')
+    assert parsed(one, '-n', 1, '--launcher', 'local').num_workers == 1
+
+
+def test_n_is_needed_outside_an_allocation(capsys):
+    from d2ldist.launch import cli
+    with pytest.raises(cli.UsageError) as e:
+        parsed({}, '-s', 0)
+    assert (str(e.value), e.value.hint) == (
+        '-n N, the number of workers, is needed (inside a Slurm allocation, its SLURM_NTASKS)',
+        True)
+    no_tasks = {k: v for k, v in SBATCH.items() if k != 'SLURM_NTASKS'}   # sbatch -N 2 alone
+    with pytest.raises(cli.UsageError, match='^-n N, the number of workers, is needed: this '
+                       'Slurm allocation sets no SLURM_NTASKS'):
+        parsed(no_tasks, '-s', 0)
+
+
+def test_partition_passes_time_account_gres_and_more_to_salloc(monkeypatch, tmp_path):
+    from d2ldist.launch import cli
+    monkeypatch.setattr('shutil.which', lambda name: f'/usr/bin/{name}')   # (salloc, srun)
+    args = parsed({}, '-n', 2, '-s', 0, '--launcher', 'slurm', '--partition', 'gpu',
+                  '--nodes', 2, '--time', '30', '--account', 'proj', '--gres', 'gpu:4',
+                  '--salloc-args=--qos=debug --mem "8G"', '--dry-run')
+    assert slurm.salloc_argv(args) == [
+        'salloc', '--partition=gpu', '--ntasks=2', '--nodes=2', '--time=30', '--account=proj',
+        '--gres=gpu:4', '--qos=debug', '--mem', '8G', '--quiet']
+    assert ('  first: salloc --partition=gpu --ntasks=2 --nodes=2 --time=30 --account=proj '
+            '--gres=gpu:4 --qos=debug --mem 8G --quiet (the allocation, given back when the '
+            'job ends)') in cli.dry_run(args, {}).splitlines()
+    config = tmp_path / 'job.toml'                 # a value that starts with a dash, too
+    config.write_text('launcher = "slurm"\npartition = "gpu"\nsalloc-args = "--qos=debug"\n')
+    assert parsed({}, '-n', 1, '--config-file', config).salloc_args == ['--qos=debug']
+    for option in ('--time', '--salloc-args'):
+        with pytest.raises(cli.UsageError, match=f'^{option} is an option of salloc, for the '
+                           'allocation that --partition P asks for'):
+            parsed(dict(SBATCH, SLURM_JOB_NUM_NODES='1'), '--launcher', 'slurm', option, '1')
