@@ -259,8 +259,8 @@ class Checkpoint:
         self.restore(mine)
         self._rng = mine['rng']
         if self.rank == 0:
-            say(f'resumed from {folder} (step {step}: epoch {mine["epoch"] + 1}, '
-                f'batch {mine["batch"]})')
+            say(f'resumed from {folder.relative_to(Path.cwd()) if folder.is_relative_to(Path.cwd()) else folder} '
+                f'(step {step}: epoch {mine["epoch"] + 1}, batch {mine["batch"]})')
         report(resumed_from=step, step=step)
         spans.resume(step)                    # (the timeline counts steps on from it)
         return {k: mine[k] for k in ('step', 'epoch', 'batch', 'loop')}

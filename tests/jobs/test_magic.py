@@ -137,7 +137,7 @@ def test_max_restarts_in_a_notebook_resumes_from_the_checkpoint(tmp_path):
     assert 'worker 1 fails on purpose' in log and 'restart 1 of 1' in log
     # step 20's checkpoint, or step 10's where the kill cut off the write of step 20 (a
     # thread writes it while steps 21 to 25 train)
-    step = re.search(rf'resumed from {re.escape(str(tmp_path / "ckpt"))}/step-000000(10|20) '
+    step = re.search(r'resumed from ckpt/step-000000(10|20) '     # (relative to the kernel's folder)
                      r'\(step (\d+): epoch 1, batch \2\)', log)
     assert step and step.group(1) == step.group(2), log[-3000:]
     finals = re.findall(r'FINAL (\{.*\})', log)

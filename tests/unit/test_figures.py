@@ -366,13 +366,7 @@ def test_a_source_in_the_sentence():
 # Saved outputs: no absolute path of the machine
 ABSOLUTE = re.compile(r'(?<![\w.])/(?:work|tmp|home|root|Users|private|var/folders|mnt|scratch)/')
 
-KNOWN_PATHS = {
-    # d2ldist's resume line prints the checkpoint's absolute path. The cell is
-    # NBVAL_IGNORE_OUTPUT, so nbval passes in any checkout, but the saved page shows the
-    # path; fixing it takes the library printing it relative (d2ldist, under issue 49's
-    # restructuring) and a re-run of the chapter (issue 50)
-    ('fault_tolerance', 11): 'd2ldist: resumed from <absolute path>/ft_ckpt/step-...',
-}
+KNOWN_PATHS = {}   # (key: (notebook, cell index); value: the line, and why it may stay)
 
 
 def absolute_paths():
