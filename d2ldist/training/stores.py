@@ -67,6 +67,12 @@ class AllreduceStore:
         self._plain = set()       # keys that are not gradients: never compressed
         self.gradient_compression = None
 
+    def reform(self):
+        """After a change of the workers (elastic, 'ring'): the re-formed ring, its rank and size."""
+        from ..collectives import world
+        self._backend = world.backend()
+        self.rank, self.num_workers = self._backend.rank, self._backend.size
+
     def init(self, keys, values, optimizer=True):
         """Give every worker rank 0's values (a broadcast), and remember them.
 

@@ -324,6 +324,19 @@ class Trainer:
         return self._initialized
 
     @property
+    def optimizer(self):
+        """The torch optimizer the Trainer runs (None: the store runs it)."""
+        return self._optimizer
+
+    def forget_step(self):
+        """Forget a step cut short (elastic: its collective failed): no bucket started, and
+        every replica takes the first one's weights and statistics (put back to a commit)."""
+        if self._buckets is not None:
+            self._buckets._reset()
+        for replica in self.replicas[1:]:
+            replica.load_state_dict(self.replicas[0].state_dict())
+
+    @property
     def learning_rate(self):
         return self.optimizer_params.get('lr')
 
