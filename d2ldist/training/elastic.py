@@ -27,7 +27,6 @@ class TrainerState(elastic.TorchState):
         self.trainer = trainer
         self.first, self.fresh = at['step'], not trainer.optimizer.state
         super().__init__(trainer.replicas[0], trainer.optimizer, **_numbers(at))
-        self.register_reset_callbacks([trainer.store.reform])
 
     def sync(self):
         """Rank 0's state on every worker (TorchState's), then on all its devices. Where
@@ -86,6 +85,7 @@ class Elastic:
         commit's place, on the re-formed ring."""
         self.trainer.init()       # (every worker at once: the weights in the store)
         self.state = TrainerState(self.trainer, at)
+        self.state.register_reset_callbacks([self.trainer.store.reform])   # (the new ring)
         return elastic.run(self._enter)(self.state, train_from)
 
     def _enter(self, state, train_from):

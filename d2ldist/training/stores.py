@@ -67,12 +67,6 @@ class AllreduceStore:
         self._plain = set()       # keys that are not gradients: never compressed
         self.gradient_compression = None
 
-    def reform(self):
-        """After a change of the workers (elastic, 'ring'): the re-formed ring, its rank and size."""
-        from ..collectives import world
-        self._backend = world.backend()
-        self.rank, self.num_workers = self._backend.rank, self._backend.size
-
     def init(self, keys, values, optimizer=True):
         """Give every worker rank 0's values (a broadcast), and remember them.
 
@@ -124,6 +118,12 @@ class AllreduceStore:
 
     def barrier(self):
         self._run(self._backend.barrier).wait()
+
+    def reform(self):
+        """After a change of the workers (elastic, 'ring'): the ring made anew, rank, size."""
+        from ..collectives import world
+        self._backend = world.backend()
+        self.rank, self.num_workers = self._backend.rank, self._backend.size
 
     def __repr__(self):
         return f'<AllreduceStore {self.type}: worker {self.rank} of {self.num_workers}>'

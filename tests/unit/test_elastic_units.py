@@ -737,3 +737,116 @@ def test_a_hello_with_a_bad_address_is_refused_and_the_server_goes_on():
     assert [(kind, h.get('id'), h.get('error')) for _, kind, h, _ in node.sent] == [
         (M.ERROR, 1, "worker:1 gave a bad address 'tcp://;rm -rf:1'"), (M.ACK, 2, None)]
     assert node.met == [['worker:1', 'tcp://198.18.9.3:4000', 'h']]
+
+
+# -- d2ldist.train's collaborator (training/elastic.py) -----------------------------------
+def local_trainer():
+    """A Trainer of two CPU replicas on kvstore 'local', with momentum and weight decay."""
+    import d2ldist
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
+                              torch.nn.Linear(8, 3))
+    devices = [torch.device('cpu')] * 2
+    trainer = d2ldist.Trainer(net, 'sgd', {'lr': 0.1, 'momentum': 0.9, 'weight_decay': 0.01},
+                              kvstore='local', devices=devices, update_on_kvstore=False)
+    loss = torch.nn.CrossEntropyLoss(reduction='none')
+    g = torch.Generator().manual_seed(1)
+
+    def step():
+        d2ldist.train_batch(torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g),
+                            net, loss, trainer, devices)
+    return trainer, step
+
+
+def held(trainer):
+    """The first replica's weights and statistics, and the optimizer's momenta (copies)."""
+    return ([t.clone() for t in trainer.replicas[0].state_dict().values()],
+            [s['momentum_buffer'].clone() for s in trainer.optimizer.state.values()])
+
+
+def same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a[0] + a[1], b[0] + b[1]))
+
+
+def test_a_trainer_state_goes_back_to_its_commit_on_every_replica():
+    from d2ldist.training.elastic import TrainerState
+    trainer, step = local_trainer()
+    step()
+    state = TrainerState(trainer, {'step': 1, 'epoch': 0, 'batch': 1, 'loop': {}})
+    state.place(1, 0, 1, {'loss': 3, 'acc': 2, 'n': 8, 'samples': 8})
+    state.commit()
+    committed = held(trainer)
+    trainer.set_learning_rate(0.05)
+    step()
+    step()
+    assert not same(held(trainer), committed)
+    state.restore()
+    state.sync()
+    assert same(held(trainer), committed) and trainer.learning_rate == 0.1
+    for replica in trainer.replicas[1:]:          # every device: the first one's
+        assert all(torch.equal(a, b) for a, b in zip(replica.state_dict().values(),
+                                                     trainer.replicas[0].state_dict().values()))
+    at = state.at()
+    assert at == {'step': 1, 'epoch': 0, 'batch': 1,
+                  'loop': {'loss': 3.0, 'acc': 2, 'n': 8, 'samples': 8}}
+    assert isinstance(at['loop']['loss'], float)   # (one type on every worker: a broadcast)
+
+
+def test_at_the_start_a_fresh_optimizer_keeps_no_state_from_the_sync():
+    """broadcast_optimizer_state makes a state by a step of zero gradients (Horovod's), in
+    which weight decay leaves a trace; rank 0 had none at the start: it is dropped."""
+    from d2ldist.training.elastic import TrainerState
+    trainer, step = local_trainer()
+    trainer.init()
+    state = TrainerState(trainer, {'step': 0, 'epoch': 0, 'batch': 0, 'loop': {}})
+    trainer.optimizer.state[trainer.flat_weights]['momentum_buffer'] = torch.ones(1)  # (made)
+    state.sync()
+    assert not trainer.optimizer.state
+
+
+def test_elastic_training_comes_under_min_workers_on_the_ring_and_torch_is_refused(
+        monkeypatch, capsys):
+    from d2ldist.training.elastic import Elastic
+    trainer = lambda kind: SimpleNamespace(store=SimpleNamespace(type=kind))  # noqa: E731
+    monkeypatch.setattr(config, '_current', config.Config())
+    assert Elastic.from_config(trainer('ring')) is None
+    monkeypatch.setattr(config, '_current', config.Config(min_workers=2))
+    assert isinstance(Elastic.from_config(trainer('ring')), Elastic)
+    for kind in ('dist_sync', 'local'):     # the servers' rounds count the workers left
+        assert Elastic.from_config(trainer(kind)) is None
+    with pytest.raises(SystemExit) as e:
+        Elastic.from_config(trainer('torch'))
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (
+        "d2ldist: --min-workers: kvstore 'torch' cannot go on without a lost worker "
+        "(torch.distributed cannot change its workers): use kvstore 'ring' or servers (-s)\n")
+
+
+def test_the_loop_is_taken_up_again_from_the_last_commit(monkeypatch, capsys):
+    from d2ldist.training.elastic import Elastic
+    trainer, step = local_trainer()
+    reforms, stores, entered = [], [], []
+    monkeypatch.setattr(world, 'reform', lambda: reforms.append(1))
+    trainer.store.reform = lambda: stores.append(1)
+    elastic_training = Elastic(trainer)
+
+    def train_from(at):
+        entered.append(at)
+        if len(entered) == 1:
+            step()
+            elastic_training.step_done(1, 0, 1, {'loss': 2.5, 'acc': 3, 'n': 8, 'samples': 8})
+            held_at_commit.extend(held(trainer))
+            step()                                   # the next step's collective fails
+            raise WorkersChanged('worker 1 was lost', 'worker:1', 1)
+        assert same(held(trainer), held_at_commit)
+        return 'done'
+
+    held_at_commit = []
+    start = {'step': 0, 'epoch': 0, 'batch': 0, 'loop': {}}
+    assert elastic_training.run(train_from, start) == 'done'
+    assert entered[1] == {'step': 1, 'epoch': 0, 'batch': 1,
+                          'loop': {'loss': 2.5, 'acc': 3, 'n': 8, 'samples': 8}}
+    assert entered[0]['step'] == 0 and reforms == stores == [1]
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        'd2ldist: worker: worker 1 was lost; back to the last commit',
+        'd2ldist: worker: goes on from step 1 (epoch 1, batch 1) as rank 0 of 1']

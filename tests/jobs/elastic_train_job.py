@@ -1,0 +1,81 @@
+"""d2ldist.train elastic on the ring, for test_elastic.py: a small MLP in float64 on the
+digits (3 workers: 15 steps of 32 examples each per epoch, 2 epochs, the learning rate
+halved at epoch 2, momentum and weight decay). Each worker prints d2ldist.train's epoch
+lines and ``FINAL {json}``: its test accuracy and final weights. ``replay(k, survivors)`` computes
+the same in one process: every worker's batches for steps 1..k, the survivors' after.
+
+    d2l-launch -n 3 -s 0 --min-workers 2 --fail worker:2@step=20 \\
+        python tests/jobs/elastic_train_job.py
+"""
+import json
+import sys
+
+import torch
+from torch import nn
+
+EPOCHS, BATCH, WORKERS = 2, 32, 3
+HYPER = {'lr': 0.1, 'momentum': 0.9, 'weight_decay': 5e-4}
+
+
+class Double(nn.Module):
+    """The digits' float32 images as float64, so that sums in another order agree closely."""
+
+    def forward(self, x):
+        return x.double()
+
+
+def model():
+    torch.manual_seed(0)
+    return nn.Sequential(Double(), nn.AvgPool2d(8), nn.Flatten(), nn.Linear(48, 16),
+                         nn.ReLU(), nn.Linear(16, 10)).double()
+
+
+def flat(net):
+    return [float(v) for v in torch.cat([p.detach().reshape(-1) for p in net.parameters()])]
+
+
+def replay(k, survivors):
+    """The final weights in one process: all workers' batches for steps 1..k, then only
+    the survivors' (each keeps its part of the data), with the Trainer's update."""
+    from d2ldist.training.data import SplitSampler, digits_tensors
+    net, loss = model(), nn.CrossEntropyLoss(reduction='none')
+    optimizer = torch.optim.SGD(net.parameters(), **HYPER)
+    X, y, _, _ = digits_tensors()          # (the data load_data_digits splits)
+    data = torch.utils.data.TensorDataset(X, y)
+    loaders = [torch.utils.data.DataLoader(data, BATCH, drop_last=True, sampler=SplitSampler(
+        len(data), WORKERS, r, seed=0)) for r in range(WORKERS)]
+    step = 0
+    for epoch in range(EPOCHS):
+        for group in optimizer.param_groups:
+            group['lr'] = HYPER['lr'] * 0.5 ** epoch
+        for loader in loaders:
+            loader.sampler.set_epoch(epoch)
+        for batches in zip(*loaders):
+            step += 1
+            ranks = range(WORKERS) if step <= k else survivors
+            net.zero_grad()
+            for r in ranks:
+                X, y = batches[r]
+                loss(net(X), y).sum().backward()
+            for p in net.parameters():
+                p.grad /= BATCH * len(ranks)
+            optimizer.step()
+    return flat(net)
+
+
+def main():
+    import d2ldist
+    torch.set_num_threads(1)
+    store = d2ldist.create_store(sys.argv[1] if sys.argv[1:] else 'ring')
+    train_iter, test_iter = d2ldist.load_data_digits(BATCH, store.num_workers, store.rank)
+    net = model()
+    trainer = d2ldist.Trainer(net, 'sgd', HYPER, kvstore=store)
+    result = d2ldist.train(net, train_iter, test_iter, EPOCHS, trainer, [torch.device('cpu')],
+                           lr_period=1, lr_decay=0.5)
+    final = json.dumps({'test_acc': result['test_acc'], 'weights': flat(net)})
+    sys.stdout.write(f'FINAL {final}\n')
+    sys.stdout.flush()
+
+
+if __name__ == '__main__':
+    main()
