@@ -11,6 +11,8 @@ survivor keeps its part of the data; the lost worker's part is not read again. W
 servers the servers' rounds count the workers left (nothing to do here); kvstore 'torch'
 cannot change its workers: one line at the start. docs/design/training.md#elastic-workers.
 """
+import torch
+
 from .. import config
 from ..collectives import elastic, world
 from ..lines import say, shown
@@ -32,8 +34,10 @@ class TrainerState(elastic.TorchState):
         """Rank 0's state on every worker (TorchState's), then on all its devices. Where
         rank 0's optimizer had no state yet, the state broadcast_optimizer_state made (a
         step of zero gradients, as Horovod's: weight decay's trace in it) is dropped."""
-        super().sync()
         optimizer = self.trainer.optimizer
+        if not optimizer.state:       # (a worker that joined: the momenta it is sent)
+            _made_state(optimizer, self.trainer.flat_weights)
+        super().sync()
         if self.step == self.first and self.fresh:
             optimizer.state.clear()
         self.trainer.set_learning_rate(optimizer.param_groups[0]['lr'])
@@ -50,6 +54,17 @@ class TrainerState(elastic.TorchState):
         self.step, self.epoch, self.batch = int(step), int(epoch), int(batch)
         for k, kind in SUMS.items():
             setattr(self, k, kind(sums.get(k, 0)))
+
+
+@torch.no_grad()
+def _made_state(optimizer, weights):
+    """The Trainer's optimizer with a state (momenta, ...), as broadcast_optimizer_state
+    makes one (its weights do not need a gradient): a step of zero gradients, the
+    weights kept."""
+    kept = weights.clone()
+    weights.grad = torch.zeros_like(weights)
+    optimizer.step()
+    weights.copy_(kept)
 
 
 def _numbers(at):
@@ -83,19 +98,20 @@ class Elastic:
     def run(self, train_from, at):
         """``train_from(at)``; when the workers change, ``train_from`` again from the last
         commit's place, on the re-formed ring."""
-        self.trainer.init()       # (every worker at once: the weights in the store)
         self.state = TrainerState(self.trainer, at)
         self.state.register_reset_callbacks([self.trainer.store.reform])   # (the new ring)
         return elastic.run(self._enter)(self.state, train_from)
 
     def _enter(self, state, train_from):
-        """``train_from`` the state's place; after a reset, say where from (one line)."""
+        """``train_from`` the state's place, the Trainer's store filled again on this ring
+        (every worker at once, a worker that joined too); after a reset, say where from."""
         if self.entries:
             me = node.current()
             say(f'{shown(me.id) if me else "worker"}: goes on from step {state.step} '
                 f'(epoch {state.epoch + 1}, batch {state.batch}) as rank {world.rank()} of '
                 f'{world.size()}')
         self.entries += 1
+        self.trainer.init()
         return train_from(state.at())
 
     def step_done(self, step, epoch, batch, sums):

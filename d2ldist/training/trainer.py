@@ -329,12 +329,14 @@ class Trainer:
         return self._optimizer
 
     def forget_step(self):
-        """Forget a step cut short (elastic: its collective failed): no bucket started, and
-        every replica takes the first one's weights and statistics (put back to a commit)."""
+        """Forget a step cut short (elastic: its collective failed): no bucket started, every
+        replica takes the first one's weights and statistics (put back to a commit), and
+        init() runs again (on the new ring, with a worker that joined)."""
         if self._buckets is not None:
             self._buckets._reset()
         for replica in self.replicas[1:]:
             replica.load_state_dict(self.replicas[0].state_dict())
+        self._initialized = False
 
     @property
     def learning_rate(self):

@@ -2,7 +2,7 @@
 digits (3 workers: 15 steps of 32 examples each per epoch, 2 epochs, the learning rate
 halved at epoch 2, momentum and weight decay). Each worker prints d2ldist.train's epoch
 lines and ``FINAL {json}``: its test accuracy and final weights. ``replay(k, survivors)`` computes
-the same in one process: every worker's batches for steps 1..k, the survivors' after.
+the same in one process, for any sequence of memberships.
 
     d2l-launch -n 3 -s 0 --min-workers 2 --fail worker:2@step=20 \\
         python tests/jobs/elastic_train_job.py
@@ -34,9 +34,9 @@ def flat(net):
     return [float(v) for v in torch.cat([p.detach().reshape(-1) for p in net.parameters()])]
 
 
-def replay(k, survivors):
-    """The final weights in one process: all workers' batches for steps 1..k, then only
-    the survivors' (each keeps its part of the data), with the Trainer's update."""
+def replay(ranks):
+    """The final weights in one process, with the Trainer's update: ``ranks[s]``, the
+    workers whose batches step s + 1 sums (each keeps its part of the data)."""
     from d2ldist.training.data import SplitSampler, digits_tensors
     net, loss = model(), nn.CrossEntropyLoss(reduction='none')
     optimizer = torch.optim.SGD(net.parameters(), **HYPER)
@@ -51,15 +51,14 @@ def replay(k, survivors):
         for loader in loaders:
             loader.sampler.set_epoch(epoch)
         for batches in zip(*loaders):
-            step += 1
-            ranks = range(WORKERS) if step <= k else survivors
             net.zero_grad()
-            for r in ranks:
+            for r in ranks[step]:
                 X, y = batches[r]
                 loss(net(X), y).sum().backward()
             for p in net.parameters():
-                p.grad /= BATCH * len(ranks)
+                p.grad /= BATCH * len(ranks[step])
             optimizer.step()
+            step += 1
     return flat(net)
 
 

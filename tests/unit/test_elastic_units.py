@@ -740,15 +740,38 @@ def test_a_hello_with_a_bad_address_is_refused_and_the_server_goes_on():
 
 
 # -- d2ldist.train's collaborator (training/elastic.py) -----------------------------------
+class OneWorkerRing:
+    """A store of one worker with AllreduceStore's interface (the ring's sums of one)."""
+    type, rank, num_workers = 'ring', 0, 1
+
+    def __init__(self):
+        self.values, self.reforms = {}, 0
+
+    def init(self, keys, values, optimizer=True):
+        self.values.update((k, v.clone()) for k, v in zip(keys, values))
+
+    def pull(self, keys, out):
+        for k, o in zip(keys, out):
+            o.copy_(self.values[k])
+
+    def pushpull(self, keys, values, out):
+        for v, o in zip(values, out):
+            o.copy_(v)
+
+    def reform(self):
+        self.reforms += 1
+
+
 def local_trainer():
-    """A Trainer of two CPU replicas on kvstore 'local', with momentum and weight decay."""
+    """A Trainer of two CPU replicas on a ring of one worker, with momentum and weight
+    decay."""
     import d2ldist
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
                               torch.nn.Linear(8, 3))
     devices = [torch.device('cpu')] * 2
     trainer = d2ldist.Trainer(net, 'sgd', {'lr': 0.1, 'momentum': 0.9, 'weight_decay': 0.01},
-                              kvstore='local', devices=devices, update_on_kvstore=False)
+                              kvstore=OneWorkerRing(), devices=devices)
     loss = torch.nn.CrossEntropyLoss(reduction='none')
     g = torch.Generator().manual_seed(1)
 
@@ -825,9 +848,8 @@ def test_elastic_training_comes_under_min_workers_on_the_ring_and_torch_is_refus
 def test_the_loop_is_taken_up_again_from_the_last_commit(monkeypatch, capsys):
     from d2ldist.training.elastic import Elastic
     trainer, step = local_trainer()
-    reforms, stores, entered = [], [], []
+    reforms, entered = [], []
     monkeypatch.setattr(world, 'reform', lambda: reforms.append(1))
-    trainer.store.reform = lambda: stores.append(1)
     elastic_training = Elastic(trainer)
 
     def train_from(at):
@@ -846,7 +868,24 @@ def test_the_loop_is_taken_up_again_from_the_last_commit(monkeypatch, capsys):
     assert elastic_training.run(train_from, start) == 'done'
     assert entered[1] == {'step': 1, 'epoch': 0, 'batch': 1,
                           'loop': {'loss': 2.5, 'acc': 3, 'n': 8, 'samples': 8}}
-    assert entered[0]['step'] == 0 and reforms == stores == [1]
+    assert entered[0]['step'] == 0 and reforms == [1] and trainer.store.reforms == 1
     assert capsys.readouterr().out.splitlines()[-2:] == [
         'd2ldist: worker: worker 1 was lost; back to the last commit',
         'd2ldist: worker: goes on from step 1 (epoch 1, batch 1) as rank 0 of 1']
+
+
+def test_a_worker_that_joins_makes_its_optimizers_state_before_the_sync():
+    """Its momenta must exist to be sent rank 0's (the Trainer's flat weights need no
+    gradient, which broadcast_optimizer_state looks for); its weights stay."""
+    from d2ldist.training.elastic import TrainerState
+    trainer, step = local_trainer()
+    trainer.init()
+    before = trainer.flat_weights.clone()
+    TrainerState(trainer, {'step': 5, 'epoch': 0, 'batch': 5, 'loop': {}}).sync()
+    assert not trainer.optimizer.state     # alone, rank 0 had none at its start: dropped
+    state = TrainerState(trainer, {'step': 5, 'epoch': 0, 'batch': 5, 'loop': {}})
+    state.fresh = False                    # (rank 0 had one: kept, as sent)
+    state.sync()
+    momenta = [s['momentum_buffer'] for s in trainer.optimizer.state.values()]
+    assert len(momenta) == 1 and torch.equal(momenta[0], 0.01 * before)   # (weight decay)
+    assert torch.equal(trainer.flat_weights, before)
