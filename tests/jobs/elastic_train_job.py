@@ -7,6 +7,7 @@ the same in one process, for any sequence of memberships.
     d2l-launch -n 3 -s 0 --min-workers 2 --fail worker:2@step=20 \\
         python tests/jobs/elastic_train_job.py
 """
+import functools
 import json
 import sys
 
@@ -34,14 +35,20 @@ def flat(net):
     return [float(v) for v in torch.cat([p.detach().reshape(-1) for p in net.parameters()])]
 
 
+@functools.cache
+def digits():
+    """The digits load_data_digits splits (loaded once for several replays)."""
+    from d2ldist.training.data import digits_tensors
+    return digits_tensors()
+
+
 def replay(ranks):
     """The final weights in one process, with the Trainer's update: ``ranks[s]``, the
     workers whose batches step s + 1 sums (each keeps its part of the data)."""
-    from d2ldist.training.data import SplitSampler, digits_tensors
+    from d2ldist.training.data import SplitSampler
     net, loss = model(), nn.CrossEntropyLoss(reduction='none')
     optimizer = torch.optim.SGD(net.parameters(), **HYPER)
-    X, y, _, _ = digits_tensors()          # (the data load_data_digits splits)
-    data = torch.utils.data.TensorDataset(X, y)
+    data = torch.utils.data.TensorDataset(*digits()[:2])
     loaders = [torch.utils.data.DataLoader(data, BATCH, drop_last=True, sampler=SplitSampler(
         len(data), WORKERS, r, seed=0)) for r in range(WORKERS)]
     step = 0
