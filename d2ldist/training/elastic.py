@@ -6,8 +6,9 @@ to ``Elastic.step_done``: the weights, BatchNorm's statistics, the optimizer's s
 the loop's place are copied in memory (``TrainerState``, a ``TorchState``). When a worker
 is lost, the collective in flight fails on every survivor (``WorkersChanged``);
 ``d2ldist.collectives.elastic.run`` takes each back to its last commit, re-forms the
-ring, gives every survivor rank 0's state, and the loop goes on from there. Each
-survivor keeps its part of the data; the lost worker's part is not read again. With
+ring, gives every survivor rank 0's state, and the loop goes on from there (a worker
+that joins is taken in at a commit). Each worker keeps its part of the data: a lost
+worker's part is not read again, one that joins reads that of the rank it joins as. With
 servers the servers' rounds count the workers left (nothing to do here); kvstore 'torch'
 cannot change its workers: one line at the start. docs/design/training.md#elastic-workers.
 """
@@ -104,8 +105,9 @@ class Elastic:
 
     def _enter(self, state, train_from):
         """``train_from`` the state's place, the Trainer's store filled again on this ring
-        (every worker at once, a worker that joined too); after a reset, say where from."""
-        if self.entries:
+        (every worker at once, a worker that joined too); after a reset, or joined, say
+        where from."""
+        if self.entries or state.step != state.first:
             me = node.current()
             say(f'{shown(me.id) if me else "worker"}: goes on from step {state.step} '
                 f'(epoch {state.epoch + 1}, batch {state.batch}) as rank {world.rank()} of '
