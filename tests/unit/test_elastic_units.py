@@ -889,3 +889,26 @@ def test_a_worker_that_joins_makes_its_optimizers_state_before_the_sync():
     momenta = [s['momentum_buffer'] for s in trainer.optimizer.state.values()]
     assert len(momenta) == 1 and torch.equal(momenta[0], 0.01 * before)   # (weight decay)
     assert torch.equal(trainer.flat_weights, before)
+
+
+def test_zero_under_min_workers_is_refused_in_one_line_at_the_start(monkeypatch, capsys):
+    """ZeRO's shards have one copy each: a TorchState of a ShardedOptimizer, or of a net
+    that shard_module cut, cannot go on without a lost worker's; without --min-workers
+    it is made as any other."""
+    from d2ldist.collectives.sharded import ShardedOptimizer
+    net = torch.nn.Linear(4, 2)
+    sharded = ShardedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1))
+    monkeypatch.setattr(config, '_current', config.Config())
+    assert elastic.TorchState(model=net, optimizer=sharded).optimizer is sharded
+    monkeypatch.setattr(config, '_current', config.Config(min_workers=2))
+    elastic.TorchState(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    from d2ldist.collectives.sharded_module import shard_module
+    stage_3 = shard_module(torch.nn.Sequential(torch.nn.Linear(4, 2)))
+    for model, optimizer in ((net, sharded), (stage_3, None)):
+        with pytest.raises(SystemExit) as e:
+            elastic.TorchState(model=model, optimizer=optimizer)
+        assert e.value.code == 2
+    assert capsys.readouterr().err == 2 * (
+        "d2ldist: --min-workers: ZeRO's shards (ShardedOptimizer, shard_module) have one copy "
+        "each: a lost worker's is gone, and the others cannot go on without it; run without "
+        "--min-workers\n")
