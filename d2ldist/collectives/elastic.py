@@ -18,7 +18,8 @@ commit (``restore``), the ring is made anew (``world.reform``), the reset callba
 every worker takes rank 0's state (``sync``) and ``train`` is called again. A worker
 that joins (``--max-workers``) is taken in at a ``commit()`` (``HostsUpdatedInterrupt``).
 A batch cut by ``hvd.rank()`` and ``hvd.size()`` from a position kept in the state is
-cut anew after a reset (``part``, ``ElasticSampler``). The whole story:
+cut anew after a reset (``part``, ``ElasticSampler``). ZeRO's shards have one copy each:
+under --min-workers a TorchState of them is refused in one line. The whole story:
 docs/design/ring.md#elastic-workers.
 """
 import copy
@@ -160,6 +161,11 @@ class TorchState(State):
     """A model's and an optimizer's state (copies in memory), and numbers."""
 
     def __init__(self, model=None, optimizer=None, **attrs):
+        if config.get().min_workers and _sharded(model, optimizer):
+            say("--min-workers: ZeRO's shards (ShardedOptimizer, shard_module) have one copy "
+                "each: a lost worker's is gone, and the others cannot go on without it; run "
+                'without --min-workers', err=True)
+            raise SystemExit(2)
         self.model, self.optimizer = model, optimizer
         self._model_saved = self._optimizer_saved = None
         super().__init__(**attrs)
@@ -185,6 +191,13 @@ class TorchState(State):
         if self.optimizer is not None:
             broadcast_optimizer_state(self.optimizer, root_rank=0)
         super().sync()
+
+
+def _sharded(model, optimizer):
+    """Whether ZeRO cut the model's weights or the optimizer's state into shards."""
+    from .sharded import ShardedOptimizer
+    from .sharded_module import units_of
+    return isinstance(optimizer, ShardedOptimizer) or bool(model is not None and units_of(model))
 
 
 def _broadcast(values, dtype):

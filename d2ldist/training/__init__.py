@@ -5,6 +5,7 @@
 * ``statistics.py`` -- BatchNorm's running statistics, shared over the workers in step 7;
 * ``timing.py``  -- each step's seconds per batch (``trainer.step_times``);
 * ``loop.py``    -- the training loop (``train``) and ``evaluate_accuracy``;
+* ``elastic.py`` -- the loop's commits and recovery under ``--min-workers`` on the ring;
 * ``data.py``    -- each worker's part of the data (``SplitSampler``), CIFAR-10, digits;
 * ``models.py``  -- ResNet-18; ``devices.py`` -- devices and splitting a batch over them.
 """

@@ -6,6 +6,7 @@ report every few batches (for ``d2l-launch``'s bars and ``%launch``'s dashboard)
 one line per epoch. Saved from the chapter that introduces it
 (``notebooks/multimachine_resnet18.ipynb``, its ``#@save`` cell).
 """
+import functools
 import sys
 import time
 from collections.abc import Iterable
@@ -15,6 +16,7 @@ from torch import nn
 
 from ..report import report
 from .checkpoint import Checkpoint, CheckpointError
+from .elastic import Elastic
 from .trainer import train_batch
 
 
@@ -37,11 +39,22 @@ def train(net, train_iter, test_iter, num_epochs, trainer, devices, lr_period=No
     """Train for num_epochs; report progress every few batches; return the final metrics.
 
     With D2L_CHECKPOINT_DIR set (``d2l-launch --checkpoint-dir``), save a checkpoint
-    every D2L_CHECKPOINT_EVERY steps and first resume from the newest one, if any."""
-    loss = nn.CrossEntropyLoss(reduction='none')
-    num_batches = len(train_iter)
+    every D2L_CHECKPOINT_EVERY steps and first resume from the newest one, if any. Under
+    ``d2l-launch --min-workers`` on the ring, commit every step and go on from the last
+    commit without a lost worker (``training/elastic.py``)."""
     ckpt = Checkpoint.from_config(trainer)
     at = (ckpt and _resume(ckpt)) or {'step': 0, 'epoch': 0, 'batch': 0, 'loop': {}}
+    elastic = Elastic.from_config(trainer)
+    epochs = functools.partial(_train_from, net, train_iter, test_iter, num_epochs, trainer,
+                               devices, lr_period, lr_decay, report_every, ckpt, elastic)
+    return elastic.run(epochs, at) if elastic else epochs(at)
+
+
+def _train_from(net, train_iter, test_iter, num_epochs, trainer, devices, lr_period,
+                lr_decay, report_every, ckpt, elastic, at):
+    """train()'s epochs from the place ``at`` (step, epoch, batch done, the loop's sums)."""
+    loss = nn.CrossEntropyLoss(reduction='none')
+    num_batches = len(train_iter)
     step, samples = at['step'], at['loop'].get('samples', 0)
     for epoch in range(at['epoch'], num_epochs):
         skip = at['batch'] if epoch == at['epoch'] else 0   # a resumed epoch's done batches
@@ -58,9 +71,11 @@ def train(net, train_iter, test_iter, num_epochs, trainer, devices, lr_period=No
             l, acc = train_batch(X, y, net, loss, trainer, devices)
             train_l_sum, train_acc_sum, n = train_l_sum + l, train_acc_sum + acc, n + len(y)
             samples, step = samples + len(y), step + 1
-            if ckpt:
-                ckpt.step_done(step, epoch, i + 1, {'loss': train_l_sum, 'acc': train_acc_sum,
-                                                    'n': n, 'samples': samples})
+            sums = {'loss': train_l_sum, 'acc': train_acc_sum, 'n': n, 'samples': samples}
+            if ckpt:                  # a checkpoint every few steps
+                ckpt.step_done(step, epoch, i + 1, sums)
+            if elastic:               # a commit in memory, every step
+                elastic.step_done(step, epoch, i + 1, sums)
             if (i + 1) % report_every == 0 or i + 1 == num_batches:
                 report(epoch=epoch + 1, num_epochs=num_epochs, batch=i + 1,
                        num_batches=num_batches, loss=l / len(y), acc=acc / len(y),

@@ -18,6 +18,7 @@ The layout, and why: docs/design/sharded_checkpoints.md.
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -318,7 +319,7 @@ def digest(mine, values, table):
 
 
 # -- save and load ---------------------------------------------------------------------------
-def save(state, directory):
+def save(state: dict, directory: str | os.PathLike) -> str:
     """Save ``state`` into the folder ``directory``: each worker its own pieces, worker 0
     the manifest, last. Every worker calls it; each gets the SHA-256 of the whole state."""
     backend, folder = world.backend(), Path(directory)
@@ -390,7 +391,7 @@ def read_manifest(folder):
     return layout
 
 
-def load(state, directory):
+def load(state: dict, directory: str | os.PathLike) -> str:
     """Load the checkpoint in ``directory`` into ``state``: modules, optimizers and
     tensors in place, plain values replaced; cut for this job's workers, however many
     saved it. Every worker calls it; each gets the SHA-256 of the whole state loaded."""

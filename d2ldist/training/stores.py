@@ -124,6 +124,12 @@ class AllreduceStore:
     def barrier(self) -> None:
         self._run(self._backend.barrier).wait()
 
+    def reform(self) -> None:
+        """After a change of the workers (elastic, 'ring'): the ring made anew, rank, size."""
+        from ..collectives import world
+        self._backend = world.backend()
+        self.rank, self.num_workers = self._backend.rank, self._backend.size
+
     def __repr__(self):
         return f'<AllreduceStore {self.type}: worker {self.rank} of {self.num_workers}>'
 

@@ -315,17 +315,28 @@ class Trainer:
         return self._times.means()
 
     def step_times_report(self) -> dict[str, float]:
-        """step_times as d2ldist.report and the dashboard's bars take them.
-
-        {'1 forward, backward': seconds, ..., '7 to all devices': seconds}: the
-        dashboard labels its bars with the keys, in this order.
-        """
+        """step_times by label, in order, as the dashboard's bars take them: {'1 forward,
+        backward': seconds, ..., '7 to all devices': seconds} (d2ldist.report's)."""
         return {STEPS[s].label: t for s, t in self.step_times.items() if t is not None}
 
     @property
     def initialized(self) -> bool:
         """Whether the store has the weights (the first step, or init(), has run)."""
         return self._initialized
+
+    @property
+    def optimizer(self) -> 'torch.optim.Optimizer | None':
+        """The torch optimizer the Trainer runs (None: the store runs it)."""
+        return self._optimizer
+
+    def forget_step(self) -> None:
+        """Forget a step cut short (elastic): no bucket started, every replica takes the first
+        one's weights and statistics (a commit's), init() again (on the new ring)."""
+        if self._buckets is not None:
+            self._buckets._reset()
+        for replica in self.replicas[1:]:
+            replica.load_state_dict(self.replicas[0].state_dict())
+        self._initialized = False
 
     @property
     def learning_rate(self) -> float | None:

@@ -14,6 +14,7 @@ import torch
 from support import ROOT, run_launch, wait_no_survivors
 from d2ldist.timeline import load
 from elastic_job import BATCH, LOCAL, STEPS, replay, replay_sampler
+from elastic_train_job import replay as replay_train
 
 JOB = ROOT / 'tests' / 'jobs' / 'elastic_job.py'
 KV_JOB = ROOT / 'tests' / 'jobs' / 'kv_elastic_job.py'
@@ -266,3 +267,39 @@ def test_a_lost_worker_started_again_pulls_the_current_values_and_joins_the_roun
     assert joined_at in values[0][38:] and counted(joined_at)[1] == 39
     n = len(values[0])
     assert final == {0: n * 1_000_001 + 59_000, 2: n * 1_000_001 + 59_000}
+
+
+# -- d2ldist.train on the ring ----------------------------------------------------------------
+TRAIN_JOB = ROOT / 'tests' / 'jobs' / 'elastic_train_job.py'
+
+
+def test_d2ldist_train_on_the_ring_goes_on_from_the_last_commit_as_the_replay():
+    """d2ldist.train under --min-workers (elastic_train_job.py, 2 epochs of 15 steps):
+    worker 2 killed after its compute of step 20; the two others go back to rank 0's last
+    commit (step 18, 19 or 20, as AFTER_KILL), re-form the ring, and end with equal
+    weights, those of the replay of all three workers' batches up to that step and the
+    two survivors' after it (each keeps its part of the data); the loss falls."""
+    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, '--fail', 'worker:2@step=20',
+                   '--timeout', 150, sys.executable, TRAIN_JOB, timeout=200)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert ('d2l-launch: worker 2 failed (killed by SIGKILL (exit code 137)); 2 workers go '
+            'on (--min-workers 2)') in out
+    went_on = re.findall(r'^\[worker (\d)\] d2ldist: worker \1: goes on from step (\d+) '
+                         r'\(epoch (\d), batch (\d+)\) as rank (\d) of 2$', out, re.M)
+    assert sorted((w, rank) for w, *_, rank in went_on) == [('0', '0'), ('1', '1')], out[-4000:]
+    assert len({tuple(place) for _, *place, _ in went_on}) == 1   # rank 0's, on both
+    k, epoch, batch = map(int, went_on[0][1:4])
+    assert k in (18, 19, 20) and (epoch, batch) == (2, k - 15)
+    weights = {int(w): json.loads(v)['weights'] for w, v in
+               re.findall(r'^\[worker (\d)\] FINAL (.*)$', out, re.M)}
+    assert sorted(weights) == [0, 1] and weights[0] == weights[1]
+    expected = torch.tensor(replay_train([[0, 1, 2]] * k + [[0, 1]] * (30 - k)))
+    assert torch.allclose(torch.tensor(weights[0]), expected, rtol=1e-9, atol=1e-12)
+    calm = torch.tensor(replay_train([[0, 1, 2]] * 30))
+    assert not torch.allclose(expected, calm, rtol=1e-6)
+    for w in (0, 1):
+        losses = [float(x) for x in re.findall(rf'^\[worker {w}\] epoch \d, loss ([\d.]+),',
+                                               out, re.M)]
+        assert len(losses) == 2 and losses[1] < losses[0]
+    assert wait_no_survivors(r.tag) == []

@@ -737,3 +737,178 @@ def test_a_hello_with_a_bad_address_is_refused_and_the_server_goes_on():
     assert [(kind, h.get('id'), h.get('error')) for _, kind, h, _ in node.sent] == [
         (M.ERROR, 1, "worker:1 gave a bad address 'tcp://;rm -rf:1'"), (M.ACK, 2, None)]
     assert node.met == [['worker:1', 'tcp://198.18.9.3:4000', 'h']]
+
+
+# -- d2ldist.train's collaborator (training/elastic.py) -----------------------------------
+class OneWorkerRing:
+    """A store of one worker with AllreduceStore's interface (the ring's sums of one)."""
+    type, rank, num_workers = 'ring', 0, 1
+
+    def __init__(self):
+        self.values, self.reforms = {}, 0
+
+    def init(self, keys, values, optimizer=True):
+        self.values.update((k, v.clone()) for k, v in zip(keys, values))
+
+    def pull(self, keys, out):
+        for k, o in zip(keys, out):
+            o.copy_(self.values[k])
+
+    def pushpull(self, keys, values, out):
+        for v, o in zip(values, out):
+            o.copy_(v)
+
+    def reform(self):
+        self.reforms += 1
+
+
+def local_trainer():
+    """A Trainer of two CPU replicas on a ring of one worker, with momentum and weight
+    decay."""
+    import d2ldist
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
+                              torch.nn.Linear(8, 3))
+    devices = [torch.device('cpu')] * 2
+    trainer = d2ldist.Trainer(net, 'sgd', {'lr': 0.1, 'momentum': 0.9, 'weight_decay': 0.01},
+                              kvstore=OneWorkerRing(), devices=devices)
+    loss = torch.nn.CrossEntropyLoss(reduction='none')
+    g = torch.Generator().manual_seed(1)
+
+    def step():
+        d2ldist.train_batch(torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g),
+                            net, loss, trainer, devices)
+    return trainer, step
+
+
+def held(trainer):
+    """The first replica's weights and statistics, and the optimizer's momenta (copies)."""
+    return ([t.clone() for t in trainer.replicas[0].state_dict().values()],
+            [s['momentum_buffer'].clone() for s in trainer.optimizer.state.values()])
+
+
+def same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a[0] + a[1], b[0] + b[1]))
+
+
+def test_a_trainer_state_goes_back_to_its_commit_on_every_replica():
+    from d2ldist.training.elastic import TrainerState
+    trainer, step = local_trainer()
+    step()
+    state = TrainerState(trainer, {'step': 1, 'epoch': 0, 'batch': 1, 'loop': {}})
+    state.place(1, 0, 1, {'loss': 3, 'acc': 2, 'n': 8, 'samples': 8})
+    state.commit()
+    committed = held(trainer)
+    trainer.set_learning_rate(0.05)
+    step()
+    step()
+    assert not same(held(trainer), committed)
+    state.restore()
+    state.sync()
+    assert same(held(trainer), committed) and trainer.learning_rate == 0.1
+    for replica in trainer.replicas[1:]:          # every device: the first one's
+        assert all(torch.equal(a, b) for a, b in zip(replica.state_dict().values(),
+                                                     trainer.replicas[0].state_dict().values()))
+    at = state.at()
+    assert at == {'step': 1, 'epoch': 0, 'batch': 1,
+                  'loop': {'loss': 3.0, 'acc': 2, 'n': 8, 'samples': 8}}
+    assert isinstance(at['loop']['loss'], float)   # (one type on every worker: a broadcast)
+
+
+def test_at_the_start_a_fresh_optimizer_keeps_no_state_from_the_sync():
+    """broadcast_optimizer_state makes a state by a step of zero gradients (Horovod's), in
+    which weight decay leaves a trace; rank 0 had none at the start: it is dropped."""
+    from d2ldist.training.elastic import TrainerState
+    trainer, step = local_trainer()
+    trainer.init()
+    state = TrainerState(trainer, {'step': 0, 'epoch': 0, 'batch': 0, 'loop': {}})
+    trainer.optimizer.state[trainer.flat_weights]['momentum_buffer'] = torch.ones(1)  # (made)
+    state.sync()
+    assert not trainer.optimizer.state
+
+
+def test_elastic_training_comes_under_min_workers_on_the_ring_and_torch_is_refused(
+        monkeypatch, capsys):
+    from d2ldist.training.elastic import Elastic
+    trainer = lambda kind: SimpleNamespace(store=SimpleNamespace(type=kind))  # noqa: E731
+    monkeypatch.setattr(config, '_current', config.Config())
+    assert Elastic.from_config(trainer('ring')) is None
+    monkeypatch.setattr(config, '_current', config.Config(min_workers=2))
+    assert isinstance(Elastic.from_config(trainer('ring')), Elastic)
+    for kind in ('dist_sync', 'local'):     # the servers' rounds count the workers left
+        assert Elastic.from_config(trainer(kind)) is None
+    with pytest.raises(SystemExit) as e:
+        Elastic.from_config(trainer('torch'))
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (
+        "d2ldist: --min-workers: kvstore 'torch' cannot go on without a lost worker "
+        "(torch.distributed cannot change its workers): use kvstore 'ring' or servers (-s)\n")
+
+
+def test_the_loop_is_taken_up_again_from_the_last_commit(monkeypatch, capsys):
+    from d2ldist.training.elastic import Elastic
+    trainer, step = local_trainer()
+    reforms, entered = [], []
+    monkeypatch.setattr(world, 'reform', lambda: reforms.append(1))
+    elastic_training = Elastic(trainer)
+
+    def train_from(at):
+        entered.append(at)
+        if len(entered) == 1:
+            step()
+            elastic_training.step_done(1, 0, 1, {'loss': 2.5, 'acc': 3, 'n': 8, 'samples': 8})
+            held_at_commit.extend(held(trainer))
+            step()                                   # the next step's collective fails
+            raise WorkersChanged('worker 1 was lost', 'worker:1', 1)
+        assert same(held(trainer), held_at_commit)
+        return 'done'
+
+    held_at_commit = []
+    start = {'step': 0, 'epoch': 0, 'batch': 0, 'loop': {}}
+    assert elastic_training.run(train_from, start) == 'done'
+    assert entered[1] == {'step': 1, 'epoch': 0, 'batch': 1,
+                          'loop': {'loss': 2.5, 'acc': 3, 'n': 8, 'samples': 8}}
+    assert entered[0]['step'] == 0 and reforms == [1] and trainer.store.reforms == 1
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        'd2ldist: worker: worker 1 was lost; back to the last commit',
+        'd2ldist: worker: goes on from step 1 (epoch 1, batch 1) as rank 0 of 1']
+
+
+def test_a_worker_that_joins_makes_its_optimizers_state_before_the_sync():
+    """Its momenta must exist to be sent rank 0's (the Trainer's flat weights need no
+    gradient, which broadcast_optimizer_state looks for); its weights stay."""
+    from d2ldist.training.elastic import TrainerState
+    trainer, step = local_trainer()
+    trainer.init()
+    before = trainer.flat_weights.clone()
+    TrainerState(trainer, {'step': 5, 'epoch': 0, 'batch': 5, 'loop': {}}).sync()
+    assert not trainer.optimizer.state     # alone, rank 0 had none at its start: dropped
+    state = TrainerState(trainer, {'step': 5, 'epoch': 0, 'batch': 5, 'loop': {}})
+    state.fresh = False                    # (rank 0 had one: kept, as sent)
+    state.sync()
+    momenta = [s['momentum_buffer'] for s in trainer.optimizer.state.values()]
+    assert len(momenta) == 1 and torch.equal(momenta[0], 0.01 * before)   # (weight decay)
+    assert torch.equal(trainer.flat_weights, before)
+
+
+def test_zero_under_min_workers_is_refused_in_one_line_at_the_start(monkeypatch, capsys):
+    """ZeRO's shards have one copy each: a TorchState of a ShardedOptimizer, or of a net
+    that shard_module cut, cannot go on without a lost worker's; without --min-workers
+    it is made as any other."""
+    from d2ldist.collectives.sharded import ShardedOptimizer
+    net = torch.nn.Linear(4, 2)
+    sharded = ShardedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1))
+    monkeypatch.setattr(config, '_current', config.Config())
+    assert elastic.TorchState(model=net, optimizer=sharded).optimizer is sharded
+    monkeypatch.setattr(config, '_current', config.Config(min_workers=2))
+    elastic.TorchState(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    from d2ldist.collectives.sharded_module import shard_module
+    stage_3 = shard_module(torch.nn.Sequential(torch.nn.Linear(4, 2)))
+    for model, optimizer in ((net, sharded), (stage_3, None)):
+        with pytest.raises(SystemExit) as e:
+            elastic.TorchState(model=model, optimizer=optimizer)
+        assert e.value.code == 2
+    assert capsys.readouterr().err == 2 * (
+        "d2ldist: --min-workers: ZeRO's shards (ShardedOptimizer, shard_module) have one copy "
+        "each: a lost worker's is gone, and the others cannot go on without it; run without "
+        "--min-workers\n")
