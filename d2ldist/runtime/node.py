@@ -117,6 +117,7 @@ class Node:
     def start(self, timeout=60.0):
         """Register with the scheduler and wait for the address book."""
         report_in_one_line()             # from here on, a StartError is one line
+        load_torch_late_parts()          # before the scheduler counts our heartbeats
         me = shm.identity()
         self.van.send('scheduler', protocol.REGISTER, {'role': self.role, 'rank': self.rank,
                                                        'address': self.van.address,
@@ -476,6 +477,16 @@ def report_in_one_line():
         else:
             previous(kind, value, tb)
     sys.excepthook = hook
+
+
+def load_torch_late_parts():
+    """Where the script has loaded torch, load now what torch loads on its first
+    optimizer (``torch._dynamo``, and triton's 500 MB library with it). That takes
+    seconds of a busy machine, mostly holding the GIL, so that the heartbeat thread
+    cannot send: once the scheduler counts our heartbeats, the silence would make it
+    declare a working node dead. Before we register, nobody counts (docs/design/runtime.md)."""
+    if 'torch' in sys.modules:
+        import torch._dynamo  # noqa: F401  (loaded for its time, not used here)
 
 
 def _host(uri):
