@@ -481,12 +481,15 @@ def report_in_one_line():
 
 def load_torch_late_parts():
     """Where the script has loaded torch, load now what torch loads on its first
-    optimizer (``torch._dynamo``, and triton's 500 MB library with it). That takes
-    seconds of a busy machine, mostly holding the GIL, so that the heartbeat thread
-    cannot send: once the scheduler counts our heartbeats, the silence would make it
-    declare a working node dead. Before we register, nobody counts (docs/design/runtime.md)."""
+    optimizer (``torch._dynamo``, and triton's 500 MB library with it). On a busy
+    machine that import keeps the heartbeat thread from the GIL for seconds: once the
+    scheduler counts our heartbeats, it would declare a working node dead. Before we
+    register, nobody counts (docs/design/runtime.md, Heartbeats)."""
     if 'torch' in sys.modules:
-        import torch._dynamo  # noqa: F401  (loaded for its time, not used here)
+        try:
+            import torch._dynamo  # noqa: F401  (loaded for its time, not used here)
+        except (ImportError, RuntimeError):   # (a torch without it: nothing to load)
+            pass
 
 
 def _host(uri):
