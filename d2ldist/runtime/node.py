@@ -119,6 +119,7 @@ class Node:
     def start(self, timeout: float = 60.0) -> 'Node':
         """Register with the scheduler and wait for the address book, ``timeout`` s at most."""
         report_in_one_line()             # from here on, a StartError is one line
+        load_torch_late_parts()          # before the scheduler counts our heartbeats
         me = shm.identity()
         self.van.send('scheduler', protocol.REGISTER, {'role': self.role, 'rank': self.rank,
                                                        'address': self.van.address,
@@ -481,6 +482,19 @@ def report_in_one_line():
         else:
             previous(kind, value, tb)
     sys.excepthook = hook
+
+
+def load_torch_late_parts():
+    """Where the script has loaded torch, load now what torch loads on its first
+    optimizer (``torch._dynamo``, and triton's 500 MB library with it). On a busy
+    machine that import keeps the heartbeat thread from the GIL for seconds: once the
+    scheduler counts our heartbeats, it would declare a working node dead. Before we
+    register, nobody counts (docs/design/runtime.md, Heartbeats)."""
+    if 'torch' in sys.modules:
+        try:
+            import torch._dynamo  # noqa: F401  (loaded for its time, not used here)
+        except (ImportError, RuntimeError):   # (a torch without it: nothing to load)
+            pass
 
 
 def _host(uri):

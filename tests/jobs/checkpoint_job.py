@@ -14,7 +14,8 @@ import json
 import os
 import sys
 
-import torch
+import sklearn.datasets  # noqa: F401  (the digits' loader's, loaded before the job is
+import torch             # joined: see docs/design/runtime.md, Heartbeats)
 from torch import nn
 
 import d2ldist
