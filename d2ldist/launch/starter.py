@@ -328,5 +328,9 @@ if __name__ == '__main__':
     listener = socket.socket(fileno=int(sys.argv[1]))
     import numpy   # noqa: F401  (what every process of a job imports: once, here)
     import torch   # noqa: F401
+    try:           # and what torch loads on a first optimizer (node.load_torch_late_parts)
+        import torch._dynamo  # noqa: F401
+    except (ImportError, RuntimeError):
+        pass
     child = serve(listener)
     leave(0 if child is None else run(become(*child)))
