@@ -101,7 +101,8 @@ def train(args):
         d2ldist.checkpoint.load(state, newest(args.checkpoint_dir))
         if state['data'] != data:
             raise SystemExit(f'the checkpoint in {args.checkpoint_dir} was trained with '
-                             f'{state["data"]}: give the same --seed and --batch-size')
+                             '--seed {seed} --batch-size {batch_size}: give the same'
+                             .format(**state['data']))
     per_epoch = len(y_train) // args.batch_size
     every = args.checkpoint_every or per_epoch
     lo, hi = r * args.batch_size // N, (r + 1) * args.batch_size // N   # my part of a batch
