@@ -29,7 +29,14 @@ from torch import nn
 import d2ldist
 from d2ldist.collectives.sharded_module import full_weights
 
-parser = argparse.ArgumentParser(description='ZeRO stages 0-3 on the digits')
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """Bad input: one line (without argparse's usage), exit status 2."""
+        self.exit(2, f'{self.prog}: error: {message}\n')
+
+
+parser = Parser(description='ZeRO stages 0-3 on the digits')
 parser.add_argument('--stage', type=int, default=2, choices=range(4), help='0: plain DP')
 parser.add_argument('--batch-size', type=int, default=48, help='global, over all workers')
 parser.add_argument('--epochs', type=int, default=3)
@@ -69,8 +76,9 @@ def batches(X, y, epoch, args):
 
 def newest(folder):
     """The newest whole checkpoint in ``folder`` (one with a manifest), or None."""
-    found = sorted(folder.glob('step-*/manifest.json'), key=lambda p: int(p.parent.name[5:]))
-    return found[-1].parent if found else None
+    steps = [int(p.parent.name[5:]) for p in folder.glob('step-*/manifest.json')
+             if p.parent.name[5:].isdigit()]
+    return folder / f'step-{max(steps)}' if steps else None
 
 
 def weights_of(net, stage):
@@ -128,8 +136,8 @@ def train(args):
 
 if __name__ == '__main__':
     args = parser.parse_args()
-    if args.batch_size < 1 or args.epochs < 0 or args.checkpoint_every < 0:
-        parser.error('--batch-size must be at least 1, --epochs and --checkpoint-every >= 0')
+    if not 1 <= args.batch_size <= 1500 or args.epochs < 0 or args.checkpoint_every < 0:
+        parser.error('--batch-size must be 1 to 1500, --epochs and --checkpoint-every >= 0')
     torch.set_num_threads(1)
     d2ldist.init()
     if args.batch_size < d2ldist.size():

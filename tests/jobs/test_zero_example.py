@@ -85,4 +85,5 @@ def test_a_stage_that_is_not_one_is_refused_in_one_line():
     bad = subprocess.run([sys.executable, SCRIPT, '--stage', '5'], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and bad.stdout == ''
-    assert 'argument --stage: invalid choice: 5' in bad.stderr.splitlines()[-1]
+    assert bad.stderr.startswith('zero_digits.py: error: argument --stage: invalid choice: 5')
+    assert bad.stderr.count('\n') == 1
