@@ -49,6 +49,7 @@ for key in sorted(tensors):
     sha.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
 sha.update(json.dumps({'optimizer.param_groups': groups, 'step': state['step']},
                       sort_keys=True).encode())
+assert 'd2ldist' not in sys.modules
 if dist.get_rank() == 0:
     print('LOADED ' + json.dumps({'step': state['step'], 'workers': dist.get_world_size(),
                                   'sha256': sha.hexdigest()}), flush=True)
