@@ -18,12 +18,13 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
     set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.fsdp import FSDPModule
 
-from .checkpoint import CheckpointError, replace_file
+from .checkpoint import CheckpointError
 from .state_hash import state_sha256
 
 FORMAT = 'torch.distributed.checkpoint'
@@ -85,17 +86,14 @@ def whole_sha256(state):
     return state_sha256(tensors, json.loads(json.dumps(values)))
 
 
-def save(state, folder: Path, rank, size):
-    """Write ``state`` in DCP's format into ``folder``; its SHA-256 (every worker)."""
-    if rank == 0:                     # (until the new manifest is written: no checkpoint)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / MANIFEST).unlink(missing_ok=True)
+def save(state, folder: Path):
+    """Every worker's shards of ``state``, written by DCP into ``folder``."""
     dcp.save(state_dict(state), checkpoint_id=folder)
-    sha = whole_sha256(state)
-    if rank == 0:
-        layout = {'format': FORMAT, 'workers': size, 'sha256': sha}
-        replace_file(folder / MANIFEST, json.dumps(layout, indent=1).encode())
-    return sha
+
+
+def manifest(size, sha):
+    """What worker 0 writes beside DCP's files, last: the format, the workers, the hash."""
+    return json.dumps({'format': FORMAT, 'workers': size, 'sha256': sha}, indent=1).encode()
 
 
 def load(state, folder: Path):
@@ -110,7 +108,12 @@ def load(state, folder: Path):
         raise CheckpointError(f'{folder} holds no checkpoint of FSDP2 '
                               f'({MANIFEST} is not of format {FORMAT})')
     loaded = state_dict(state)
-    dcp.load(loaded, checkpoint_id=folder)
+    try:
+        dcp.load(loaded, checkpoint_id=folder)
+    except CheckpointException as e:     # (each worker's error with its frames: the first)
+        why = next(iter(e.failures.values()))
+        raise CheckpointError(f'{folder} does not load into this state: '
+                              f'{why[0] if isinstance(why, tuple) else why}') from None
     for k, v in state.items():
         if isinstance(v, nn.Module):
             set_model_state_dict(v, loaded[k])

@@ -323,10 +323,7 @@ def save(state: dict, directory: str | os.PathLike) -> str:
     backend, folder = world.backend(), Path(directory)
     rank, size = backend.rank, backend.size
     if dcp_checkpoint.holds_fsdp2(state):
-        sha = dcp_checkpoint.save(state, folder, rank, size)
-        if rank == 0:
-            say(f'checkpoint saved in {folder} by {workers(size)}: state sha256 {sha}')
-        return sha
+        return save_dcp(state, folder, rank, size)
     slots, values = contents(parts_of(state, rank))
     mine, error = [s for s in slots if s.written], None
     try:
@@ -343,6 +340,30 @@ def save(state: dict, directory: str | os.PathLike) -> str:
     if rank == 0:
         try:
             write_manifest(folder, manifest(table, values, sha))
+        except OSError as e:
+            error = f'checkpoint not saved in {folder}: {e.strerror or e}'
+        else:
+            say(f'checkpoint saved in {folder} by {workers(size)}: state sha256 {sha}')
+    agree(error)
+    return sha
+
+
+def save_dcp(state, folder, rank, size):
+    """FSDP2's state in DCP's format (``dcp_checkpoint.py``), in save's steps: the old
+    manifest gone, every worker's shards (DCP's save), the new manifest, last."""
+    error = None
+    try:
+        if rank == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / MANIFEST).unlink(missing_ok=True)
+    except OSError as e:
+        error = f'checkpoint not saved in {folder}: {e.strerror or e}'
+    agree(error)
+    dcp_checkpoint.save(state, folder)
+    sha = dcp_checkpoint.whole_sha256(state)
+    if rank == 0:
+        try:
+            replace_file(folder / MANIFEST, dcp_checkpoint.manifest(size, sha))
         except OSError as e:
             error = f'checkpoint not saved in {folder}: {e.strerror or e}'
         else:

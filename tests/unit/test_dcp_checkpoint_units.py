@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+import torch.distributed.checkpoint
 
 import d2ldist
 from d2ldist.training import dcp_checkpoint
@@ -44,3 +45,14 @@ def test_one_format_loaded_as_the_other_is_one_line(tmp_path):
         {'format': dcp_checkpoint.FORMAT, 'workers': 2, 'sha256': sha}))
     with pytest.raises(CheckpointError, match='is not a checkpoint of format 1$'):
         d2ldist.checkpoint.load(state, tmp_path)
+
+
+@pytest.mark.filterwarnings('ignore:torch.distributed is disabled')
+def test_a_dcp_folder_that_does_not_fit_the_state_is_one_line(tmp_path):
+    """DCP's own error (a tensor the folder lacks), said in one line."""
+    torch.distributed.checkpoint.save({'model': {'0.weight': torch.zeros(7, 5)}},
+                                      checkpoint_id=tmp_path)
+    (tmp_path / 'manifest.json').write_bytes(dcp_checkpoint.manifest(1, 'sha'))
+    with pytest.raises(CheckpointError, match=f'^{tmp_path} does not load into this state: '
+                       r'Missing key in checkpoint state_dict: model\.0\.bias\.$'):
+        dcp_checkpoint.load({'model': mlp()}, tmp_path)
