@@ -11,11 +11,12 @@ Each tensor is named as if nothing were sharded (``model.0.weight``,
 shard; a tensor all workers hold whole: worker 0 alone) into its own file, and worker 0
 writes ``manifest.json``: the number of workers, each piece's owner and range, the plain
 values. A load cuts the pieces again for its own layout: any number of workers, any
-stage. At both, worker 0 prints the SHA-256 of the whole state in a canonical order.
+stage. At both, worker 0 prints the SHA-256 of the whole state in a canonical order
+(``state_hash.py``). A state with FSDP2's modules is written in PyTorch's own format
+instead (``dcp_checkpoint.py``).
 
 The layout, and why: docs/design/sharded_checkpoints.md.
 """
-import hashlib
 import json
 import math
 import os
@@ -29,7 +30,9 @@ from ..collectives.distributed_optimizer import DistributedOptimizer, initialize
 from ..collectives.sharded import ShardedOptimizer
 from ..collectives.sharded_module import units_of
 from ..lines import say
+from . import dcp_checkpoint
 from .checkpoint import CheckpointError, read_file, replace_file, write_file
+from .state_hash import state_sha256
 
 FORMAT = 1
 MANIFEST = 'manifest.json'
@@ -309,28 +312,23 @@ def digest(mine, values, table):
                                                   bytearray(math.prod(shape) * size)))
             buffer[start * size:end * size] = data[at:at + (end - start) * size]
             at += (end - start) * size
-    sha = hashlib.sha256()
-    for key in sorted(whole):
-        dtype, shape, buffer = whole[key]
-        sha.update(json.dumps([key, dtype, shape]).encode())
-        sha.update(buffer)
-    sha.update(json.dumps(values, sort_keys=True).encode())
-    return sha.hexdigest()
+    return state_sha256(whole, values)
 
 
 # -- save and load ---------------------------------------------------------------------------
 def save(state: dict, directory: str | os.PathLike) -> str:
     """Save ``state`` into the folder ``directory``: each worker its own pieces, worker 0
-    the manifest, last. Every worker calls it; each gets the SHA-256 of the whole state."""
+    the manifest, last (FSDP2's modules: in DCP's format). Every worker calls it; each
+    gets the SHA-256 of the whole state."""
     backend, folder = world.backend(), Path(directory)
     rank, size = backend.rank, backend.size
+    if dcp_checkpoint.holds_fsdp2(state):
+        return save_dcp(state, folder, rank, size)
     slots, values = contents(parts_of(state, rank))
-    mine, error = [s for s in slots if s.written], None
+    mine = [s for s in slots if s.written]
+    agree(cleared(folder, rank))      # (until its new manifest is written: no checkpoint)
+    error = None
     try:
-        if rank == 0:                 # (until its new manifest is written: no checkpoint)
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / MANIFEST).unlink(missing_ok=True)
-        agree(None)
         write_file(folder / shard_file(rank, size),
                    {s.key: s.view.detach().to('cpu', copy=True) for s in mine})
     except OSError as e:
@@ -340,6 +338,35 @@ def save(state: dict, directory: str | os.PathLike) -> str:
     if rank == 0:
         try:
             write_manifest(folder, manifest(table, values, sha))
+        except OSError as e:
+            error = f'checkpoint not saved in {folder}: {e.strerror or e}'
+        else:
+            say(f'checkpoint saved in {folder} by {workers(size)}: state sha256 {sha}')
+    agree(error)
+    return sha
+
+
+def cleared(folder, rank):
+    """Worker 0 makes the folder and removes its old manifest; what went wrong, or None."""
+    try:
+        if rank == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / MANIFEST).unlink(missing_ok=True)
+    except OSError as e:
+        return f'checkpoint not saved in {folder}: {e.strerror or e}'
+    return None
+
+
+def save_dcp(state, folder, rank, size):
+    """FSDP2's state in DCP's format (``dcp_checkpoint.py``), in save's steps: the old
+    manifest gone, every worker's shards (DCP's save), the new manifest, last."""
+    agree(cleared(folder, rank))
+    error = None
+    dcp_checkpoint.save(state, folder)
+    sha = dcp_checkpoint.whole_sha256(state)
+    if rank == 0:
+        try:
+            replace_file(folder / MANIFEST, dcp_checkpoint.manifest(size, sha))
         except OSError as e:
             error = f'checkpoint not saved in {folder}: {e.strerror or e}'
         else:
@@ -396,6 +423,10 @@ def load(state: dict, directory: str | os.PathLike) -> str:
     tensors in place, plain values replaced; cut for this job's workers, however many
     saved it. Every worker calls it; each gets the SHA-256 of the whole state loaded."""
     backend, folder = world.backend(), Path(directory)
+    if dcp_checkpoint.holds_fsdp2(state):
+        saved_by, sha = dcp_checkpoint.load(state, folder)
+        loaded(folder, saved_by, backend, sha)
+        return sha
     parts, error = parts_of(state, backend.rank), None
     try:
         layout = read_manifest(folder)
@@ -410,10 +441,15 @@ def load(state: dict, directory: str | os.PathLike) -> str:
     slots, values = contents(parts)
     mine = [s for s in slots if s.written]
     sha = digest(mine, values, agree(error, [s.row() for s in mine]))
-    if backend.rank == 0:
-        say(f'checkpoint loaded from {folder} (saved by {workers(layout["workers"])}) by '
-            f'{workers(backend.size)}: state sha256 {sha}')
+    loaded(folder, layout['workers'], backend, sha)
     return sha
+
+
+def loaded(folder, saved_by, backend, sha):
+    """Worker 0's line after a load."""
+    if backend.rank == 0:
+        say(f'checkpoint loaded from {folder} (saved by {workers(saved_by)}) by '
+            f'{workers(backend.size)}: state sha256 {sha}')
 
 
 def fill(slots, layout, folder):

@@ -162,3 +162,21 @@ def test_what_cannot_be_saved_or_loaded_is_one_line(tmp_path):
     with pytest.raises(CheckpointError,
                        match=r'holds no o\.state\.m\.used\.weight\.momentum_buffer$'):
         d2ldist.checkpoint.load({'m': net, 'o': sgd}, tmp_path)
+
+
+def test_a_folder_worker_0_cannot_make_fails_every_worker_in_one_line(tmp_path, monkeypatch):
+    """Worker 0 alone makes the folder: its failure reaches every worker at the same
+    agreement, so none waits for a collective the others never call."""
+    (tmp_path / 'file').write_text('not a folder')
+    nets = [mlp() for _ in range(3)]
+
+    def save(r):
+        net, opt = make(2, nets[r])
+        try:
+            d2ldist.checkpoint.save({'model': net, 'optimizer': opt}, tmp_path / 'file' / 'ckpt')
+        except CheckpointError as e:
+            return str(e)
+
+    errors = in_threads(3, monkeypatch, save)
+    assert errors[0].startswith(f'checkpoint not saved in {tmp_path}/file/ckpt: ')
+    assert errors[1:] == [f'worker 0: {errors[0]}'] * 2
