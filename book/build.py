@@ -59,8 +59,9 @@ CHAPTERS = ['multi_machine_training', 'parameter_server_scratch', 'ring_allreduc
             'multimachine_resnet18', 'scaling', 'concise', 'inside_a_job',
             'communication_efficiency', 'large_batches', 'sharding', 'fault_tolerance',
             'answers']      # the book's order (README's list); the exercises' answers last
-APPENDICES = ['appendix_notation', 'appendix_communication', 'appendix_fsdp2',
-              'appendix_checkpoints', 'appendix_replicated_servers']   # after the chapters
+APPENDICES = ['appendix_notation', 'appendix_parameter_server', 'appendix_ring_allreduce',
+              'appendix_scaling', 'appendix_communication', 'appendix_large_batches',
+              'appendix_fsdp2', 'appendix_checkpoints', 'appendix_replicated_servers']   # after the chapters
 EXTERNAL = {'sec_resnet': ('the ResNet section of Dive into Deep Learning',
                            'https://d2l.ai/chapter_convolutional-modern/resnet.html')}
 LABEL = re.compile(r'^(?::label:`([^`]+)`|<a id="([^"]+)"></a>)\s*$', re.M)   # d2l's, or refs.py's
