@@ -61,7 +61,8 @@ CHAPTERS = ['multi_machine_training', 'parameter_server_scratch', 'ring_allreduc
             'answers']      # the book's order (README's list); the exercises' answers last
 APPENDICES = ['appendix_notation', 'appendix_parameter_server', 'appendix_ring_allreduce',
               'appendix_scaling', 'appendix_communication', 'appendix_large_batches',
-              'appendix_fsdp2', 'appendix_checkpoints', 'appendix_replicated_servers']   # after the chapters
+              'appendix_zero', 'appendix_fsdp2', 'appendix_checkpoints',
+              'appendix_replicated_servers']   # after the chapters
 EXTERNAL = {'sec_resnet': ('the ResNet section of Dive into Deep Learning',
                            'https://d2l.ai/chapter_convolutional-modern/resnet.html')}
 LABEL = re.compile(r'^(?::label:`([^`]+)`|<a id="([^"]+)"></a>)\s*$', re.M)   # d2l's, or refs.py's
