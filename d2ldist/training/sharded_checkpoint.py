@@ -335,15 +335,8 @@ def save(state: dict, directory: str | os.PathLike) -> str:
         error = f'checkpoint not saved in {folder}: {e.strerror or e}'
     table = agree(error, [s.row() for s in mine])
     sha = digest(mine, values, table)
-    if rank == 0:
-        try:
-            write_manifest(folder, manifest(table, values, sha))
-        except OSError as e:
-            error = f'checkpoint not saved in {folder}: {e.strerror or e}'
-        else:
-            say(f'checkpoint saved in {folder} by {workers(size)}: state sha256 {sha}')
-    agree(error)
-    return sha
+    return finished(folder, rank, size, sha,
+                    lambda: write_manifest(folder, manifest(table, values, sha)))
 
 
 def cleared(folder, rank):
@@ -361,12 +354,18 @@ def save_dcp(state, folder, rank, size):
     """FSDP2's state in DCP's format (``dcp_checkpoint.py``), in save's steps: the old
     manifest gone, every worker's shards (DCP's save), the new manifest, last."""
     agree(cleared(folder, rank))
-    error = None
     dcp_checkpoint.save(state, folder)
     sha = dcp_checkpoint.whole_sha256(state)
+    return finished(folder, rank, size, sha,
+                    lambda: replace_file(folder / MANIFEST, dcp_checkpoint.manifest(size, sha)))
+
+
+def finished(folder, rank, size, sha, write):
+    """Worker 0 writes the manifest, last, and says so; a failure reaches every worker."""
+    error = None
     if rank == 0:
         try:
-            replace_file(folder / MANIFEST, dcp_checkpoint.manifest(size, sha))
+            write()
         except OSError as e:
             error = f'checkpoint not saved in {folder}: {e.strerror or e}'
         else:
