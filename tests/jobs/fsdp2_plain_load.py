@@ -11,6 +11,7 @@ values as JSON with sorted keys).
 """
 import hashlib
 import json
+import os
 import sys
 
 import torch
@@ -54,3 +55,9 @@ if dist.get_rank() == 0:
     print('LOADED ' + json.dumps({'step': state['step'], 'workers': dist.get_world_size(),
                                   'sha256': sha.hexdigest()}), flush=True)
 dist.destroy_process_group()
+# FSDP2 brings torch._dynamo, which keeps a reference to the group: its gloo threads outlive
+# destroy_process_group and may drop a tensor (taking the GIL) while the interpreter
+# finalizes, an abort ('terminate called without an active exception'). Nothing is left to
+# finalize here, so skip it (d2ldist's torch backend waits for those threads instead).
+sys.stdout.flush()
+os._exit(0)

@@ -136,17 +136,38 @@ def open_and_run(page, lab, name, launch_line):
     nb = notebook('%load_ext d2ldist', '%%writefile progress_job.py\n' + JOB_SCRIPT, launch_line)
     nbformat.write(nb, root / name)
     page.goto(f'{url}/lab/workspaces/{Path(name).stem}/tree/{name}')   # a workspace each
-    page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]')
-    for attempt in range(5):         # Run > Run All Cells; again if the kernel was not ready
+    wait_for_kernel(url, name)
+    deadline = time.monotonic() + 60
+    while True:         # Run > Run All Cells; again if the page had no kernel yet
         page.click('.jp-Cell .jp-InputPrompt')              # the notebook has the focus
         page.click('.lm-MenuBar-itemLabel:text-is("Run")')
         page.click('.lm-Menu-itemLabel:text-is("Run All Cells")')
         try:
-            page.wait_for_function(STARTED, timeout=5000)
+            page.wait_for_function(STARTED, timeout=10_000)
             break
         except PlaywrightTimeout:
-            pass
-    return page.wait_for_selector('.d2l-dashboard')
+            if time.monotonic() > deadline:
+                pytest.fail(f'Run All Cells did not start {name} within 60 s')
+    try:
+        return page.wait_for_selector('.d2l-dashboard')
+    except PlaywrightTimeout:
+        pytest.fail(f'no dashboard within 60 s; the notebook shows:\n'
+                    f'{page.inner_text(".jp-Notebook")[-3000:]}')
+
+
+def wait_for_kernel(url, name, timeout=120):
+    """Wait until the server runs the notebook's kernel and it is idle.
+
+    The page's kernel indicator reads idle before the kernel exists (its first state), and
+    Run All on a page without a kernel runs nothing; a busy machine starts a kernel slowly."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f'{url}/api/sessions', timeout=10) as r:
+            if any(s['path'] == name and s['kernel']['execution_state'] == 'idle'
+                   for s in json.load(r)):
+                return
+        time.sleep(0.3)
+    pytest.fail(f'the kernel of {name} was not idle within {timeout} s')
 
 
 # the first cell's prompt shows [*] or [1] once the kernel took it
