@@ -476,6 +476,9 @@ def report_in_one_line():
     def hook(kind, value, tb):
         global _crashed
         _crashed = clip(f'{kind.__name__}: {value}', NAME)
+        if issubclass(kind, WorkersChanged):       # the others may go on; this one cannot
+            value = (f'{value}; not here: this script does not catch it (elastic training '
+                     f'runs its loop under hvd.elastic.run or d2ldist.train)')
         if issubclass(kind, ONE_LINE):
             sys.stderr.write(f'd2ldist: {value}\n')   # one write: processes started
             sys.stderr.flush()                        # by mpirun may share the pipe

@@ -2,6 +2,7 @@
 taking it, the ring keeping its own membership's messages, and TorchState with run()
 (tests/jobs/test_elastic.py runs jobs)."""
 import re
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -912,3 +913,18 @@ def test_zero_under_min_workers_is_refused_in_one_line_at_the_start(monkeypatch,
         "d2ldist: --min-workers: ZeRO's shards (ShardedOptimizer, shard_module) have one copy "
         "each: a lost worker's is gone, and the others cannot go on without it; run without "
         "--min-workers\n")
+
+
+def test_an_uncaught_workers_changed_says_why_this_worker_does_not_go_on(monkeypatch, capsys):
+    """A script without hvd.elastic.run or d2ldist.train cannot go on: its one line says
+    so after the scheduler's news, instead of leaving '2 workers go on' as its last word."""
+    from d2ldist.runtime import node as nodes
+    monkeypatch.setattr(nodes, '_one_line', False)
+    monkeypatch.setattr(nodes, '_crashed', None)
+    monkeypatch.setattr(sys, 'excepthook', lambda *a: pytest.fail('not one line'))
+    nodes.report_in_one_line()
+    news = 'worker 1 was lost (no heartbeat); 2 workers go on (round 1)'
+    sys.excepthook(WorkersChanged, WorkersChanged(news, 'worker:1', 1), None)
+    line = capsys.readouterr().err
+    assert line.startswith(f'd2ldist: {news}; not here: ') and line.count('\n') == 1
+    assert 'hvd.elastic.run' in line and 'd2ldist.train' in line
