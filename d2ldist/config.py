@@ -274,7 +274,8 @@ class Config:
         'over when it is lost (`--server-replicas`; 0: no replicas)')
     checkpoint_dir: str | None = _setting(
         None, _text, "a folder every worker can read, for the job's checkpoints; set: "
-        "`d2ldist.train` saves them and resumes from the newest (`--checkpoint-dir`)")
+        "`d2ldist.train` saves them and resumes from the newest, as do "
+        "`d2ldist.checkpoint.save(state)` and `load(state)` (`--checkpoint-dir`)")
     checkpoint_every: int = _setting(
         100, _positive_whole, 'steps between two checkpoints (`--checkpoint-every`)')
     checkpoint_keep: int = _setting(

@@ -12,7 +12,9 @@ with the SHA-256 of the final weights (first 16 hex digits), the same on all of 
 
 With --checkpoint-dir every worker saves its shards (d2ldist.checkpoint.save) every
 --checkpoint-every steps, or at each epoch's end, into DIR/step-K; started again, the job
-resumes from the newest one (d2ldist.checkpoint.load), on any number of workers. On the
+resumes from the newest one (d2ldist.checkpoint.load), on any number of workers. Without
+it, d2l-launch's --checkpoint-dir does the same, by its --checkpoint-every (default 100)
+and --checkpoint-keep: d2ldist.checkpoint's defaults. On the
 same workers the resumed run ends with the bits of a run never stopped. On another
 number the sums are added in another order: the weights agree up to float rounding, and
 the state's SHA-256 lines at save and at load are equal (docs/design/sharded_checkpoints.md).
@@ -74,13 +76,6 @@ def batches(X, y, epoch, args):
         yield X[idx], y[idx]
 
 
-def newest(folder):
-    """The newest whole checkpoint in ``folder`` (one with a manifest), or None."""
-    steps = [int(p.parent.name[5:]) for p in folder.glob('step-*/manifest.json')
-             if p.parent.name[5:].isdigit()]
-    return folder / f'step-{max(steps)}' if steps else None
-
-
 def weights_of(net, stage):
     return full_weights(net) if stage == 3 else dict(net.named_parameters())
 
@@ -105,12 +100,14 @@ def train(args):
     # the data order is (seed, batch size, step): saved with the weights, checked on load
     data = {'seed': args.seed, 'batch_size': args.batch_size}
     state = {'model': net, 'optimizer': opt, 'step': 0, 'data': dict(data)}
-    if args.checkpoint_dir and newest(args.checkpoint_dir):
-        d2ldist.checkpoint.load(state, newest(args.checkpoint_dir))
-        if state['data'] != data:
-            raise SystemExit(f'the checkpoint in {args.checkpoint_dir} was trained with '
-                             '--seed {seed} --batch-size {batch_size}: give the same'
-                             .format(**state['data']))
+    own = args.checkpoint_dir                # (this script's flag wins over d2l-launch's)
+    if own is None:
+        d2ldist.checkpoint.load(state)       # d2l-launch --checkpoint-dir's newest, if any
+    elif found := d2ldist.checkpoint.newest(own):
+        d2ldist.checkpoint.load(state, found)
+    if state['data'] != data:
+        raise SystemExit('the checkpoint resumed from was trained with --seed {seed} '
+                         '--batch-size {batch_size}: give the same'.format(**state['data']))
     per_epoch = len(y_train) // args.batch_size
     every = args.checkpoint_every or per_epoch
     lo, hi = r * args.batch_size // N, (r + 1) * args.batch_size // N   # my part of a batch
@@ -124,8 +121,10 @@ def train(args):
             loss.backward()
             opt.step()
             state['step'] += 1
-            if args.checkpoint_dir and state['step'] % every == 0:
-                d2ldist.checkpoint.save(state, args.checkpoint_dir / f'step-{state["step"]}')
+            if own and state['step'] % every == 0:
+                d2ldist.checkpoint.save(state, own / f'step-{state["step"]}')
+            elif not own and d2ldist.checkpoint.due(state['step']):
+                d2ldist.checkpoint.save(state)       # into --checkpoint-dir/step-K
         test = accuracy(net, X_test, y_test)
         if r == 0:
             print(f'epoch {epoch + 1}: loss {loss.item():.4f}, test accuracy {test:.3f}',

@@ -177,7 +177,9 @@ OPTIONS = {
          'for it (default: 0)'),
         ('--checkpoint-dir', dict(default=None, metavar='DIR'),
          "a folder every worker can read, for the job's checkpoints: "
-         'd2ldist.train saves them there and resumes from the newest'),
+         'd2ldist.train saves them there and resumes from the newest; so do '
+         'd2ldist.checkpoint.save(state) and load(state) in any way of training '
+         '(Horovod, ZeRO, FSDP2)'),
         ('--checkpoint-every', dict(type=int, default=None, metavar='N'),
          'with --checkpoint-dir: steps between two checkpoints (default: 100)'),
         ('--checkpoint-keep', dict(type=int, default=None, metavar='K'),

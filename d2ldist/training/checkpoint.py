@@ -23,6 +23,7 @@ import random
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +111,27 @@ def set_rng_states(states):
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     if 'cuda' in states:
         torch.cuda.set_rng_state_all(states['cuda'])
+
+
+def step_folders(directory: str | os.PathLike) -> list[tuple[int, Path]]:
+    """The (step, folder) of each checkpoint folder ``step-K`` in ``directory``, newest
+    first (K with or without leading zeros); none if there is no such folder."""
+    try:
+        found = [(int(m.group(1)), p) for p in Path(directory).iterdir()
+                 if (m := re.fullmatch(r'step-(\d+)', p.name)) and p.is_dir()]
+    except FileNotFoundError:
+        return []
+    return sorted(found, reverse=True)
+
+
+def beyond_kept(steps: list[tuple[int, Path]], complete: Callable[[Path], bool],
+                keep: int) -> list[tuple[int, Path]]:
+    """Of ``steps`` (step, folder), newest first, those older than the newest ``keep``
+    that are ``complete(folder)``: what pruning removes (nothing while fewer are)."""
+    done = [step for step, folder in steps if complete(folder)]
+    if len(done) < keep:
+        return []
+    return [(step, folder) for step, folder in steps if step < done[keep - 1]]
 
 
 def _copy(state):
@@ -213,23 +235,19 @@ class Checkpoint:
         steps = self.steps()
         shared = any(self.file(folder, r).exists() for _, folder in steps
                      for r in range(self.num_workers) if r != self.rank)
-        kept = [step for step, folder in steps
-                if (self.complete(folder) if shared else self.file(folder, self.rank).exists())]
-        if len(kept) < self.keep:
-            return
-        for step, folder in steps:
-            if step < kept[self.keep - 1]:
-                self.file(folder, self.rank).unlink(missing_ok=True)
-                try:
-                    folder.rmdir()            # (the last worker to leave removes it)
-                except OSError:
-                    pass
+
+        def complete(folder):
+            return self.complete(folder) if shared else self.file(folder, self.rank).exists()
+        for _, folder in beyond_kept(steps, complete, self.keep):
+            self.file(folder, self.rank).unlink(missing_ok=True)
+            try:
+                folder.rmdir()                # (the last worker to leave removes it)
+            except OSError:
+                pass
 
     def steps(self) -> list[tuple[int, Path]]:
         """The checkpoints' (step, folder), newest first."""
-        found = [(int(m.group(1)), p) for p in self.dir.iterdir()
-                 if (m := re.fullmatch(r'step-(\d+)', p.name)) and p.is_dir()]
-        return sorted(found, reverse=True)
+        return step_folders(self.dir)
 
     def file(self, folder: Path, rank: int) -> Path:
         """Worker ``rank``'s file in a checkpoint's folder (its name says how many workers)."""

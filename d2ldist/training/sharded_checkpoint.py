@@ -13,25 +13,29 @@ writes ``manifest.json``: the number of workers, each piece's owner and range, t
 values. A load cuts the pieces again for its own layout: any number of workers, any
 stage. At both, worker 0 prints the SHA-256 of the whole state in a canonical order
 (``state_hash.py``). A state with FSDP2's modules is written in PyTorch's own format
-instead (``dcp_checkpoint.py``).
+instead (``dcp_checkpoint.py``). With no folder, both use ``d2l-launch --checkpoint-dir``:
+``save`` into ``step-K``, ``load`` from the newest finished one; ``due(step)`` says when.
 
 The layout, and why: docs/design/sharded_checkpoints.md.
 """
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from .. import config
 from ..collectives import world
 from ..collectives.distributed_optimizer import DistributedOptimizer, initialize_state
 from ..collectives.sharded import ShardedOptimizer
 from ..collectives.sharded_module import units_of
 from ..lines import say
 from . import dcp_checkpoint
-from .checkpoint import CheckpointError, read_file, replace_file, write_file
+from .checkpoint import (CheckpointError, beyond_kept, read_file, replace_file, step_folders,
+                         write_file)
 from .state_hash import state_sha256
 
 FORMAT = 1
@@ -316,10 +320,17 @@ def digest(mine, values, table):
 
 
 # -- save and load ---------------------------------------------------------------------------
-def save(state: dict, directory: str | os.PathLike) -> str:
+def save(state: dict, directory: str | os.PathLike | None = None) -> str:
     """Save ``state`` into the folder ``directory``: each worker its own pieces, worker 0
     the manifest, last (FSDP2's modules: in DCP's format). Every worker calls it; each
-    gets the SHA-256 of the whole state."""
+    gets the SHA-256 of the whole state.
+
+    No ``directory``: into ``step-K`` of ``d2l-launch --checkpoint-dir``, K being
+    ``state['step']`` (ValueError if it is not a whole number, or without the option);
+    then worker 0 removes the checkpoints older than the newest ``--checkpoint-keep``
+    finished ones."""
+    if directory is None:
+        return save_step(state)
     backend, folder = world.backend(), Path(directory)
     rank, size = backend.rank, backend.size
     if dcp_checkpoint.holds_fsdp2(state):
@@ -417,10 +428,17 @@ def read_manifest(folder):
     return layout
 
 
-def load(state: dict, directory: str | os.PathLike) -> str:
+def load(state: dict, directory: str | os.PathLike | None = None) -> str | None:
     """Load the checkpoint in ``directory`` into ``state``: modules, optimizers and
     tensors in place, plain values replaced; cut for this job's workers, however many
-    saved it. Every worker calls it; each gets the SHA-256 of the whole state loaded."""
+    saved it. Every worker calls it; each gets the SHA-256 of the whole state loaded.
+
+    No ``directory``: the newest finished checkpoint in ``d2l-launch --checkpoint-dir``
+    (``newest()``; one half written is passed over); None, with ``state`` untouched,
+    when there is none, or no ``--checkpoint-dir``: nothing to resume from."""
+    if directory is None:
+        found = newest()
+        return None if found is None else load(state, found)
     backend, folder = world.backend(), Path(directory)
     if dcp_checkpoint.holds_fsdp2(state):
         saved_by, sha = dcp_checkpoint.load(state, folder)
@@ -475,3 +493,50 @@ def fill(slots, layout, folder):
         if found != slot.end - slot.start:
             raise CheckpointError(f'{folder / MANIFEST}: pieces of {slot.key} are missing')
 
+
+# -- in d2l-launch's folder: --checkpoint-dir, --checkpoint-every, --checkpoint-keep -------
+def due(step: int) -> bool:
+    """Whether a checkpoint is due after step ``step``: d2l-launch was given
+    ``--checkpoint-dir`` and ``step`` is a multiple of ``--checkpoint-every`` (not 0)."""
+    cfg = config.get()
+    return cfg.checkpoint_dir is not None and step > 0 and step % cfg.checkpoint_every == 0
+
+
+def save_step(state: dict) -> str:
+    """save() into --checkpoint-dir/step-K (K: state['step']); worker 0 then prunes."""
+    cfg, step = config.get(), state.get('step') if isinstance(state, dict) else None
+    if cfg.checkpoint_dir is None:
+        raise ValueError('d2ldist.checkpoint.save(state) with no folder saves into '
+                         'd2l-launch --checkpoint-dir DIR, and none was given')
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError("d2ldist.checkpoint.save(state) with no folder saves into step-K, "
+                         f"K = state['step'], a whole number >= 0; got {step!r}")
+    sha = save(state, Path(cfg.checkpoint_dir) / f'step-{step}')
+    if world.backend().rank == 0:
+        for _, folder in beyond_kept(step_folders(cfg.checkpoint_dir), finished_in,
+                                     cfg.checkpoint_keep):
+            try:
+                (folder / MANIFEST).unlink(missing_ok=True)    # (no longer whole, then gone)
+                shutil.rmtree(folder)
+            except OSError as e:
+                say(f'old checkpoint {folder} not removed: {e.strerror or e}', err=True)
+    return sha
+
+
+def finished_in(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds a finished checkpoint: its manifest, written last."""
+    return (Path(folder) / MANIFEST).is_file()
+
+
+def newest(directory: str | os.PathLike | None = None) -> Path | None:
+    """The newest folder ``step-K`` in ``directory`` (no ``directory``: d2l-launch's
+    ``--checkpoint-dir``) that holds a finished checkpoint, as worker 0 sees it, or None.
+    Every worker calls it (worker 0 tells the others), so all load the same one."""
+    root = directory if directory is not None else config.get().checkpoint_dir
+    if root is None:
+        return None
+    found = ''
+    if world.backend().rank == 0:
+        found = next((str(f) for _, f in step_folders(root) if finished_in(f)), '')
+    told = allgather_bytes(found.encode())[0].decode()
+    return Path(told) if told else None

@@ -14,10 +14,11 @@ SCRIPT = ROOT / 'examples' / 'zero_digits.py'
 EVERY = 20                        # save at step 20 of the epoch's 31
 
 
-def zero_job(n, *args):
-    """The example on n workers for one epoch: its output, and each worker's final line."""
-    r = run_launch('-n', n, '-s', 0, '--timeout', 90, sys.executable, SCRIPT, '--epochs', 1,
-                   *args, timeout=120)
+def zero_job(n, *args, launch=()):
+    """The example on n workers for one epoch (``launch``: d2l-launch's options besides):
+    its output, and each worker's final line."""
+    r = run_launch('-n', n, '-s', 0, '--timeout', 90, *launch, sys.executable, SCRIPT,
+                   '--epochs', 1, *args, timeout=120)
     assert wait_no_survivors(r.tag) == []
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
@@ -40,10 +41,12 @@ def epoch_line(out):
 
 @pytest.fixture(scope='module')
 def saved(tmp_path_factory):
-    """Stage 2 on 3 workers, saving at step 20: the folder, the output and final line."""
+    """Stage 2 on 3 workers, saving at step 20: the folder, the output and final line.
+    Here d2l-launch's --checkpoint-dir (d2ldist.checkpoint's defaults: into step-K, from
+    the newest), the resumes below the script's own flag: both write one layout."""
     folder = tmp_path_factory.mktemp('zero')
-    out, final = zero_job(3, '--stage', 2, '--checkpoint-dir', folder,
-                          '--checkpoint-every', EVERY)
+    out, final = zero_job(3, '--stage', 2,
+                          launch=('--checkpoint-dir', folder, '--checkpoint-every', EVERY))
     return folder, out, only(final)
 
 

@@ -116,6 +116,25 @@ def test_every_few_steps_and_the_newest_kept(tmp_path):
     assert sorted(p.name for p in (tmp_path / 'step-00000020').iterdir()) == ['worker-0-of-1.ckpt']
 
 
+def test_pruning_keeps_the_newest_complete_and_any_newer_unfinished(tmp_path):
+    """The one rule of both kinds of checkpoint folder (the Trainer's and
+    d2ldist.checkpoint's): step-K with or without zeros, newest first; what goes."""
+    for name in ('step-00000005', 'step-10', 'step-12', 'step-15', 'step-20', 'other'):
+        (tmp_path / name).mkdir()
+    (tmp_path / 'step-30').write_text('a file, not a folder')
+    steps = checkpoint.step_folders(tmp_path)
+    assert [(s, f.name) for s, f in steps] == [
+        (20, 'step-20'), (15, 'step-15'), (12, 'step-12'), (10, 'step-10'),
+        (5, 'step-00000005')]
+    complete = {10, 15, 5}                                   # 20 and 12: unfinished
+    gone = checkpoint.beyond_kept(steps, lambda f: int(f.name[5:]) in complete, 2)
+    assert [s for s, _ in gone] == [5]
+    assert checkpoint.beyond_kept(steps, lambda f: int(f.name[5:]) in complete, 1) == \
+        [(s, f) for s, f in steps if s < 15]
+    assert checkpoint.beyond_kept(steps, lambda f: False, 1) == []
+    assert checkpoint.step_folders(tmp_path / 'none yet') == []
+
+
 def test_resume_restores_weights_and_momenta_and_falls_back_past_a_damaged_file(tmp_path, capsys):
     net, trainer, ckpt = small_job(tmp_path, every=5, keep=3)
     at_5 = {}

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import d2ldist
+from d2ldist import config
 from d2ldist.collectives.distributed_optimizer import DistributedOptimizer
 from d2ldist.collectives.sharded_module import full_weights
 from d2ldist.training.checkpoint import CheckpointError, write_file
@@ -180,3 +181,87 @@ def test_a_folder_worker_0_cannot_make_fails_every_worker_in_one_line(tmp_path, 
     errors = in_threads(3, monkeypatch, save)
     assert errors[0].startswith(f'checkpoint not saved in {tmp_path}/file/ckpt: ')
     assert errors[1:] == [f'worker 0: {errors[0]}'] * 2
+
+
+# -- with no folder: d2l-launch's --checkpoint-dir, --checkpoint-every, --checkpoint-keep --
+def launched(monkeypatch, folder=None, every=100, keep=3):
+    """This process as d2l-launch --checkpoint-dir folder starts it (None: without)."""
+    monkeypatch.setattr(config, '_current', config.Config(
+        checkpoint_dir=None if folder is None else str(folder), checkpoint_every=every,
+        checkpoint_keep=keep))
+
+
+def test_due_every_k_steps_and_only_with_a_checkpoint_dir(monkeypatch):
+    launched(monkeypatch, 'ckpt', every=5)
+    assert [k for k in range(16) if d2ldist.checkpoint.due(k)] == [5, 10, 15]
+    launched(monkeypatch)
+    assert not any(d2ldist.checkpoint.due(k) for k in range(16))
+
+
+def test_saved_into_step_k_the_newest_finished_kept_and_loaded(tmp_path, monkeypatch):
+    """Steps 5, 10, 15 saved with --checkpoint-keep 2: 5 goes, and 7 (half written, older
+    than the kept) with it; 20, half written and newer, stays, and a load passes it over."""
+    launched(monkeypatch, tmp_path, keep=2)
+    net, opt = make(2, mlp())
+    state, shas = {'model': net, 'optimizer': opt, 'step': 0}, {}
+    for step in (5, 10, 15):
+        if step == 15:
+            for half in ('step-7', 'step-20'):          # a shard file, no manifest
+                (tmp_path / half).mkdir()
+                write_file(tmp_path / half / 'shard-0-of-1.ckpt', {})
+        steps(net, opt, 0, 1, step - 5, step)
+        state['step'] = step
+        shas[step] = d2ldist.checkpoint.save(state)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['step-10', 'step-15', 'step-20']
+    assert d2ldist.checkpoint.newest() == tmp_path / 'step-15'
+    again, opt_again = make(2, mlp(seed=1))
+    resumed = {'model': again, 'optimizer': opt_again, 'step': 0}
+    assert d2ldist.checkpoint.load(resumed) == shas[15] and resumed['step'] == 15
+
+
+def test_with_nothing_to_resume_from_a_load_is_none_and_the_state_untouched(
+        tmp_path, monkeypatch):
+    net, opt = make(2, mlp())
+    state = {'model': net, 'optimizer': opt, 'step': 0}
+    before = {k: p.clone() for k, p in net.named_parameters()}
+    for folder in (None, tmp_path / 'none yet', tmp_path):   # (tmp_path: one half written)
+        (tmp_path / 'step-3').mkdir(exist_ok=True)
+        launched(monkeypatch, folder)
+        assert d2ldist.checkpoint.load(state) is None and state['step'] == 0
+    assert all(torch.equal(p, before[k]) for k, p in net.named_parameters())
+
+
+@pytest.mark.parametrize('folder, step, error', [
+    (None, 3, r'd2l-launch --checkpoint-dir DIR, and none was given$'),
+    ('ckpt', None, r"step-K, K = state\['step'\], a whole number >= 0; got None$"),
+    ('ckpt', '3', r"step-K, .* got '3'$"),
+    ('ckpt', True, r'step-K, .* got True$'),
+    ('ckpt', -1, r'step-K, .* got -1$')])
+def test_a_save_with_no_folder_needs_the_dir_and_an_int_step(tmp_path, monkeypatch, folder,
+                                                             step, error):
+    launched(monkeypatch, folder and tmp_path / folder)
+    net = mlp()
+    state = {'model': net} if step is None else {'model': net, 'step': step}
+    with pytest.raises(ValueError, match=r'^d2ldist\.checkpoint\.save\(state\) with no '
+                                         r'folder saves into ' + error):
+        d2ldist.checkpoint.save(state)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_saved_by_2_threads_loaded_by_3_from_the_newest(tmp_path, monkeypatch):
+    """Worker 0 names the newest checkpoint; every worker loads that one."""
+    launched(monkeypatch, tmp_path)
+    nets = [mlp() for _ in range(2)]
+
+    def first(r):
+        net, opt = make(2, nets[r])
+        steps(net, opt, r, 2, 0, 3)
+        return d2ldist.checkpoint.save({'model': net, 'optimizer': opt, 'step': 3})
+
+    def then(r):
+        net, opt = make(1, mlp(seed=1))
+        state = {'model': net, 'optimizer': opt, 'step': 0}
+        return d2ldist.checkpoint.load(state), state['step']
+
+    saved = in_threads(2, monkeypatch, first)
+    assert in_threads(3, monkeypatch, then) == [(saved[0], 3)] * 3
