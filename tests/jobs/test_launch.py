@@ -98,9 +98,8 @@ if d2ldist.rank() == 1:
     {how}
 time.sleep(60)
 ''')
-    start = time.monotonic()
+    # the others sleep 60 s: a launcher that waited for them would outlast run_launch's 60 s
     r = run_launch('-n', 3, '-s', 2, 'python', script, timeout=60)
-    assert time.monotonic() - start < 20
     assert r.returncode == code, r.stdout
     assert f'd2l-launch: worker 1 failed ({words}' in r.stdout
     report = r.stdout.split('d2l-launch: worker 1 failed', 1)[1]
@@ -171,11 +170,12 @@ def test_killing_the_launcher_leaves_nothing_running(write_script):
 
 
 def test_timeout_stops_the_job(write_script):
-    start = time.monotonic()
-    r = run_launch('--timeout', 3, '-n', 2, '-s', 0, 'python', write_script(SLEEPER))
+    # the sleepers never end: only --timeout can end this run before run_launch's 60 s (no
+    # wall-clock bound of our own: starting the processes alone takes 20 s on a busy machine)
+    r = run_launch('--timeout', 3, '-n', 2, '-s', 0, 'python', write_script(SLEEPER),
+                   timeout=60)
     assert r.returncode == 124
     assert 'd2l-launch: timeout: the job ran for more than 3 s' in r.stdout
-    assert time.monotonic() - start < 15
     assert wait_no_survivors(r.tag, 5) == []
 
 
@@ -188,10 +188,8 @@ if d2ldist.rank() == 1:
     os.kill(os.getpid(), signal.SIGSTOP)
 d2ldist.barrier()
 ''')
-    start = time.monotonic()
     r = run_launch('--env', 'D2L_HEARTBEAT_TIMEOUT=2', '-n', 2, '-s', 1, 'python', script,
-                   timeout=60)
-    assert time.monotonic() - start < 15
+                   timeout=60)     # the stopped worker never ends: only the notice ends the job
     assert r.returncode != 0
     assert 'worker 1 failed: no heartbeat for 2 s' in r.stdout
     assert wait_no_survivors(r.tag, 5) == []
