@@ -1,7 +1,9 @@
 """Checkpoints: what they cost a step, what a failure costs, and how often to take them.
 
-    python benchmarks/checkpoint.py              # ResNet-18, 2 workers x 2 servers
-    python benchmarks/checkpoint.py --quick      # fewer steps and intervals
+    python benchmarks/checkpoint.py                  # parts 1-4
+    python benchmarks/checkpoint.py --part resnet    # parts 1-3: ResNet-18 (2 workers x 2 servers)
+    python benchmarks/checkpoint.py --part sharded   # part 4: sharded checkpoints against DCP
+    python benchmarks/checkpoint.py --quick          # fewer steps and intervals, a smaller MLP
 
 1. Overhead. The ResNet-18 job on the digits (2 workers, 2 servers, dist_sync) takes a
    checkpoint every k steps with d2ldist (training/checkpoint.py: a snapshot in memory,
@@ -22,6 +24,18 @@
    from the measured d, with the best interval of a simulated job: failures arrive at
    random (exponential, mean M), each costs the measured restart time and the steps
    since the last checkpoint, and we try every interval.
+4. Sharded checkpoints. An MLP (float32; its state: the weights and Adam's two moments)
+   trained a step, saved by N workers with ``d2ldist.checkpoint.save`` and loaded by M
+   with ``d2ldist.checkpoint.load`` (N -> M: 2 -> 2, 3 -> 2 resharded), for ZeRO stages
+   1, 2 and 3 on the ring and FSDP2 on the torch backend (DCP's format); and in the
+   torch backend's jobs, the same FSDP2 model saved and loaded with plain
+   ``torch.distributed.checkpoint`` (gloo). Per row: the bytes written (the busiest
+   worker's, all), the seconds of a save and of a load (the slowest worker's, after a
+   barrier; the median of the repeats after an untimed one), their ratio to DCP's, and
+   whether the SHA-256 lines at save and at load agree (d2ldist prints them; for plain
+   DCP the benchmark takes the same hash: docs/design/sharded_checkpoints.md).
+   Measured on the quiet 2-core machine (50 MB): save 1.7-2.7 and load 1.8-6.2 times
+   DCP's, mostly the whole state gathered and hashed for that line (docs/performance.md).
 """
 import argparse
 import json
@@ -207,6 +221,184 @@ def how_often(step, cost, restart, mtbf, total=20_000, runs=40):
           f'{results[max(1, round(young))] / results[best] - 1:.1%} slower at Young/Daly\'s')
 
 
+# -- part 4, inside a job: an MLP saved, or loaded, in each way, timed ----------------------
+LAYERS = 4                                  # Linear(width, width) each, ReLU between
+NAMES = {'1': 'ZeRO-1', '2': 'ZeRO-2', '3': 'ZeRO-3', 'fsdp2': 'FSDP2', 'dcp': 'torch DCP'}
+
+
+def mlp_state(way, width):
+    """{'model', 'optimizer', 'step'} of part 4's MLP trained in ``way`` (ZeRO's stage '1',
+    '2', '3', or 'fsdp2'), the same first weights on every worker; and its state's bytes
+    (the weights and Adam's two moments)."""
+    import torch
+    from torch import nn
+
+    import d2ldist
+    torch.manual_seed(0)
+    net = nn.Sequential(*[m for _ in range(LAYERS)
+                          for m in (nn.Linear(width, width), nn.ReLU())][:-1])
+    size = 3 * sum(p.numel() * p.element_size() for p in net.parameters())
+    if way == 'fsdp2':
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh('cpu', (d2ldist.size(),))
+        for layer in [*net[::2], net]:
+            fully_shard(layer, mesh=mesh)
+    elif way == '3':
+        net = d2ldist.shard_module(net)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    if way in ('1', '2'):
+        opt = d2ldist.ShardedOptimizer(opt, net.named_parameters(), stage=int(way))
+    return {'model': net, 'optimizer': opt, 'step': 0}, size
+
+
+def train_step(state, width):
+    """One step of Adam on a batch of random inputs (each worker its own): moments to save."""
+    import torch
+
+    import d2ldist
+    X = torch.randn(32, width, generator=torch.Generator().manual_seed(d2ldist.rank()))
+    state['optimizer'].zero_grad()
+    state['model'](X).pow(2).mean().backward()
+    state['optimizer'].step()
+    state['step'] += 1
+
+
+def dcp_save(state, folder):
+    """PyTorch's recipe: the state dicts of the FSDP2 model and its optimizer, dcp.save."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model, optim = get_state_dict(state['model'], state['optimizer'])
+    dcp.save({'model': model, 'optimizer': optim, 'step': state['step']}, checkpoint_id=folder)
+
+
+def dcp_load(state, folder):
+    """PyTorch's recipe: dcp.load into the state dicts, set_state_dict."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    net, opt = state['model'], state['optimizer']
+    model, optim = get_state_dict(net, opt)
+    loaded = {'model': model, 'optimizer': optim, 'step': 0}
+    dcp.load(loaded, checkpoint_id=folder)
+    set_state_dict(net, opt, model_state_dict=loaded['model'],
+                   optim_state_dict=loaded['optimizer'])
+    state['step'] = loaded['step']
+
+
+def timed(call):
+    """Seconds of ``call()`` on this worker, started together on every worker."""
+    import d2ldist
+    d2ldist.barrier()
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def sharded_worker(args):
+    import gc
+
+    import torch
+
+    import d2ldist
+    from d2ldist.training.dcp_checkpoint import whole_sha256
+
+    torch.set_num_threads(1)
+    d2ldist.init()
+    verb = d2ldist.checkpoint.save if args.job == 'save' else d2ldist.checkpoint.load
+    for way in args.ways.split(','):
+        state, size = mlp_state(way, args.mlp_width)
+        if args.job == 'save':
+            train_step(state, args.mlp_width)
+        calls = {way: lambda: verb(state, os.path.join(args.dir, way))}
+        if way == 'fsdp2':                  # plain DCP of the same model, interleaved
+            plain = dcp_save if args.job == 'save' else dcp_load
+            calls['dcp'] = lambda: plain(state, os.path.join(args.dir, 'dcp'))
+        seconds = {k: [] for k in calls}
+        for repeat in range(1 + args.repeats):          # the first: a warm-up, untimed
+            for k, call in calls.items():
+                took = timed(call)
+                if repeat:
+                    seconds[k].append(took)
+        sha = whole_sha256(state) if 'dcp' in calls else None    # (after DCP's last call)
+        print('RESULT ' + json.dumps({'rank': d2ldist.rank(), 'seconds': seconds,
+                                      'bytes': size, 'dcp sha': sha}), flush=True)
+        del state, calls
+        gc.collect()
+    d2ldist.barrier()
+
+
+# -- part 4, outside: the jobs and the table -------------------------------------------------
+def sharded_job(args, job, n, ways, folder):
+    """A save or load job of n workers over ``ways`` (FSDP2 on the torch backend); its
+    output and, by way, the slowest worker's seconds of each repeat and the sha256 lines."""
+    extra = ['--env', 'D2L_BACKEND=torch'] if ways == ['fsdp2'] else []
+    r = launch(['-n', n, '-s', 0, '--timeout', 600, *extra],
+               worker_command(__file__, ['--job', job, '--ways', ','.join(ways), '--dir', folder,
+                                         '--mlp-width', args.mlp_width,
+                                         '--repeats', args.repeats]), timeout=900)
+    results = [json.loads(m) for m in re.findall(r'RESULT (.*)', r.stdout)]
+    if r.returncode != 0 or len(results) != n * len(ways):
+        sys.exit(f'benchmark job failed ({job}, {n} workers, {ways}):\n'
+                 f'{r.stdout[-3000:]}{r.stderr[-2000:]}')
+    verb = 'saved in' if job == 'save' else 'loaded from'
+    lines = re.findall(rf'd2ldist: checkpoint {verb} (\S+) .*state sha256 ([0-9a-f]{{64}})',
+                       r.stdout)
+    found = {}
+    for way in ways + (['dcp'] if 'fsdp2' in ways else []):
+        mine = [x for x in results if way in x['seconds']]
+        dcp_sha = [x['dcp sha'] for x in mine if x['dcp sha']][:1]
+        found[way] = {
+            'seconds': statistics.median(max(s) for s in zip(*(x['seconds'][way] for x in mine))),
+            'bytes': mine[0]['bytes'],
+            'sha': dcp_sha if way == 'dcp' else
+                   [sha for at, sha in lines if at == os.path.join(folder, way)]}
+    return found
+
+
+def written(folder):
+    """(bytes of the busiest worker's files, of all) in a checkpoint's folder: worker r's
+    shard-r-of-N.ckpt or __r_0.distcp, and worker 0's manifest and DCP's .metadata."""
+    by_worker = {}
+    for name in os.listdir(folder):
+        owner = re.match(r'(?:shard-|__)(\d+)[-_]', name)
+        r = int(owner.group(1)) if owner else 0
+        by_worker[r] = by_worker.get(r, 0) + os.path.getsize(os.path.join(folder, name))
+    return max(by_worker.values()), sum(by_worker.values())
+
+
+def sharded(args):
+    print(f'\n# 4. Sharded checkpoints: an MLP of {LAYERS} Linear({args.mlp_width}, '
+          f'{args.mlp_width}), float32, Adam; ZeRO on the ring, FSDP2 and torch DCP on the '
+          f'torch backend (gloo); seconds: the slowest worker\'s, median of {args.repeats} after a '
+          'warm-up')
+    print(f'{"way":<9} {"N -> M":>6} {"state MB":>8} {"busiest MB":>10} {"total MB":>8} '
+          f'{"save s":>6} {"load s":>6} {"sha equal":>9} {"save/DCP":>8} {"load/DCP":>8}')
+    groups = [['1', '2', '3'], ['fsdp2']]
+    with tempfile.TemporaryDirectory() as root:
+        saved = {}
+        for n in sorted({n for n, _ in args.pairs}):
+            folder = os.path.join(root, f'by-{n}')
+            saved[n] = {k: v for ways in groups
+                        for k, v in sharded_job(args, 'save', n, ways, folder).items()}
+            for way, row in saved[n].items():
+                row['written'] = written(os.path.join(folder, way))
+        for n, m in args.pairs:
+            folder = os.path.join(root, f'by-{n}')
+            loaded = {k: v for ways in groups
+                      for k, v in sharded_job(args, 'load', m, ways, folder).items()}
+            torch_ = saved[n]['dcp']['seconds'], loaded['dcp']['seconds']
+            for way, row in saved[n].items():
+                (busiest, total), load = row['written'], loaded[way]
+                same = len(row['sha']) >= 1 and len(load['sha']) >= 1 and \
+                    set(row['sha']) == set(load['sha'])
+                ratios = '' if way == 'dcp' else \
+                    f'{row["seconds"] / torch_[0]:>8.2f} {load["seconds"] / torch_[1]:>8.2f}'
+                print(f'{NAMES[way]:<9} {f"{n} -> {m}":>6} {row["bytes"] / 1e6:>8.1f} '
+                      f'{busiest / 1e6:>10.1f} {total / 1e6:>8.1f} {row["seconds"]:>6.2f} '
+                      f'{load["seconds"]:>6.2f} {"sha equal" if same else "DIFFERENT":>9} '
+                      f'{ratios}'.rstrip(), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--quick', action='store_true', help='fewer steps and intervals')
@@ -214,21 +406,37 @@ def main():
     p.add_argument('--warmup', type=int, default=3, help='untimed steps first')
     p.add_argument('--width', type=int, default=64, help="ResNet-18's first channels")
     p.add_argument('--mtbf', type=float, default=3600, help='seconds between failures (part 3)')
+    p.add_argument('--part', choices=['all', 'resnet', 'sharded'], default='all',
+                   help='resnet: parts 1-3; sharded: part 4')
+    p.add_argument('--mlp-width', type=int, default=None,
+                   help="part 4: the MLP's width (default 1024; --quick 256)")
+    p.add_argument('--repeats', type=int, default=None,
+                   help='part 4: saves and loads timed per job (default 3; --quick 1)')
     p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
     p.add_argument('--store', default='dist_sync', help=argparse.SUPPRESS)
     p.add_argument('--every', type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument('--dir', default=None, help=argparse.SUPPRESS)
+    p.add_argument('--job', choices=['save', 'load'], help=argparse.SUPPRESS)
+    p.add_argument('--ways', default='', help=argparse.SUPPRESS)
     args = p.parse_args()
+    args.mlp_width = args.mlp_width if args.mlp_width is not None else 256 if args.quick else 1024
+    args.repeats = args.repeats if args.repeats is not None else 1 if args.quick else 3
+    if args.mlp_width < 1 or args.repeats < 1:
+        p.error('--mlp-width and --repeats must be at least 1')
     if args.worker:
-        return worker(args)
+        return sharded_worker(args) if args.job else worker(args)
     args.intervals = [10, 5, 2, 1] if args.quick else [20, 10, 5, 2, 1]
     args.fail_steps = [8, 12] if args.quick else [8, 12, 17, 23]
+    args.pairs = [(2, 2), (3, 2)]
     if args.quick:
         args.steps = 20
     print(f'# {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}')
-    step, cost = overhead(args)
-    restart = recovery(args)
-    how_often(step, cost, restart, args.mtbf)
+    if args.part in ('all', 'resnet'):
+        step, cost = overhead(args)
+        restart = recovery(args)
+        how_often(step, cost, restart, args.mtbf)
+    if args.part in ('all', 'sharded'):
+        sharded(args)
 
 
 if __name__ == '__main__':
