@@ -11,8 +11,8 @@ JOB = ROOT / 'tests' / 'jobs' / 'straggler_job.py'
 
 
 def stretch(stdout):
-    """Each worker's step 1 against the same pass right after it, by rank: the median of
-    step 1 / pass and of step 1 - pass over the steps (straggler_job.py)."""
+    """Each worker's step 1 against the compute the Trainer measured in it, by rank: the
+    median of step 1 / compute and of step 1 - compute over the steps (straggler_job.py)."""
     found = [json.loads(m) for m in re.findall(r'STEP1 (.*)', stdout)]
     return {f['rank']: (f['ratio'], f['added']) for f in found}
 
@@ -22,8 +22,8 @@ def stretch(stdout):
     ('+200ms', lambda ratio, added: 0.16 < added < 0.24)])
 def test_slow_stretches_one_workers_compute_step(slow, check):
     """--slow worker:1=... makes worker 1's step 1 take that much longer (also with a
-    simulated network) than the same pass right after it; worker 0's is not stretched.
-    Each worker is compared with itself, step by step, under the same load."""
+    simulated network) than the compute it measured in that step; worker 0's is not
+    stretched. Each step is compared with itself, so the load around it cancels."""
     network = ['--bandwidth', '1Gbit'] if slow.startswith('+') else []
     r = run_launch('-n', 2, '-s', 0, '--slow', f'worker:1={slow}', *network, '--timeout', 90,
                    sys.executable, JOB, 'ring', 22, timeout=120)       # medians of 20 steps
