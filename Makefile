@@ -88,8 +88,8 @@ refs: venv
 reading-path: venv
 	$(PY) book/reading_path.py --write
 
-# per notebook: words of prose, median sentence length, share of sentences over 40 words,
-# against issue 50's targets (--check: exit 1 if one is missed)
+# per notebook: words of prose (by its own rules and as wc -w counts), median sentence length,
+# share of sentences over 40 words, against issue 50's targets (--check: exit 1 if one is missed)
 prose: venv
 	$(PY) book/prose.py
 

@@ -55,3 +55,34 @@ def test_the_table_lists_every_notebook_once():
     assert sorted(names) == sorted([p.stem for p in folder.glob('*.ipynb')] +
                                    [f'{p.parent.name}/{p.stem}' for p in folder.glob('appendix*/*.ipynb')])
     assert names[-1] == 'answers'
+
+
+def test_the_plain_count_is_every_token_of_the_markdown():
+    # wc -w's count: formulas, code, fences, labels, tags and table bars are all words
+    tokens = sum(len(source.split()) for source in MADE_UP)
+    assert prose.plain_count(made_up()) == tokens
+    assert tokens > prose.count(made_up())[0]        # stricter than the reader's count
+
+
+def test_the_word_targets_hold_by_both_counts():
+    _, lengths = prose.count(made_up())
+    assert prose.row('chapter', 3500, lengths, 3500)['words_ok']
+    assert not prose.row('chapter', 3400, lengths, 3501)['words_ok']
+    assert not prose.row('chapter', 3501, lengths, 3400)['words_ok']
+
+
+def test_the_book_total_is_checked_by_both_counts(tmp_path, monkeypatch):
+    # two made-up chapters whose sum is over the book's target by the plain count only
+    monkeypatch.setattr(prose, 'chapters_in_order', lambda: ['one', 'two'])
+    monkeypatch.setattr(prose, 'CHAPTER_WORDS', 10 ** 6)
+    monkeypatch.setattr(prose, 'LONG_SHARE', 1)
+    nb = made_up()
+    for name in ('one', 'two'):
+        nbformat.write(nb, tmp_path / f'{name}.ipynb')
+    words, plain = prose.count(nb)[0], prose.plain_count(nb)
+    monkeypatch.setattr(prose, 'BOOK_WORDS', 2 * words)
+    rows, total, ok = prose.table(tmp_path)
+    assert (total['chapter_words'], total['chapter_plain']) == (2 * words, 2 * plain)
+    assert not total['words_ok'] and not ok
+    monkeypatch.setattr(prose, 'BOOK_WORDS', 2 * plain)
+    assert prose.table(tmp_path)[2]
