@@ -177,12 +177,14 @@ class TorchState(State):
         super().__init__(**attrs)
 
     def save(self):
+        replica = getattr(self.optimizer, 'replica', None)
+        if replica is not None:        # its last step first (it may fail: nothing saved)
+            replica.settle()
         if self.replicated:            # the commit before too: survivors may differ by one
             self._previous = self._commit()
         super().save()
         self._model_saved = _copy(self.model.state_dict()) if self.model else None
         self._optimizer_saved = _copy(self.optimizer.state_dict()) if self.optimizer else None
-        replica = getattr(self.optimizer, 'replica', None)
         self._replica_saved = _copy(replica.state_dict()) if replica else None
         self._commits += 1
 

@@ -3,11 +3,12 @@ without a disk (``d2l-launch --shard-replicas 1 --min-workers A``).
 
 Worker r keeps, besides its own shards, a replica of its ring predecessor's (worker
 r-1 mod N): that worker's shards of the weights and a second optimizer of the same kind
-over them (``ShardReplica``). Each step the owner sends its averaged gradient shards to
-its right neighbour (``RingBackend.pass_right``: P/N values, against the 2(N-1)/N P of
-the reduce-scatter and the all-gather), and the successor steps the replica with them:
-the same arithmetic on the same numbers, so the replica equals the owner's shard bit for
-bit.
+over them (``ShardReplica``). Each step, once the weights are gathered, the owner sends
+its averaged gradient shards to its right neighbour (``RingBackend.pass_right``: P/N
+values, against the 2(N-1)/N P of the reduce-scatter and the all-gather), on the
+communication thread while the next step computes; the successor steps the replica with
+them when it needs it (``settle``: at its next step, or a commit): the same arithmetic
+on the same numbers, so the replica equals the owner's shard bit for bit.
 
 When a worker is lost (``hvd.elastic.run``, ``TorchState``), every survivor goes back to
 the same commit (the replica's too), and ``recover`` gathers each bucket's whole state
@@ -27,7 +28,7 @@ class ShardReplica:
     alike each step; ``wholes``: (recover's) each bucket's whole state to cut it from."""
 
     def __init__(self, sharded, wholes=None):
-        self.sharded = sharded
+        self.sharded, self.pending = sharded, None
         self.owner = (sharded.rank - 1) % sharded.size      # whose shards these are
         self.shards = [bucket.pack(bucket.params)[slice(*bucket.shard(self.owner))].clone()
                        for bucket in sharded.buckets]
@@ -41,34 +42,60 @@ class ShardReplica:
                 self.optimizer.state[shard] = cut(whole, bucket, self.owner)
 
     def send(self):
-        """Start sending this worker's averaged gradient shards to its successor (on the
-        communication thread): the Handles, one per bucket."""
-        return [world.run(world.backend().pass_right, shard.grad)
-                for shard in self.sharded.shards]
+        """Start sending this step's averaged gradient shards to the successor (on the
+        communication thread), and receiving the predecessor's; settle() steps with them."""
+        self.settle()
+        self.pending = ([world.run(world.backend().pass_right, shard.grad.clone())
+                         for shard in self.sharded.shards],
+                        [settings(g) for g in self.sharded.param_groups])
 
     @torch.no_grad()
-    def step(self, handles):
-        """The predecessor's gradient shards received: step the replica with them, with
-        the owner's settings (a learning rate changed since is the same on every worker)."""
+    def settle(self):
+        """The predecessor's gradient shards of its last step, once received: step the
+        replica with them, with the settings its owner stepped with."""
+        if self.pending is None:
+            return
+        (handles, groups), self.pending = self.pending, None
         for shard, handle in zip(self.shards, handles):
             shard.grad = handle.wait()
-        for mine, owners in zip(self.optimizer.param_groups, self.sharded.param_groups):
-            mine.update(settings(owners))
+        for mine, owners in zip(self.optimizer.param_groups, groups):
+            mine.update(owners)
         self.optimizer.step()
         for shard in self.shards:
             shard.grad = None
 
     @torch.no_grad()
     def refresh(self):
-        """The replica's weights cut again from the parameters (after a restore)."""
+        """The replica's weights cut again from the parameters (after a restore: a
+        step not yet settled is dropped)."""
+        self.pending = None
         for bucket, shard in zip(self.sharded.buckets, self.shards):
             shard.copy_(bucket.pack(bucket.params)[slice(*bucket.shard(self.owner))])
 
+    @torch.no_grad()
+    def fetch(self):
+        """The predecessor's weights and optimizer state anew, its state sent one step
+        right (every worker calls it: after a checkpoint's load)."""
+        self.refresh()
+        for mine, theirs in zip(self.sharded.shards, self.shards):
+            state = self.sharded.optimizer.state.get(mine, {})
+            got = {name: world.run(world.backend().pass_right, value).wait()
+                   if torch.is_tensor(value) and value.dim() > 0 else _copy(value)
+                   for name, value in sorted(state.items())}
+            self.optimizer.state.pop(theirs, None)
+            if got:
+                self.optimizer.state[theirs] = got
+
     def state_dict(self):
+        self.settle()
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict):
         self.optimizer.load_state_dict(state_dict)
+
+
+def _copy(value):
+    return value.clone() if torch.is_tensor(value) else value
 
 
 def settings(group):
@@ -89,7 +116,7 @@ def cut(whole, bucket, rank):
             padded[:n] = value[:n]
             found[name] = padded[a:b].clone()
         else:
-            found[name] = value.clone() if torch.is_tensor(value) else value
+            found[name] = _copy(value)
     return found
 
 

@@ -181,12 +181,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         with torch.no_grad():
             self._reduce_scatter_gradients()
-            sent = self.replica.send() if self.replica else None   # (while this steps)
             self.optimizer.step()
-            if sent is not None:
-                self.replica.step(sent)
             peak_moment(self)            # (every kind at its fullest: see memory_by_kind)
             self._all_gather_weights()
+            if self.replica is not None:  # (sent while the next step computes)
+                self.replica.send()
         return loss
 
     def _reduce_scatter_gradients(self):

@@ -70,6 +70,7 @@ def test_the_replica_equals_the_predecessors_shard_bit_for_bit(name, n, stage, r
         steps(nets[r], opt, r, n, 0, 4)
         return opt
     opts = ring_threads(n, work)
+    ring_threads(n, lambda r: opts[r].replica.settle())     # (the last step's, pending)
     for r, opt in enumerate(opts):
         successor = opts[(r + 1) % n].replica
         assert successor.owner == r
@@ -96,6 +97,7 @@ def test_after_a_loss_the_survivors_cut_the_whole_state_again_and_go_on(stage, l
     nets = [mlp() for _ in range(3)]
     make = replicated(stage, 'adam, two groups', nets)
     opts = ring_threads(3, lambda r: (steps(nets[r], opt := make(r), r, 3, 0, 3), opt)[1])
+    ring_threads(3, lambda r: opts[r].replica.settle())     # (as a commit does)
     before = {k: whole(lambda r: opts[r], 3, k) for k in ('exp_avg', 'exp_avg_sq')}
     left = [r for r in range(3) if r != lost]
 
@@ -156,3 +158,19 @@ def test_under_min_workers_a_replicated_sharded_optimizer_is_taken(monkeypatch, 
     with pytest.raises(SystemExit):
         elastic.TorchState(model=stage_3, optimizer=None)
     assert '--shard-replicas 1' in capsys.readouterr().err
+
+
+def test_fetch_copies_the_predecessors_state_anew(ring_threads):
+    """After a checkpoint's load (which loads the owners' shards only) every replica
+    fetches its owner's state, one step right."""
+    nets = [mlp() for _ in range(3)]
+    make = replicated(2, 'adam', nets)
+    opts = ring_threads(3, lambda r: (steps(nets[r], opt := make(r), r, 3, 0, 2), opt)[1])
+    for opt in opts:
+        opt.replica.refresh()                       # (drops the step pending)
+        opt.replica.optimizer.state.clear()
+    ring_threads(3, lambda r: opts[r].replica.fetch())
+    for r, opt in enumerate(opts):
+        successor = opts[(r + 1) % 3].replica
+        assert same_state(states(opt.optimizer, opt.shards),
+                          states(successor.optimizer, successor.shards))
