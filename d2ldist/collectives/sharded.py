@@ -126,6 +126,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self.replicas not in (0, 1):
             raise ValueError(f'replicas is 0 or 1 (a copy on the ring successor), got '
                              f'{self.replicas!r}')
+        if self.replicas and world.backend().name != 'ring':
+            raise ValueError('replicas=1 (--shard-replicas) needs the ring backend, not '
+                             f'{world.backend().name!r}')
         self.optimizer, self.stage = optimizer, stage
         self.max_whole_buckets = max_whole_buckets    # stage 2: None, as many as backward
         self._in_flight = []                          # gets ahead of the reduce-scatters

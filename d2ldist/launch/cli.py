@@ -626,6 +626,9 @@ def _shard_replicas_env(args):
     if args.env.get(config.variable('backend')) == 'torch':
         raise UsageError('--shard-replicas needs the ring backend: the replica is sent to '
                          'the ring successor')
+    if args.max_workers:
+        raise UsageError('--shard-replicas goes on without lost workers, and takes in no new '
+                         'ones: not with --max-workers, --restart-lost or a discovery script')
     return config.env(shard_replicas=r)
 
 

@@ -16,6 +16,8 @@ from test_sharded_units import CAP_MB, OPTIMIZERS, ThreadWorkers, in_threads, ml
 class RingThreads(ThreadWorkers):
     """ThreadWorkers with the ring's one step to the right."""
 
+    name = 'ring'
+
     def pass_right(self, tensor):
         return self._exchange(tensor)[(self.rank - 1) % self.n].clone()
 
@@ -138,8 +140,10 @@ def test_replicas_is_0_or_1_and_alone_there_is_none():
                                     replicas=1).replica is None
 
 
-@pytest.mark.parametrize('options', [['--shard-replicas', '2'], ['--shard-replicas', '-1'],
-                                     ['--shard-replicas', '1', '--env', 'D2L_BACKEND=torch']])
+@pytest.mark.parametrize('options', [
+    ['--shard-replicas', '2'], ['--shard-replicas', '-1'],
+    ['--shard-replicas', '1', '--env', 'D2L_BACKEND=torch'],
+    ['--shard-replicas', '1', '--min-workers', '1', '--restart-lost']])
 def test_the_launcher_checks_the_option_in_one_line(options):
     with pytest.raises(cli.UsageError) as e:
         cli.parse(['-n', '2', *options, 'python', '-c', 'pass'])
