@@ -18,9 +18,11 @@ commit (``restore``), the ring is made anew (``world.reform``), the reset callba
 every worker takes rank 0's state (``sync``) and ``train`` is called again. A worker
 that joins (``--max-workers``) is taken in at a ``commit()`` (``HostsUpdatedInterrupt``).
 A batch cut by ``hvd.rank()`` and ``hvd.size()`` from a position kept in the state is
-cut anew after a reset (``part``, ``ElasticSampler``). ZeRO's shards have one copy each:
-under --min-workers a TorchState of them is refused in one line. The whole story:
-docs/design/ring.md#elastic-workers.
+cut anew after a reset (``part``, ``ElasticSampler``). ZeRO's shards have one copy each,
+unless ``--shard-replicas 1`` keeps a second on each ring successor (stages 1-2,
+``shard_replica.py``): then every survivor goes back to the same commit, and the lost
+shard comes from its replica; without it, under --min-workers a TorchState of them is
+refused in one line. The whole story: docs/design/ring.md#elastic-workers.
 """
 import copy
 import functools
@@ -32,7 +34,7 @@ from ..lines import say, shown
 from ..runtime import node
 from ..runtime.node import WorkersChanged
 from ..runtime.split import even_slices
-from . import ops, world
+from . import ops, shard_replica, world
 
 HorovodInternalError = WorkersChanged     # Horovod's name for a collective that failed
 
@@ -161,19 +163,34 @@ class TorchState(State):
     """A model's and an optimizer's state (copies in memory), and numbers."""
 
     def __init__(self, model=None, optimizer=None, **attrs):
-        if config.get().min_workers and _sharded(model, optimizer):
+        self.replicated = bool(getattr(optimizer, 'replicas', 0))  # ZeRO with a replica
+        if config.get().min_workers and _sharded(model, optimizer) and (
+                not self.replicated or _sharded(model, None)):
             say("--min-workers: ZeRO's shards (ShardedOptimizer, shard_module) have one copy "
                 "each: a lost worker's is gone, and the others cannot go on without it; run "
-                'without --min-workers', err=True)
+                'without --min-workers, or with --shard-replicas 1 (ShardedOptimizer only)',
+                err=True)
             raise SystemExit(2)
         self.model, self.optimizer = model, optimizer
-        self._model_saved = self._optimizer_saved = None
+        self._model_saved = self._optimizer_saved = self._replica_saved = None
+        self._commits, self._previous = 0, None
         super().__init__(**attrs)
 
     def save(self):
+        replica = getattr(self.optimizer, 'replica', None)
+        if replica is not None:        # its last step first (it may fail: nothing saved)
+            replica.settle()
+        if self.replicated:            # the commit before too: survivors may differ by one
+            self._previous = self._commit()
         super().save()
         self._model_saved = _copy(self.model.state_dict()) if self.model else None
         self._optimizer_saved = _copy(self.optimizer.state_dict()) if self.optimizer else None
+        self._replica_saved = _copy(replica.state_dict()) if replica else None
+        self._commits += 1
+
+    def _commit(self):
+        return (self._saved, getattr(self, '_saved_samplers', None), self._model_saved,
+                self._optimizer_saved, self._replica_saved)
 
     def restore(self):
         super().restore()
@@ -181,16 +198,38 @@ class TorchState(State):
             self.model.load_state_dict(self._model_saved)
         if self.optimizer is not None and self._optimizer_saved is not None:
             self.optimizer.load_state_dict(_copy(self._optimizer_saved))
-        if hasattr(self.optimizer, 'forget_gradients'):   # DistributedOptimizer's
+        replica = getattr(self.optimizer, 'replica', None)
+        if replica is not None and self._replica_saved is not None:
+            replica.load_state_dict(_copy(self._replica_saved))
+        if hasattr(self.optimizer, 'refresh_shards'):     # ShardedOptimizer's weights
+            self.optimizer.refresh_shards()
+        if hasattr(self.optimizer, 'forget_gradients'):   # DistributedOptimizer's, ZeRO's
             self.optimizer.forget_gradients()
 
     def sync(self):
         from .distributed_optimizer import broadcast_optimizer_state, broadcast_parameters
+        if self.replicated and world.membership() != self._membership:
+            self._same_commit()
+            shard_replica.recover(self.optimizer)     # the lost shard, from its replica
         if self.model is not None:
             broadcast_parameters(self.model.state_dict(), root_rank=0)
-        if self.optimizer is not None:
+        if self.optimizer is not None and not self.replicated:
             broadcast_optimizer_state(self.optimizer, root_rank=0)
         super().sync()
+
+    def _same_commit(self):
+        """Every survivor at the oldest commit any of them went back to: each holds a
+        piece of ZeRO's state, and all pieces must be of one step (one commit apart at
+        most: a worker ends a step's all-gather only once every one has begun it)."""
+        oldest = -_agreed_max(-self._commits)
+        if self._commits - oldest > 1 or (self._commits > oldest and self._previous is None):
+            raise RuntimeError(f'the workers went back to commits {oldest} and '
+                               f'{self._commits}: too far apart to join their ZeRO shards')
+        if self._commits > oldest:
+            (self._saved, self._saved_samplers, self._model_saved, self._optimizer_saved,
+             self._replica_saved) = self._previous
+            self._commits = oldest
+            self.restore()
 
 
 def _sharded(model, optimizer):
@@ -212,9 +251,14 @@ def _broadcast(values, dtype):
 def _agreed_joins(heard):
     """The most joiners any worker has heard of (a Max all-reduce): every worker decides
     alike, at the same commit, whether to take them in (Horovod broadcasts rank 0's)."""
+    return _agreed_max(heard)
+
+
+def _agreed_max(number):
+    """The largest of every worker's whole ``number`` (a Max all-reduce)."""
     if world.size() == 1:
-        return heard
-    tensor = torch.tensor([heard], dtype=torch.int64)
+        return number
+    tensor = torch.tensor([number], dtype=torch.int64)
     world.run(world.backend().allreduce_, tensor, ops.Max).wait()
     return int(tensor[0])
 

@@ -36,7 +36,7 @@ def row_shape_code(tensor):
 
 # -- hvd.join(): what a worker out of data needs to take part in a collective ----------
 _STAND_INS = ('allreduce_', 'reducescatter', 'broadcast_', 'allgather',   # its methods
-              'reduce_scatter_flat', 'all_gather_flat_', 'alltoall')
+              'reduce_scatter_flat', 'all_gather_flat_', 'alltoall', 'pass_right')
 
 
 def _describe(method, tensor, **args):
@@ -57,6 +57,8 @@ def stand_in(replay, size):
         raise ValueError(f'no collective described: {clip(replay, NAME)}')
     if method in ('allgather', 'alltoall'):
         return method, torch.zeros((0, *shape[1:]), dtype=dtype), ()
+    if method == 'pass_right':
+        return method, torch.zeros(shape, dtype=dtype), ()
     if method == 'all_gather_flat_':
         return method, torch.zeros(shape, dtype=dtype), (torch.zeros(0, dtype=dtype),)
     if method == 'broadcast_':
@@ -70,7 +72,8 @@ def stand_in(replay, size):
 
 # what a worker in join() makes fail (Horovod's); the flat halves too: a worker out of
 # data has no shard of its own (ZeRO, sharded.py)
-REFUSED = ('broadcast_', 'allgather', 'reduce_scatter_flat', 'all_gather_flat_', 'alltoall')
+REFUSED = ('broadcast_', 'allgather', 'reduce_scatter_flat', 'all_gather_flat_', 'alltoall',
+           'pass_right')
 
 
 def equal_shard(flat, rank, size):
@@ -201,6 +204,20 @@ class RingBackend:
                                      _call('all_gather_flat', flat, 'equal shards'),
                                      _describe('all_gather_flat_', flat))
         return flat
+
+    def pass_right(self, tensor):
+        """The left neighbour's ``tensor`` (1-D, of this one's length and dtype): each
+        worker sends its own to the right, one step of the ring (ZeRO's shard replicas,
+        shard_replica.py); alone, a copy of its own. Not a Horovod collective."""
+        self._check(tensor)
+        if self.ring is None:
+            return tensor.clone()
+        n = tensor.numel()
+        flat = torch.empty(2 * n, dtype=tensor.dtype)
+        flat[:n] = tensor.reshape(-1)
+        self.ring.pass_right_(flat, _call('pass_right', tensor, 'to the right'),
+                              _describe('pass_right', tensor))
+        return flat[n:].to(tensor.device)
 
     def barrier(self):
         if self.node is not None:

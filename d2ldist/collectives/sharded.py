@@ -11,7 +11,10 @@ all-reduce cut in its two halves (``ring.py``), the same bytes, Adam's state 1/N
 A parameter that gets no gradient in a step counts as zero there (as in
 DistributedOptimizer's buckets). Each worker's ``state_dict()`` is its own shard's;
 ``d2ldist.checkpoint`` saves every worker's, and loads them on any number of workers.
-Stage 3, the weights sharded too, is ``sharded_module.py``. At the end of this file,
+With ``replicas=1`` (``d2l-launch --shard-replicas 1``) each worker also keeps its ring
+predecessor's shard, stepped alike, so that an elastic job goes on without a lost worker
+(``shard_replica.py``). Stage 3, the weights sharded too, is ``sharded_module.py``. At the
+end of this file,
 what a worker holds: counted (``memory_by_kind``, ``MemoryPeak``), and as the paper
 counts it (``paper_memory``).
 
@@ -21,7 +24,8 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from . import world
+from .. import config
+from . import shard_replica, world
 from .buckets import BUCKET_CAP_MB, BackwardBuckets, Buckets
 from .distributed_optimizer import DistributedOptimizer
 from .ops import Average
@@ -112,12 +116,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer: torch.optim.Optimizer,
                  named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
                  stage: int = 1, bucket_cap_mb: float = BUCKET_CAP_MB,
-                 max_whole_buckets: int | None = None) -> None:
+                 max_whole_buckets: int | None = None, replicas: int | None = None) -> None:
         check(optimizer, None if named_parameters is None else list(named_parameters), stage)
         if max_whole_buckets is not None and (stage != 2 or not isinstance(
                 max_whole_buckets, int) or max_whole_buckets < 1):
             raise ValueError('max_whole_buckets is for stage 2, a whole number from 1, '
                              f'got {max_whole_buckets!r} at stage {stage}')
+        self.replicas = config.get().shard_replicas if replicas is None else replicas
+        if self.replicas not in (0, 1):
+            raise ValueError(f'replicas is 0 or 1 (a copy on the ring successor), got '
+                             f'{self.replicas!r}')
+        if self.replicas and world.backend().name != 'ring':
+            raise ValueError('replicas=1 (--shard-replicas) needs the ring backend, not '
+                             f'{world.backend().name!r}')
         self.optimizer, self.stage = optimizer, stage
         self.max_whole_buckets = max_whole_buckets    # stage 2: None, as many as backward
         self._in_flight = []                          # gets ahead of the reduce-scatters
@@ -134,9 +145,26 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._sending = [None] * len(self.buckets)    # and those being reduce-scattered
         else:
             self.buckets = plan(self._params, self.size, bucket_cap_mb, kinds)
+        self._kinds = kinds
+        self._cut()
+        self.replica = shard_replica.ShardReplica(self) if self.replicas and self.size > 1 \
+            else None            # the ring predecessor's shards, kept here too
+
+    def _cut(self):
+        """This worker's shards of the buckets; the optimizer sees shards only."""
         self.shards = [self._my_shard(bucket) for bucket in self.buckets]
-        for g, group in enumerate(optimizer.param_groups):   # the optimizer sees shards only
+        for g, group in enumerate(self.optimizer.param_groups):
             group['params'] = [s for b, s in zip(self.buckets, self.shards) if b.group == g]
+
+    def reshard(self) -> None:
+        """Cut the buckets again for the workers in the ring now (after one was lost):
+        the same groups of parameters, new shards of the weights from the parameters, no
+        optimizer state (``shard_replica.recover`` brings it)."""
+        self.rank, self.size = world.backend().rank, world.backend().size
+        self.buckets = layout(self._params, [b.indices for b in self.buckets], self.size,
+                              self._kinds)
+        self.optimizer.state.clear()
+        self._cut()
 
     # the wrapped optimizer's state is this optimizer's state
     param_groups = property(lambda self: self.optimizer.param_groups)
@@ -159,6 +187,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self.optimizer.step()
             peak_moment(self)            # (every kind at its fullest: see memory_by_kind)
             self._all_gather_weights()
+            if self.replica is not None:  # (sent while the next step computes)
+                self.replica.send()
         return loss
 
     def _reduce_scatter_gradients(self):
@@ -242,9 +272,21 @@ class ShardedOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def refresh_shards(self) -> None:
         """This worker's shards of the weights cut again from the parameters (after new
-        values were loaded into them: ``d2ldist.checkpoint.load``)."""
+        values were loaded into them: ``d2ldist.checkpoint.load``, an elastic restore)."""
         for bucket, shard in zip(self.buckets, self.shards):
             shard.copy_(self._my_shard(bucket))
+        if self.replica is not None:
+            self.replica.refresh()
+
+    def forget_gradients(self) -> None:
+        """Drop a step's gradients half summed (an elastic restore after a failed step)."""
+        if self.stage == 2:
+            self._hooks._reset()
+            self._grads = [None] * len(self.buckets)
+            self._sending = [None] * len(self.buckets)
+        self._in_flight = []
+        for t in self._params + self.shards:
+            t.grad = None
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()

@@ -175,6 +175,10 @@ OPTIONS = {
          "each server's keys are also held by the next R servers (chain "
          'replication): a lost server does not stop the job, its replica answers '
          'for it (default: 0)'),
+        ('--shard-replicas', dict(type=int, default=0, metavar='R'),
+         "ZeRO stages 1-2 on the ring: 1 keeps each worker's shard of the "
+         "optimizer's state also on its ring successor, so that with --min-workers "
+         'a lost worker\'s shard is taken from there (default: 0)'),
         ('--checkpoint-dir', dict(default=None, metavar='DIR'),
          "a folder every worker can read, for the job's checkpoints: "
          'd2ldist.train saves them there and resumes from the newest; so do '
@@ -443,6 +447,7 @@ def _set_environments(args):
     args.env.update(_checkpoint_env(args))
     args.env.update(_elastic_env(args))      # (reads the backend chosen with --env)
     args.env.update(_replicas_env(args))
+    args.env.update(_shard_replicas_env(args))
     try:               # what every process will read: a bad --env value fails here, once
         config.Config.from_env(args.env)
     except ValueError as e:
@@ -609,6 +614,22 @@ def _replicas_env(args):
         raise UsageError(f'--server-replicas {r} needs at least {r + 1} servers (-s '
                          f'{r + 1}): a replica is another server; got -s {s}')
     return config.env(server_replicas=r)
+
+
+def _shard_replicas_env(args):
+    """--shard-replicas 0 or 1, checked: the replica goes to the ring successor."""
+    r = args.shard_replicas
+    if r == 0:
+        return {}
+    if r != 1:
+        raise UsageError(f'--shard-replicas must be 0 or 1, got {r}')
+    if args.env.get(config.variable('backend')) == 'torch':
+        raise UsageError('--shard-replicas needs the ring backend: the replica is sent to '
+                         'the ring successor')
+    if args.max_workers:
+        raise UsageError('--shard-replicas goes on without lost workers, and takes in no new '
+                         'ones: not with --max-workers, --restart-lost or a discovery script')
+    return config.env(shard_replicas=r)
 
 
 def _network_env(bandwidth, latency):

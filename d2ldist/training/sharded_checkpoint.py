@@ -458,6 +458,10 @@ def load(state: dict, directory: str | os.PathLike | None = None) -> str | None:
     slots, values = contents(parts)
     mine = [s for s in slots if s.written]
     sha = digest(mine, values, agree(error, [s.row() for s in mine]))
+    for part in parts:              # ZeRO's replicas (--shard-replicas): from their owners
+        replica = getattr(getattr(part, 'optimizer', None), 'replica', None)
+        if replica is not None:
+            replica.fetch()
     loaded(folder, layout['workers'], backend, sha)
     return sha
 

@@ -1,0 +1,176 @@
+"""A copy of each ZeRO shard on the ring successor: ZeRO (stages 1-2) that loses a worker
+without a disk (``d2l-launch --shard-replicas 1 --min-workers A``).
+
+Worker r keeps, besides its own shards, a replica of its ring predecessor's (worker
+r-1 mod N): that worker's shards of the weights and a second optimizer of the same kind
+over them (``ShardReplica``). Each step, once the weights are gathered, the owner sends
+its averaged gradient shards to its right neighbour (``RingBackend.pass_right``: P/N
+values, against the 2(N-1)/N P of the reduce-scatter and the all-gather), on the
+communication thread while the next step computes; the successor steps the replica with
+them when it needs it (``settle``: at its next step, or a commit): the same arithmetic
+on the same numbers, so the replica equals the owner's shard bit for bit.
+
+When a worker is lost (``hvd.elastic.run``, ``TorchState``), every survivor goes back to
+the same commit (the replica's too), and ``recover`` gathers each bucket's whole state
+from the owners left and, for a lost one, from its successor's replica, then cuts it
+again for the workers left (``ShardedOptimizer.reshard``) and makes the replicas of the
+new ring. Two ring neighbours lost at once: their shard is gone (one line).
+
+Why and what it costs: docs/design/zero.md#a-replica-of-each-shard.
+"""
+import torch
+
+from . import world
+
+
+class ShardReplica:
+    """The ring predecessor's shards of the weights and of its optimizer's state, stepped
+    alike each step; ``wholes``: (recover's) each bucket's whole state to cut it from."""
+
+    def __init__(self, sharded, wholes=None):
+        self.sharded, self.pending = sharded, None
+        self.owner = (sharded.rank - 1) % sharded.size      # whose shards these are
+        self.shards = [bucket.pack(bucket.params)[slice(*bucket.shard(self.owner))].clone()
+                       for bucket in sharded.buckets]
+        inner = sharded.optimizer
+        groups = [{**settings(g), 'params': [s for b, s in zip(sharded.buckets, self.shards)
+                                             if b.group == i]}
+                  for i, g in enumerate(inner.param_groups)]
+        self.optimizer = type(inner)(groups, **inner.defaults)
+        for bucket, shard, whole in zip(sharded.buckets, self.shards, wholes or ()):
+            if whole:
+                self.optimizer.state[shard] = cut(whole, bucket, self.owner)
+
+    def send(self):
+        """Start sending this step's averaged gradient shards to the successor (on the
+        communication thread), and receiving the predecessor's; settle() steps with them."""
+        self.settle()
+        self.pending = ([world.run(world.backend().pass_right, shard.grad.clone())
+                         for shard in self.sharded.shards],
+                        [settings(g) for g in self.sharded.param_groups])
+
+    @torch.no_grad()
+    def settle(self):
+        """The predecessor's gradient shards of its last step, once received: step the
+        replica with them, with the settings its owner stepped with."""
+        if self.pending is None:
+            return
+        (handles, groups), self.pending = self.pending, None
+        for shard, handle in zip(self.shards, handles):
+            shard.grad = handle.wait()
+        for mine, owners in zip(self.optimizer.param_groups, groups):
+            mine.update(owners)
+        self.optimizer.step()
+        for shard in self.shards:
+            shard.grad = None
+
+    @torch.no_grad()
+    def refresh(self):
+        """The replica's weights cut again from the parameters (after a restore: a
+        step not yet settled is dropped)."""
+        self.pending = None
+        for bucket, shard in zip(self.sharded.buckets, self.shards):
+            shard.copy_(bucket.pack(bucket.params)[slice(*bucket.shard(self.owner))])
+
+    @torch.no_grad()
+    def fetch(self):
+        """The predecessor's weights and optimizer state anew, its state sent one step
+        right (every worker calls it: after a checkpoint's load)."""
+        self.refresh()
+        for mine, theirs in zip(self.sharded.shards, self.shards):
+            state = self.sharded.optimizer.state.get(mine, {})
+            got = {name: world.run(world.backend().pass_right, value).wait()
+                   if torch.is_tensor(value) and value.dim() > 0 else _copy(value)
+                   for name, value in sorted(state.items())}
+            self.optimizer.state.pop(theirs, None)
+            if got:
+                self.optimizer.state[theirs] = got
+
+    def state_dict(self):
+        self.settle()
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.optimizer.load_state_dict(state_dict)
+
+
+def _copy(value):
+    return value.clone() if torch.is_tensor(value) else value
+
+
+def settings(group):
+    """A parameter group's settings (learning rate, ...), without its parameters."""
+    return {k: v for k, v in group.items() if k != 'params'}
+
+
+def cut(whole, bucket, rank):
+    """Worker ``rank``'s shard, in ``bucket``'s layout, of a bucket's whole state
+    (``{name: a flat tensor, or a value every shard shares}``). The elements keep their
+    places in the flat bucket whatever N is: only the padding at its end differs."""
+    a, b = bucket.shard(rank)
+    found = {}
+    for name, value in whole.items():
+        if torch.is_tensor(value) and value.dim() > 0:
+            padded = value.new_zeros(bucket.padded)
+            n = min(bucket.padded, value.numel())
+            padded[:n] = value[:n]
+            found[name] = padded[a:b].clone()
+        else:
+            found[name] = _copy(value)
+    return found
+
+
+def providers(table, old_size):
+    """Which pieces each survivor gives, by its rank now: ``table[i]`` = (the old rank
+    whose shard survivor i owns, the one whose replica it holds or -1); an owner first,
+    else a replica. RuntimeError (one line) if a shard is held by no one."""
+    given = {}
+    for how in (0, 1):
+        for i, row in enumerate(table):
+            if row[how] >= 0:
+                given.setdefault(row[how], (i, how))
+    gone = [r for r in range(old_size) if r not in given]
+    if gone:
+        raise RuntimeError(f'ZeRO shard(s) {gone} of {old_size} are lost with their replicas '
+                           '(two ring neighbours lost at once): the job cannot go on; '
+                           'resume from a checkpoint')
+    return given
+
+
+def recover(sharded):
+    """After a worker was lost and the ring re-formed: each bucket's whole optimizer
+    state from the shards left (a lost owner's: its successor's replica), cut again for
+    the workers in the ring now; the new ring's replicas made."""
+    old_rank, old_size, replica = sharded.rank, sharded.size, sharded.replica
+    mine = [old_rank, replica.owner if replica is not None else -1]
+    table = gather(torch.tensor([mine], dtype=torch.int64)).tolist()
+    given = providers(table, old_size)
+    me = world.backend().rank
+    order = [r for i in range(len(table)) for r in sorted(given) if given[r][0] == i]
+    wholes = []
+    for b, bucket in enumerate(sharded.buckets):
+        held = [sharded.optimizer.state.get(sharded.shards[b], {}),
+                replica.optimizer.state.get(replica.shards[b], {}) if replica else {}]
+        whole = {}
+        for name, value in sorted(held[0].items()):
+            if torch.is_tensor(value) and value.dim() > 0:
+                rows = [held[how][name] for r in order for i, how in [given[r]] if i == me]
+                pieces = gather(torch.stack(rows) if rows
+                                else value.new_zeros((0, bucket.shard_numel)))
+                flat = value.new_zeros(bucket.padded)
+                for r, piece in zip(order, pieces):
+                    flat[slice(*bucket.shard(r))] = piece
+                whole[name] = flat
+            else:
+                whole[name] = value
+        wholes.append(whole)
+    sharded.reshard()
+    for bucket, shard, whole in zip(sharded.buckets, sharded.shards, wholes):
+        if whole:
+            sharded.optimizer.state[shard] = cut(whole, bucket, sharded.rank)
+    sharded.replica = ShardReplica(sharded, wholes) if sharded.size > 1 else None
+
+
+def gather(rows):
+    """Every worker's rows, in rank order (one allgather)."""
+    return world.run(world.backend().allgather, rows).wait()

@@ -1,0 +1,180 @@
+"""ZeRO's shard replicas (--shard-replicas 1, shard_replica.py) in one process: N workers
+as threads over in-memory collectives. Each worker's replica of its ring predecessor's
+shard equals that shard bit for bit after k steps; after a loss the survivors' shards and
+replicas, cut again for their number, hold the same whole state, and training goes on as
+the plain optimizer on the whole batch. tests/jobs/test_shard_replicas.py runs it in a job."""
+import pytest
+import torch
+
+import d2ldist
+from d2ldist import config
+from d2ldist.collectives import elastic, shard_replica
+from d2ldist.launch import cli
+from test_sharded_units import CAP_MB, OPTIMIZERS, ThreadWorkers, in_threads, mlp, train
+
+
+class RingThreads(ThreadWorkers):
+    """ThreadWorkers with the ring's one step to the right."""
+
+    name = 'ring'
+
+    def pass_right(self, tensor):
+        return self._exchange(tensor)[(self.rank - 1) % self.n].clone()
+
+
+@pytest.fixture
+def ring_threads(monkeypatch):
+    """in_threads over RingThreads."""
+    import test_sharded_units
+    monkeypatch.setattr(test_sharded_units, 'ThreadWorkers', RingThreads)
+    return lambda n, work: in_threads(n, monkeypatch, work)
+
+
+def steps(net, opt, r, n, first, count):
+    """Global batches ``first`` .. ``first + count - 1`` of 12, worker r's part of each."""
+    g = torch.Generator().manual_seed(1)
+    for step in range(first + count):
+        X = torch.randn(12, 5, generator=g, dtype=torch.float64)
+        if step >= first:
+            opt.zero_grad()
+            net(X[r * 12 // n:(r + 1) * 12 // n]).pow(2).mean().backward()
+            opt.step()
+
+
+def replicated(stage, name, nets):
+    """work(r): worker r's net and a ShardedOptimizer with a replica."""
+    def make(r):
+        return d2ldist.ShardedOptimizer(OPTIMIZERS[name](list(nets[r].parameters())),
+                                        stage=stage, bucket_cap_mb=CAP_MB, replicas=1)
+    return make
+
+
+def same_state(a, b):
+    """Two optimizers' states of two lists of shards, equal bit for bit."""
+    return all(a.keys() == b.keys() and all(torch.equal(torch.as_tensor(a[k]),
+                                                        torch.as_tensor(b[k])) for k in a)
+               for a, b in zip(a, b))
+
+
+def states(optimizer, shards):
+    return [optimizer.state[s] for s in shards]
+
+
+@pytest.mark.parametrize('stage', [1, 2])
+@pytest.mark.parametrize('n', [2, 3])
+@pytest.mark.parametrize('name', OPTIMIZERS)
+def test_the_replica_equals_the_predecessors_shard_bit_for_bit(name, n, stage, ring_threads):
+    nets = [mlp() for _ in range(n)]
+    make = replicated(stage, name, nets)
+
+    def work(r):
+        opt = make(r)
+        steps(nets[r], opt, r, n, 0, 4)
+        return opt
+    opts = ring_threads(n, work)
+    ring_threads(n, lambda r: opts[r].replica.settle())     # (the last step's, pending)
+    for r, opt in enumerate(opts):
+        successor = opts[(r + 1) % n].replica
+        assert successor.owner == r
+        assert all(torch.equal(a, b) for a, b in zip(opt.shards, successor.shards))
+        assert same_state(states(opt.optimizer, opt.shards),
+                          states(successor.optimizer, successor.shards))
+        assert successor.optimizer.state        # (it stepped)
+
+
+def whole(opt_of, n, name):
+    """Bucket by bucket, the state ``name`` of n workers' shards back to back."""
+    return [torch.cat([opt_of(r).optimizer.state[opt_of(r).shards[b]][name]
+                       for r in range(n)])[:bucket.numel]
+            for b, bucket in enumerate(opt_of(0).buckets)]
+
+
+@pytest.mark.parametrize('stage', [1, 2])
+@pytest.mark.parametrize('lost', [0, 1, 2])
+def test_after_a_loss_the_survivors_cut_the_whole_state_again_and_go_on(stage, lost,
+                                                                        ring_threads):
+    """3 workers, 3 steps; one lost; the 2 left recover (the lost shard from its
+    replica), hold the same whole state in 2 shards, with replicas, and after 3 more steps
+    have the plain optimizer's weights on the whole batch."""
+    nets = [mlp() for _ in range(3)]
+    make = replicated(stage, 'adam, two groups', nets)
+    opts = ring_threads(3, lambda r: (steps(nets[r], opt := make(r), r, 3, 0, 3), opt)[1])
+    ring_threads(3, lambda r: opts[r].replica.settle())     # (as a commit does)
+    before = {k: whole(lambda r: opts[r], 3, k) for k in ('exp_avg', 'exp_avg_sq')}
+    left = [r for r in range(3) if r != lost]
+
+    def go_on(r):
+        old = left[r]
+        shard_replica.recover(opts[old])
+        assert (opts[old].rank, opts[old].size) == (r, 2)
+        return opts[old]
+    after = ring_threads(2, go_on)
+    for k, buckets in before.items():
+        assert all(torch.equal(a, b) for a, b in zip(buckets, whole(lambda r: after[r], 2, k)))
+    for r, opt in enumerate(after):
+        successor = after[(r + 1) % 2].replica
+        assert successor.owner == r and same_state(
+            states(opt.optimizer, opt.shards), states(successor.optimizer, successor.shards))
+    ring_threads(2, lambda r: steps(nets[left[r]], after[r], r, 2, 3, 3))
+    plain = mlp()
+    expected = train(plain, OPTIMIZERS['adam, two groups'](list(plain.parameters())),
+                     steps=6, batch=12)
+    for r in left:
+        assert all(torch.allclose(p, e, rtol=1e-10, atol=1e-13)
+                   for p, e in zip(nets[r].parameters(), expected))
+
+
+def test_two_neighbours_lost_at_once_is_one_line():
+    assert shard_replica.providers([[0, 2], [2, 1]], 3) == {0: (0, 0), 2: (1, 0), 1: (1, 1)}
+    with pytest.raises(RuntimeError) as e:
+        shard_replica.providers([[0, 3]], 4)                # 1 and 2 lost together
+    assert '\n' not in str(e.value) and '[1, 2]' in str(e.value)
+
+
+def test_replicas_is_0_or_1_and_alone_there_is_none():
+    net = mlp()
+    with pytest.raises(ValueError) as e:
+        d2ldist.ShardedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), replicas=2)
+    assert '\n' not in str(e.value)
+    assert d2ldist.ShardedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
+                                    replicas=1).replica is None
+
+
+@pytest.mark.parametrize('options', [
+    ['--shard-replicas', '2'], ['--shard-replicas', '-1'],
+    ['--shard-replicas', '1', '--env', 'D2L_BACKEND=torch'],
+    ['--shard-replicas', '1', '--min-workers', '1', '--restart-lost']])
+def test_the_launcher_checks_the_option_in_one_line(options):
+    with pytest.raises(cli.UsageError) as e:
+        cli.parse(['-n', '2', *options, 'python', '-c', 'pass'])
+    assert '--shard-replicas' in str(e.value) and '\n' not in str(e.value)
+    args = cli.parse(['-n', '2', '--shard-replicas', '1', 'python', '-c', 'pass'])
+    assert config.Config.from_env(args.env).shard_replicas == 1
+
+
+def test_under_min_workers_a_replicated_sharded_optimizer_is_taken(monkeypatch, capsys):
+    net = mlp()
+    monkeypatch.setattr(config, '_current', config.Config(min_workers=2, shard_replicas=1))
+    sharded = d2ldist.ShardedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1))
+    state = elastic.TorchState(model=net, optimizer=sharded)
+    assert state.replicated
+    stage_3 = d2ldist.shard_module(mlp())
+    with pytest.raises(SystemExit):
+        elastic.TorchState(model=stage_3, optimizer=None)
+    assert '--shard-replicas 1' in capsys.readouterr().err
+
+
+def test_fetch_copies_the_predecessors_state_anew(ring_threads):
+    """After a checkpoint's load (which loads the owners' shards only) every replica
+    fetches its owner's state, one step right."""
+    nets = [mlp() for _ in range(3)]
+    make = replicated(2, 'adam', nets)
+    opts = ring_threads(3, lambda r: (steps(nets[r], opt := make(r), r, 3, 0, 2), opt)[1])
+    for opt in opts:
+        opt.replica.refresh()                       # (drops the step pending)
+        opt.replica.optimizer.state.clear()
+    ring_threads(3, lambda r: opts[r].replica.fetch())
+    for r, opt in enumerate(opts):
+        successor = opts[(r + 1) % 3].replica
+        assert same_state(states(opt.optimizer, opt.shards),
+                          states(successor.optimizer, successor.shards))
