@@ -3,6 +3,7 @@
 What they share with the tests (ResNet-18's shapes, the scaling study's step, hosts in
 network namespaces) is in d2ldist/testing/.
 """
+import json
 import os
 import subprocess
 import sys
@@ -28,6 +29,15 @@ def launch(launcher_args, command, timeout=None, env=None):
     env = dict(os.environ, **(env or {}), PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def result(proc, what):
+    """The dict the job's worker printed after ``RESULT ``; exit with the job's output if
+    none did (``what``: the job, for the message)."""
+    for line in proc.stdout.splitlines():
+        if 'RESULT ' in line:
+            return json.loads(line.split('RESULT ', 1)[1])
+    sys.exit(f'benchmark job {what} failed:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}')
 
 
 def show(proc):

@@ -19,9 +19,8 @@ import argparse
 import json
 import os
 import statistics
-import sys
 
-from common import launch, pushpull_and_all_reduce, worker_command   # benchmarks/common.py
+from common import launch, pushpull_and_all_reduce, result, worker_command   # benchmarks/common.py
 from d2ldist.testing.comm_step import resnet18_shapes
 
 
@@ -70,10 +69,7 @@ def run_job(n, s, name, args):
     r = launch(['-n', n, '-s', s, '--timeout', 600], worker_command(__file__, [
         '--payload', name, '--scale', args.scale, '--steps', args.steps,
         '--warmup', args.warmup]), timeout=900)
-    for line in r.stdout.splitlines():
-        if 'RESULT ' in line:
-            return json.loads(line.split('RESULT ', 1)[1])
-    sys.exit(f'benchmark job {n}x{s} {name} failed:\n{r.stdout[-3000:]}{r.stderr[-2000:]}')
+    return result(r, f'{n}x{s} {name}')
 
 
 def main():

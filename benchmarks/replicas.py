@@ -14,9 +14,8 @@ round's sum; the answer waits for it.
 import argparse
 import json
 import statistics
-import sys
 
-from common import launch, pushpull_and_all_reduce, worker_command   # benchmarks/common.py
+from common import launch, pushpull_and_all_reduce, result, worker_command   # benchmarks/common.py
 from d2ldist.testing.comm_step import resnet18_shapes
 
 
@@ -51,10 +50,7 @@ def run_job(r, args):
     out = launch(['-n', 2, '-s', 2, '--server-replicas', r, '--timeout', 600],
                  worker_command(__file__, ['--scale', args.scale, '--steps', args.steps,
                                            '--warmup', args.warmup]), timeout=900)
-    for line in out.stdout.splitlines():
-        if 'RESULT ' in line:
-            return json.loads(line.split('RESULT ', 1)[1])
-    sys.exit(f'benchmark job R={r} failed:\n{out.stdout[-3000:]}{out.stderr[-2000:]}')
+    return result(out, f'R={r}')
 
 
 def main():

@@ -20,10 +20,9 @@ owner's step on 1/N of the weights (docs/performance.md).
 import argparse
 import json
 import statistics
-import sys
 import time
 
-from common import launch, worker_command   # benchmarks/common.py
+from common import launch, result, worker_command   # benchmarks/common.py
 
 
 def worker(args):
@@ -74,10 +73,7 @@ def run_job(n, args):
                                            '--blocks', args.blocks,
                                            '--block', args.block, '--warmup', args.warmup]),
                  timeout=1000)
-    for line in out.stdout.splitlines():
-        if 'RESULT ' in line:
-            return json.loads(line.split('RESULT ', 1)[1])
-    sys.exit(f'benchmark job N={n} failed:\n{out.stdout[-3000:]}{out.stderr[-2000:]}')
+    return result(out, f'N={n}')
 
 
 def main():
