@@ -14,9 +14,8 @@ DistributedOptimizer's buckets). Each worker's ``state_dict()`` is its own shard
 With ``replicas=1`` (``d2l-launch --shard-replicas 1``) each worker also keeps its ring
 predecessor's shard, stepped alike, so that an elastic job goes on without a lost worker
 (``shard_replica.py``). Stage 3, the weights sharded too, is ``sharded_module.py``. At the
-end of this file,
-what a worker holds: counted (``memory_by_kind``, ``MemoryPeak``), and as the paper
-counts it (``paper_memory``).
+end of this file, what a worker holds: counted (``memory_by_kind``, ``MemoryPeak``), and
+as the paper counts it (``paper_memory``).
 
 Why shard, and one step drawn: docs/design/zero.md.
 """
