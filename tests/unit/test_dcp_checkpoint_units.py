@@ -1,6 +1,6 @@
 """d2ldist.checkpoint for FSDP2 (training/dcp_checkpoint.py) without processes: its
 SHA-256, taken through torch's get_state_dict, is d2ldist's own format's; a folder of
-one format loaded as the other is one line. tests/jobs/test_checkpoint.py saves FSDP2
+one format loaded as the other is one line. tests/jobs/test_sharded_checkpoint.py saves FSDP2
 among real workers and loads it in plain PyTorch."""
 import json
 

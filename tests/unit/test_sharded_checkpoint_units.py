@@ -3,7 +3,7 @@ flat vector cut for N workers, written, and cut again for M; every way of traini
 (Horovod's DistributedOptimizer too) writing the same state; and N workers as threads
 (ZeRO's stages 1-3) saving, M loading, the same SHA-256,
 and training on to the weights of one process on the whole batch.
-tests/jobs/test_checkpoint.py does it among real workers on the ring."""
+tests/jobs/test_sharded_checkpoint.py does it among real workers on the ring."""
 import json
 import math
 
