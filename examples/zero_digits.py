@@ -3,6 +3,8 @@
     d2l-launch -n 3 -s 0 python -m d2ldist.examples.zero_digits --stage 2
     d2l-launch -n 3 -s 0 python -m d2ldist.examples.zero_digits --checkpoint-dir ckpt --epochs 1
     d2l-launch -n 2 -s 0 python -m d2ldist.examples.zero_digits --checkpoint-dir ckpt
+    d2l-launch -n 3 -s 0 --min-workers 2 --shard-replicas 1 --fail worker:1@step=20 \\
+        python -m d2ldist.examples.zero_digits --stage 2 --epochs 2
 
 Stage 0 is plain data parallelism (DistributedOptimizer), 1 and 2 ZeRO's
 ShardedOptimizer, 3 shard_module. Each step trains on one global batch of --batch-size
@@ -18,6 +20,12 @@ and --checkpoint-keep: d2ldist.checkpoint's defaults. On the
 same workers the resumed run ends with the bits of a run never stopped. On another
 number the sums are added in another order: the weights agree up to float rounding, and
 the state's SHA-256 lines at save and at load are equal (docs/design/sharded_checkpoints.md).
+
+Under --min-workers the job trains inside d2ldist.elastic.run (Horovod's hvd.elastic.run:
+``train_elastic``), committing after each step: when a worker is lost, the others go back
+to the last commit, take its shard from its replica (--shard-replicas 1; stage 0 needs
+none, stage 3 is refused) and go on, each global batch cut for the workers left: the data
+order is still the step count. (No checkpoints there: --checkpoint-dir is refused.)
 """
 import argparse
 import hashlib
@@ -29,6 +37,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 import d2ldist
+from d2ldist import config
 from d2ldist.collectives.sharded_module import full_weights
 
 
@@ -86,13 +95,24 @@ def fingerprint(weights):
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
 
 
+def step(net, opt, X, y):
+    """One step on a global batch, this worker's part of it cut by its rank and size now."""
+    r, N = d2ldist.rank(), d2ldist.size()
+    lo, hi = r * len(y) // N, (r + 1) * len(y) // N
+    opt.zero_grad()
+    # the global batch's mean loss: the optimizers average the workers' gradients
+    loss = F.cross_entropy(net(X[lo:hi]), y[lo:hi], reduction='sum') * N / len(y)
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def accuracy(net, X, y):
     with torch.no_grad():           # (every worker evaluates: stage 3 gathers the weights)
         return (net(X).argmax(dim=1) == y).float().mean().item()
 
 
 def train(args):
-    r, N = d2ldist.rank(), d2ldist.size()
     X_train, y_train, X_test, y_test = digits()
     torch.manual_seed(args.seed)         # the same first weights on every worker
     net, opt = zero(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).double(),
@@ -108,35 +128,64 @@ def train(args):
     if state['data'] != data:
         raise SystemExit('the checkpoint resumed from was trained with --seed {seed} '
                          '--batch-size {batch_size}: give the same'.format(**state['data']))
+    if config.get().min_workers:
+        return train_elastic(args, net, opt, (X_train, y_train, X_test, y_test))
     per_epoch = len(y_train) // args.batch_size
     every = args.checkpoint_every or per_epoch
-    lo, hi = r * args.batch_size // N, (r + 1) * args.batch_size // N   # my part of a batch
     for epoch in range(state['step'] // per_epoch, args.epochs):
         for i, (X, y) in enumerate(batches(X_train, y_train, epoch, args)):
             if epoch * per_epoch + i < state['step']:
                 continue                             # done before the checkpoint
-            opt.zero_grad()
-            # the global batch's mean loss: the optimizers average the workers' gradients
-            loss = F.cross_entropy(net(X[lo:hi]), y[lo:hi], reduction='sum') * N / len(y)
-            loss.backward()
-            opt.step()
+            loss = step(net, opt, X, y)
             state['step'] += 1
             if own and state['step'] % every == 0:
                 d2ldist.checkpoint.save(state, own / f'step-{state["step"]}')
             elif not own and d2ldist.checkpoint.due(state['step']):
                 d2ldist.checkpoint.save(state)       # into --checkpoint-dir/step-K
-        test = accuracy(net, X_test, y_test)
-        if r == 0:
-            print(f'epoch {epoch + 1}: loss {loss.item():.4f}, test accuracy {test:.3f}',
-                  flush=True)
-    print(f'final weights after {state["step"]} steps: SHA-256 '
-          f'{fingerprint(weights_of(net, args.stage))}', flush=True)
+        epoch_line(net, epoch, loss, X_test, y_test)
+    final_line(net, state['step'], args.stage)
+
+
+def train_elastic(args, net, opt, data):
+    """Under d2l-launch --min-workers: the same steps inside hvd.elastic.run, a commit
+    after each; after a loss, the survivors go on from the last commit (``state.step``)."""
+    X_train, y_train, X_test, y_test = data
+    per_epoch = len(y_train) // args.batch_size
+    state = d2ldist.elastic.TorchState(model=net, optimizer=opt, step=0)
+
+    @d2ldist.elastic.run
+    def loop(state):
+        for epoch in range(state.step // per_epoch, args.epochs):
+            for i, (X, y) in enumerate(batches(X_train, y_train, epoch, args)):
+                if epoch * per_epoch + i < state.step:
+                    continue                         # done before the commit
+                loss = step(net, opt, X, y)          # (cut for the workers there now)
+                state.step += 1
+                state.commit()
+            epoch_line(net, epoch, loss, X_test, y_test)
+    loop(state)
+    final_line(net, state.step, args.stage)
+
+
+def epoch_line(net, epoch, loss, X_test, y_test):
+    test = accuracy(net, X_test, y_test)
+    if d2ldist.rank() == 0:
+        print(f'epoch {epoch + 1}: loss {loss.item():.4f}, test accuracy {test:.3f}',
+              flush=True)
+
+
+def final_line(net, steps, stage):
+    print(f'final weights after {steps} steps: SHA-256 '
+          f'{fingerprint(weights_of(net, stage))}', flush=True)
 
 
 if __name__ == '__main__':
     args = parser.parse_args()
     if not 1 <= args.batch_size <= 1500 or args.epochs < 0 or args.checkpoint_every < 0:
         parser.error('--batch-size must be 1 to 1500, --epochs and --checkpoint-every >= 0')
+    if config.get().min_workers and (args.checkpoint_dir or config.get().checkpoint_dir):
+        parser.error('--checkpoint-dir with --min-workers: an elastic job here is not '
+                     'checkpointed, its commits are in memory; give one or the other')
     torch.set_num_threads(1)
     d2ldist.init()
     if args.batch_size < d2ldist.size():

@@ -18,7 +18,6 @@ earlier layers. ``step()`` waits for the last buckets, copies the averages back 
 holds its bucket, and the later ones, back until ``step()``, which counts its
 gradient as zero.)
 """
-import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -167,7 +166,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._params = [p for p in params if p.requires_grad]
         self._buckets = None
         self._synchronized, self._should_synchronize = False, True
-        self._computing_since = time.perf_counter()   # for d2l-launch --slow / --fail
+        self._clock = faults.StepClock()      # for d2l-launch --slow / --fail
         if size() > 1:
             self._make_buckets(bucket_cap_mb)
 
@@ -238,10 +237,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """Average the gradients over all workers, then take the wrapped optimizer's step."""
-        computed = time.perf_counter() - self._computing_since
-        now = time.time()                # since the last step: data, forward, backward
-        spans.record('compute', 'step', now - computed, now)
-        faults.computed(computed)
+        self._clock.computed()           # d2l-launch --slow / --fail, the timeline
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(STEP_AFTER_SYNCHRONIZE)
@@ -252,8 +248,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             with spans.span('update', 'step'):
                 return self.optimizer.step(closure)
         finally:
-            spans.step_done()
-            self._computing_since = time.perf_counter()
+            self._clock.done()
 
     def forget_gradients(self) -> None:
         """Forget the gradients of a step cut short (elastic: its collective failed); the
@@ -261,7 +256,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._buckets is not None:
             self._buckets._reset()
         self._synchronized = False
-        self._computing_since = time.perf_counter()
+        self._clock.restart()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         return self.optimizer.zero_grad(set_to_none=set_to_none)

@@ -16,8 +16,9 @@ act in the job's first attempt only (``D2L_RESTART=0``): a restart (``d2l-launch
 --max-restarts``) replays the job without them.
 
 A compute step is what d2ldist sees of a script's work: the forward and backward pass
-of ``train_batch`` (step 1 of the seven), and the time between two
-``DistributedOptimizer.step()`` calls. Dying is a SIGKILL, as a crash would be: no
+of ``train_batch`` (step 1 of the seven), and the time between two ``step()`` calls of
+DistributedOptimizer or ShardedOptimizer (``StepClock``). Stage 3 (``shard_module``)
+steps a plain torch optimizer, which d2ldist does not see: no step counts there. Dying is a SIGKILL, as a crash would be: no
 goodbye and no clean-up, so the others must notice (the heartbeats, the launcher).
 """
 import os
@@ -42,6 +43,31 @@ def computed(seconds):
         time.sleep((factor - 1) * seconds + extra)
     if cfg.fail == ('step', spans.step()):
         die(f'after its compute step {spans.step()}')
+
+
+class StepClock:
+    """An optimizer's steps as --slow, --fail and the timeline see them: its compute is
+    the time since the last step ended (data, forward, backward). ``computed()`` at the
+    start of ``step()``, ``done()`` at its end; ``restart()`` after a step cut short."""
+
+    def __init__(self):
+        self.restart()
+
+    def restart(self):
+        """The next step's compute is timed from now."""
+        self.since = time.perf_counter()
+
+    def computed(self):
+        """The compute has ended: its span (the timeline), then --slow and --fail."""
+        seconds = time.perf_counter() - self.since
+        now = time.time()
+        spans.record('compute', 'step', now - seconds, now)
+        computed(seconds)
+
+    def done(self):
+        """The step has ended: one more in the count (spans.step_done)."""
+        spans.step_done()
+        self.restart()
 
 
 def served(rounds, what='sync round'):

@@ -40,7 +40,8 @@ def step():
 
 
 def step_done():
-    """A training step has ended (train_batch; DistributedOptimizer.step): its spans go."""
+    """A training step has ended (train_batch; faults.StepClock: the optimizers' step):
+    its spans go."""
     global _steps_done
     _steps_done += 1
     if config.get().timeline:

@@ -3,10 +3,10 @@
 An MLP in float64 learns from STEPS global batches of BATCH samples with Adam, each worker
 its part of a batch (``elastic.part``), a commit after every step. Each worker prints where
 it entered ``train`` (the batch, its rank among how many) and the SHA-256 of its final
-weights. ``--env KILL=W:B``: worker W kills itself (SIGKILL) after batch B's backward,
-its reduce-scatters under way.
+weights. ``d2l-launch --fail worker:W@step=13`` kills worker W at the start of its 13th
+``step()`` (batch 12's), after its backward, the reduce-scatters under way.
 
-    d2l-launch -n 3 -s 0 --min-workers 2 --shard-replicas 1 --env KILL=1:12 \\
+    d2l-launch -n 3 -s 0 --min-workers 2 --shard-replicas 1 --fail worker:1@step=13 \\
         python tests/jobs/shard_replicas_job.py
 
 The replay of a membership change, without elastic: ``--stop-at K --save DIR`` trains
@@ -16,7 +16,6 @@ on any number of workers, and trains to the end.
 import argparse
 import hashlib
 import os
-import signal
 
 import torch
 import torch.nn.functional as F
@@ -41,14 +40,13 @@ def sha(net):
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
 
 
-def step(hvd, net, opt, x, y, batch, before_step=lambda: None):
+def step(hvd, net, opt, x, y, batch):
     """One global batch: this worker's part of it, the mean loss over the whole batch."""
     from d2ldist.collectives.elastic import part
     a, b = part(BATCH)
     rows = slice(batch * BATCH + a, batch * BATCH + b)
     opt.zero_grad()
     (F.cross_entropy(net(x[rows]), y[rows], reduction='sum') * hvd.size() / BATCH).backward()
-    before_step()
     opt.step()
 
 
@@ -77,7 +75,6 @@ def main():
             state['batch'] = args.stop_at
             d2ldist.checkpoint.save(state, args.save)
     else:
-        kill = os.environ.get('KILL', '').split(':')
         state = hvd.elastic.TorchState(model=net, optimizer=opt, batch=0)
 
         @hvd.elastic.run
@@ -85,9 +82,7 @@ def main():
             print(f'worker {me}: enters at batch {state.batch} as rank {hvd.rank()} of '
                   f'{hvd.size()}', flush=True)
             while state.batch < STEPS:
-                die = kill == [me, str(state.batch)]
-                step(hvd, net, opt, x, y, state.batch,
-                     lambda: os.kill(os.getpid(), signal.SIGKILL) if die else None)
+                step(hvd, net, opt, x, y, state.batch)
                 state.batch += 1
                 state.commit()
         train(state)

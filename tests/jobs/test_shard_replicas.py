@@ -34,7 +34,8 @@ def finals(out):
 def test_a_lost_workers_shard_comes_from_its_replica_and_the_end_is_the_replays(lost,
                                                                              tmp_path):
     out = job(3, launch=('--min-workers', 2, '--shard-replicas', 1,
-                         '--env', f'KILL={lost}:12'))
+                         '--fail', f'worker:{lost}@step=13'))   # batch 12's step()
+    assert f'worker {lost} fails on purpose after its compute step 13 (--fail)' in out
     assert (f'd2l-launch: worker {lost} failed (killed by SIGKILL (exit code 137)); 2 workers '
             'go on (--min-workers 2)') in out
     left = [w for w in '012' if w != str(lost)]
@@ -64,3 +65,13 @@ def test_without_replicas_zero_under_min_workers_is_refused_in_one_line():
     out = r.stdout + r.stderr
     assert r.returncode != 0
     assert "have one copy each" in out and '--shard-replicas 1' in out
+
+
+def test_fail_at_a_step_fires_in_a_sharded_optimizer_job():
+    """--fail worker:1@step=3 counts ShardedOptimizer's steps (faults.StepClock)."""
+    r = run_launch('-n', 2, '-s', 0, '--fail', 'worker:1@step=3', '--timeout', 60,
+                   sys.executable, JOB, timeout=100)
+    assert wait_no_survivors(r.tag) == []
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert 'worker 1 fails on purpose after its compute step 3 (--fail)' in out, out[-3000:]

@@ -1,7 +1,8 @@
 """examples/zero_digits.py in real jobs (issue 52 item 7): ZeRO's stages 0 and 2 on 3
 workers; stage 2's checkpoint resumed at stage 1 on 3 workers and at stage 3 on 2. One
-epoch (31 steps) each run: four jobs.
-Values and SHA-256 lines, never times."""
+epoch (31 steps) each run: four jobs. And the elastic command of its docstring (two epochs,
+a worker lost at step 20). Values and SHA-256 lines, never times."""
+import os
 import re
 import subprocess
 import sys
@@ -88,3 +89,28 @@ def test_a_stage_that_is_not_one_is_refused_in_one_line():
     assert bad.returncode == 2 and bad.stdout == ''
     assert bad.stderr.startswith('zero_digits.py: error: argument --stage: invalid choice: 5')
     assert bad.stderr.count('\n') == 1
+
+
+def test_under_min_workers_the_two_left_go_on_and_end_alike():
+    """The docstring's elastic command: worker 1 dies at its step 20; the two left go back
+    to their last commit, take its shard from its replica, cut each global batch for 2,
+    and end with one SHA-256 after all the steps. Nothing left running."""
+    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, '--shard-replicas', 1, '--fail',
+                   'worker:1@step=20', '--timeout', 150, sys.executable, SCRIPT, '--stage', 2,
+                   '--epochs', 2, timeout=200)
+    assert wait_no_survivors(r.tag) == []
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert 'worker 1 fails on purpose after its compute step 20 (--fail)' in out
+    assert 'worker 1 failed (killed by SIGKILL (exit code 137)); 2 workers go on' in out
+    final = dict(re.findall(r'\[worker (\d)\] final weights after (\d+ steps: SHA-256 \w+)',
+                            out))
+    assert sorted(final) == ['0', '2'] and only(final).startswith('62 steps: ')
+
+
+def test_min_workers_with_a_checkpoint_folder_is_refused_in_one_line(tmp_path):
+    bad = subprocess.run([sys.executable, SCRIPT, '--checkpoint-dir', tmp_path],
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, D2L_MIN_WORKERS='2'))
+    assert bad.returncode == 2 and bad.stdout == '' and bad.stderr.count('\n') == 1
+    assert '--checkpoint-dir with --min-workers' in bad.stderr

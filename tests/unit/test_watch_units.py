@@ -56,8 +56,9 @@ def test_timeline_windows_refused(text):
 
 
 def test_one_count_of_steps_for_the_spans_and_fail(monkeypatch, use_config):
-    """train_batch and DistributedOptimizer.step() each end a step of the one count
-    (spans.step()); --fail step=2 dies at the end of step 2's compute on either path."""
+    """train_batch, DistributedOptimizer.step() and ShardedOptimizer.step() each end a
+    step of the one count (spans.step()); --fail step=2 dies at the end of step 2's
+    compute on every path."""
     import d2ldist
     from d2ldist.runtime import faults
     use_config({'D2L_FAIL': 'step=2'})
@@ -68,11 +69,13 @@ def test_one_count_of_steps_for_the_spans_and_fail(monkeypatch, use_config):
     trainer = d2ldist.Trainer(net, 'sgd', {'lr': 0.1})
     optimizer = d2ldist.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1))
 
-    def horovod_step():
+    sharded = d2ldist.ShardedOptimizer(torch.optim.Adam(net.parameters()), stage=1)
+
+    def optimizer_step(optimizer):
         loss(net(X), y).sum().backward()
         optimizer.step()
     for step in (lambda: d2ldist.train_batch(X, y, net, loss, trainer, trainer.devices),
-                 horovod_step):
+                 lambda: optimizer_step(optimizer), lambda: optimizer_step(sharded)):
         monkeypatch.setattr(spans, '_steps_done', 0)
         died.clear()
         assert spans.step() == 1
