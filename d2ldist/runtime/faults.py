@@ -18,8 +18,9 @@ act in the job's first attempt only (``D2L_RESTART=0``): a restart (``d2l-launch
 A compute step is what d2ldist sees of a script's work: the forward and backward pass
 of ``train_batch`` (step 1 of the seven), and the time between two ``step()`` calls of
 DistributedOptimizer or ShardedOptimizer (``StepClock``). Stage 3 (``shard_module``)
-steps a plain torch optimizer, which d2ldist does not see: no step counts there. Dying is a SIGKILL, as a crash would be: no
-goodbye and no clean-up, so the others must notice (the heartbeats, the launcher).
+steps a plain torch optimizer, which d2ldist does not see: no step counts there. Dying
+is a SIGKILL, as a crash would be: no goodbye and no clean-up, so the others must
+notice (the heartbeats, the launcher).
 """
 import os
 import signal
