@@ -440,7 +440,8 @@ def load(state: dict, directory: str | os.PathLike | None = None) -> str | None:
     saved it. Every worker calls it; each gets the SHA-256 of the whole state loaded.
 
     Its files are checked before the state is touched: one damaged (cut short, its
-    SHA-256 not matching, a manifest not JSON) is a ``Damaged`` error, the state as it was.
+    SHA-256 not matching, a manifest not JSON) is a ``Damaged`` error, the state as it was
+    (DCP's files, FSDP2's, are not checked: their damage fails the load in one line).
 
     No ``directory``: the newest finished checkpoint in ``d2l-launch --checkpoint-dir``
     (``load_newest``; one half written or damaged is passed over); None, with ``state``
