@@ -369,4 +369,5 @@ def test_a_damaged_folder_named_fails_on_every_worker_in_one_line_the_state_unto
     line = f'{tmp_path}/step-6/shard-1-of-2.ckpt is damaged or cut short (its SHA-256 ' \
            'does not match)'
     assert [error for error, _, _ in got] == [f'worker 1: {line}', line]
-    assert [(s['step'], len(s['optimizer'].optimizer.state)) for _, s, _ in got] == [(0, 0)] * 2
+    assert [(s['step'], len(s['optimizer'].optimizer.state)) for _, s, _ in got] == \
+        [(0, 0)] * 2
