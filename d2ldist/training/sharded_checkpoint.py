@@ -14,7 +14,8 @@ values. A load cuts the pieces again for its own layout: any number of workers, 
 stage. At both, worker 0 prints the SHA-256 of the whole state in a canonical order
 (``state_hash.py``). A state with FSDP2's modules is written in PyTorch's own format
 instead (``dcp_checkpoint.py``). With no folder, both use ``d2l-launch --checkpoint-dir``:
-``save`` into ``step-K``, ``load`` from the newest finished one; ``due(step)`` says when.
+``save`` into ``step-K``, ``load`` from the newest finished one (one whose files do not
+read back whole is passed over, in one line, for the one before); ``due(step)`` says when.
 
 The layout, and why: docs/design/sharded_checkpoints.md.
 """
@@ -40,6 +41,11 @@ from .state_hash import state_sha256
 
 FORMAT = 1
 MANIFEST = 'manifest.json'
+
+
+class Damaged(CheckpointError):
+    """A checkpoint whose manifest or files do not read back whole, found before a load
+    touches the state: a load from the newest passes it over."""
 
 
 class Slot:
@@ -293,13 +299,13 @@ def allgather_bytes(data):
     return [everything[end - n:end] for n, end in zip(lengths, ends)]
 
 
-def agree(error, rows=()):
+def agree(error, rows=(), kind=CheckpointError):
     """Every worker's rows of the manifest, by rank, once every one has got this far; if
-    one failed (``error``: what went wrong there), a CheckpointError on all."""
+    one failed (``error``: what went wrong there), a ``kind`` of CheckpointError on all."""
     told = [json.loads(b) for b in allgather_bytes(json.dumps([error, list(rows)]).encode())]
     for r, (why, _) in enumerate(told):
         if why is not None:
-            raise CheckpointError(why if r == world.backend().rank else f'worker {r}: {why}')
+            raise kind(why if r == world.backend().rank else f'worker {r}: {why}')
     return [rows for _, rows in told]
 
 
@@ -433,20 +439,23 @@ def load(state: dict, directory: str | os.PathLike | None = None) -> str | None:
     tensors in place, plain values replaced; cut for this job's workers, however many
     saved it. Every worker calls it; each gets the SHA-256 of the whole state loaded.
 
+    Its files are checked before the state is touched: one damaged (cut short, its
+    SHA-256 not matching, a manifest not JSON) is a ``Damaged`` error, the state as it was
+    (DCP's files, FSDP2's, are not checked: their damage fails the load in one line).
+
     No ``directory``: the newest finished checkpoint in ``d2l-launch --checkpoint-dir``
-    (``newest()``; one half written is passed over); None, with ``state`` untouched,
-    when there is none, or no ``--checkpoint-dir``: nothing to resume from."""
+    (``load_newest``; one half written or damaged is passed over); None, with ``state``
+    untouched, when there is none, or no ``--checkpoint-dir``: nothing to resume from."""
     if directory is None:
-        found = newest()
-        return None if found is None else load(state, found)
+        return load_newest(state)
     backend, folder = world.backend(), Path(directory)
     if dcp_checkpoint.holds_fsdp2(state):
         saved_by, sha = dcp_checkpoint.load(state, folder)
         loaded(folder, saved_by, backend, sha)
         return sha
+    layout = checked(folder)
     parts, error = parts_of(state, backend.rank), None
     try:
-        layout = read_manifest(folder)
         for part in parts:
             part.prepare(layout)
         slots, _ = contents(parts)
@@ -464,6 +473,36 @@ def load(state: dict, directory: str | os.PathLike | None = None) -> str | None:
             replica.fetch()
     loaded(folder, layout['workers'], backend, sha)
     return sha
+
+
+def load_newest(state):
+    """load() from the newest finished checkpoint of --checkpoint-dir; one damaged is
+    passed over (worker 0 says which, and why) for the one before it. None when none is
+    left: nothing to resume from, as the Trainer's resume() (the state untouched)."""
+    folders = finished_folders()
+    for i, folder in enumerate(folders):
+        try:
+            return load(state, folder)
+        except Damaged as e:
+            if world.backend().rank == 0:
+                then = 'loading the one before it' if i + 1 < len(folders) else \
+                    'none before it: nothing to resume from'
+                say(f'checkpoint {folder} passed over: {e}; {then}', err=True)
+    return None
+
+
+def checked(folder):
+    """The manifest in ``folder``, once the workers have read every file back whole
+    (worker r of M: files r, r + M, ...); if one did not, Damaged on every worker."""
+    backend, layout, error = world.backend(), None, None
+    try:
+        layout = read_manifest(folder)
+        for name in layout['files'][backend.rank::backend.size]:
+            read_file(folder / name)
+    except CheckpointError as e:
+        error = str(e)
+    agree(error, kind=Damaged)
+    return layout
 
 
 def loaded(folder, saved_by, backend, sha):
@@ -536,11 +575,16 @@ def newest(directory: str | os.PathLike | None = None) -> Path | None:
     """The newest folder ``step-K`` in ``directory`` (no ``directory``: d2l-launch's
     ``--checkpoint-dir``) that holds a finished checkpoint, as worker 0 sees it, or None.
     Every worker calls it (worker 0 tells the others), so all load the same one."""
+    return next(iter(finished_folders(directory)), None)
+
+
+def finished_folders(directory: str | os.PathLike | None = None) -> list[Path]:
+    """The folders ``step-K`` in ``directory`` (none: ``--checkpoint-dir``) that hold a
+    finished checkpoint, newest first, as worker 0 sees them (it tells the others)."""
     root = directory if directory is not None else config.get().checkpoint_dir
     if root is None:
-        return None
-    found = ''
+        return []
+    found = []
     if world.backend().rank == 0:
-        found = next((str(f) for _, f in step_folders(root) if finished_in(f)), '')
-    told = allgather_bytes(found.encode())[0].decode()
-    return Path(told) if told else None
+        found = [str(f) for _, f in step_folders(root) if finished_in(f)]
+    return [Path(f) for f in json.loads(allgather_bytes(json.dumps(found).encode())[0])]

@@ -6,6 +6,7 @@ and training on to the weights of one process on the whole batch.
 tests/jobs/test_sharded_checkpoint.py does it among real workers on the ring."""
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -265,3 +266,108 @@ def test_saved_by_2_threads_loaded_by_3_from_the_newest(tmp_path, monkeypatch):
 
     saved = in_threads(2, monkeypatch, first)
     assert in_threads(3, monkeypatch, then) == [(saved[0], 3)] * 3
+
+
+# -- a damaged newest checkpoint: passed over, as the Trainer's are ----------------------------
+def damage(folder, how):
+    """Damage a finished checkpoint: worker 1's file's bytes flipped, or cut short, or the
+    manifest no longer JSON."""
+    if how == 'manifest':
+        (folder / 'manifest.json').write_text('{"format": 1, "work')
+        return
+    file = folder / 'shard-1-of-2.ckpt'
+    raw = bytearray(file.read_bytes())
+    if how == 'flip':
+        raw[len(raw) // 2] ^= 0xFF
+    file.write_bytes(raw if how == 'flip' else raw[:len(raw) // 2])
+
+
+def saved_twice(tmp_path, monkeypatch):
+    """2 workers (ZeRO stage 2) save step-3 and step-6 into --checkpoint-dir; their SHA-256."""
+    launched(monkeypatch, tmp_path)
+    nets = [mlp() for _ in range(2)]
+
+    def save(r):
+        net, opt = make(2, nets[r])
+        state, shas = {'model': net, 'optimizer': opt, 'step': 0}, {}
+        for step in (3, 6):
+            steps(net, opt, r, 2, step - 3, step)
+            state['step'] = step
+            shas[step] = d2ldist.checkpoint.save(state)
+        return shas
+    return in_threads(2, monkeypatch, save)[0]
+
+
+def loading(tmp_path, monkeypatch, trained=False, folder=None):
+    """2 workers load (from ``folder``, or the newest) into a state of their own: fresh
+    (no optimizer state), or ``trained`` (6 steps of other weights: Adam's state for every
+    parameter, another step). Each worker's (result or error line, state, whether its
+    tensors are the same objects after as before)."""
+    nets = [mlp(seed=1) for _ in range(2)]       # (torch's seed is global: not in threads)
+
+    def load(r):
+        net, opt = make(2, nets[r])
+        if trained:
+            steps(net, opt, r, 2, 10, 16)
+        state = {'model': net, 'optimizer': opt, 'step': 16 if trained else 0}
+        tensors = [*net.parameters(), *opt.shards]
+        try:
+            got = d2ldist.checkpoint.load(state, folder)
+        except CheckpointError as e:
+            got = str(e)
+        return got, state, all(a is b for a, b in zip(tensors, [*net.parameters(),
+                                                                *opt.shards]))
+    return in_threads(2, monkeypatch, load)
+
+
+@pytest.mark.parametrize('how, why', [
+    ('flip', r'worker 1: .*/step-6/shard-1-of-2\.ckpt is damaged or cut short \(its SHA-256 '
+             r'does not match\)'),
+    ('cut', r'worker 1: .*/step-6/shard-1-of-2\.ckpt is damaged or cut short .*'),
+    ('manifest', r'.*/step-6/manifest\.json is damaged \(not JSON\)')])
+@pytest.mark.parametrize('trained', [False, True])
+def test_a_damaged_newest_is_passed_over_in_one_line_and_the_one_before_loaded(
+        tmp_path, monkeypatch, capsys, how, why, trained):
+    """Every worker passes over step-6 together (worker 0 says why, once) and loads step-3:
+    its SHA-256, whatever the state held before (a trained one: every tensor overwritten
+    in place, the step replaced)."""
+    shas = saved_twice(tmp_path, monkeypatch)
+    damage(tmp_path / 'step-6', how)
+    capsys.readouterr()
+    got = loading(tmp_path, monkeypatch, trained)
+    assert [(sha, state['step'], same) for sha, state, same in got] == [(shas[3], 3, True)] * 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and re.fullmatch(
+        rf'd2ldist: checkpoint {tmp_path}/step-6 passed over: {why}; loading the one '
+        r'before it', err[0]), err
+
+
+def test_with_every_checkpoint_damaged_nothing_to_resume_from_the_state_untouched(
+        tmp_path, monkeypatch, capsys):
+    """As the Trainer's resume(): None, the state as it was (no optimizer state made)."""
+    saved_twice(tmp_path, monkeypatch)
+    damage(tmp_path / 'step-6', 'flip')
+    damage(tmp_path / 'step-3', 'cut')
+    capsys.readouterr()
+    got = loading(tmp_path, monkeypatch)
+    fresh = [dict(mlp(seed=1).named_parameters()) for _ in range(2)]
+    for (sha, state, _), weights in zip(got, fresh):
+        assert sha is None and state['step'] == 0 and not state['optimizer'].optimizer.state
+        assert all(torch.equal(p, weights[k]) for k, p in state['model'].named_parameters())
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(' passed over: ')[0] for line in err] == \
+        [f'd2ldist: checkpoint {tmp_path}/step-{k}' for k in (6, 3)]
+    assert err[1].endswith('; none before it: nothing to resume from')
+
+
+def test_a_damaged_folder_named_fails_on_every_worker_in_one_line_the_state_untouched(
+        tmp_path, monkeypatch):
+    """The user named it: no other is tried."""
+    saved_twice(tmp_path, monkeypatch)
+    damage(tmp_path / 'step-6', 'flip')
+    got = loading(tmp_path, monkeypatch, folder=tmp_path / 'step-6')
+    line = f'{tmp_path}/step-6/shard-1-of-2.ckpt is damaged or cut short (its SHA-256 ' \
+           'does not match)'
+    assert [error for error, _, _ in got] == [f'worker 1: {line}', line]
+    assert [(s['step'], len(s['optimizer'].optimizer.state)) for _, s, _ in got] == \
+        [(0, 0)] * 2
