@@ -3,7 +3,8 @@
 Every line d2ldist writes for a person (not a progress report, ``report.py``) starts
 with ``d2ldist:``, so the launcher's log and ``%launch`` show where it came from.
 ``say`` prints one; ``shown`` writes a node's id as a person reads it; ``clip`` keeps
-a text from a peer (an error it sent, a description of its call) to a readable length.
+a text from a peer (an error it sent, a description of its call) to a readable length;
+``go_on`` counts the workers left after a change.
 """
 import sys
 
@@ -19,6 +20,11 @@ def say(text, err=False):
 def shown(node_id):
     """A node's id as a person reads it: ``'worker:3'`` -> ``'worker 3'``."""
     return str(node_id).replace(':', ' ')
+
+
+def go_on(n):
+    """The workers left after a change: '1 worker goes on', '2 workers go on'."""
+    return f'{n} worker goes on' if n == 1 else f'{n} workers go on'
 
 
 def clip(text, limit=ERROR):

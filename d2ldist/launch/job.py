@@ -23,6 +23,7 @@ import time
 from collections import deque
 
 from .. import config
+from ..lines import go_on
 from ..runtime import protocol
 from ..runtime.spans import PREFIX as TIMELINE
 from . import starter
@@ -381,7 +382,7 @@ class Job:
                 and q not in self.lost and q.state in ('running', 'finished')]
         if len(left) < self.min_workers:
             return False
-        self._say(f'{what_failed(p)}; {len(left)} workers go on (--min-workers '
+        self._say(f'{what_failed(p)}; {go_on(len(left))} (--min-workers '
                   f'{self.min_workers})')
         self._tell_scheduler(p)
         return True

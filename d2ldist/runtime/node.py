@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Collection, Sequence
 
 from .. import config
-from ..lines import NAME, clip, say, shown
+from ..lines import NAME, clip, go_on, say, shown
 from . import faults, hang, hosted, protocol, spans
 from . import shm, started, stream
 from .van import LINGER_SECONDS, Message, Van
@@ -340,7 +340,7 @@ class Node:
             self.van.give_up_on(lost)
             said = f'{shown(lost)} was lost ({reason})' + ''.join(
                 f', {shown(j[0])} joins' for j in joined)
-        raise WorkersChanged(f'{said}; {len(workers)} workers go on (round {rnd})',
+        raise WorkersChanged(f'{said}; {go_on(len(workers))} (round {rnd})',
                              lost if isinstance(lost, str) else None, rnd)
 
     def _take_chains(self, chains, lost=None):

@@ -159,6 +159,14 @@ def sent(s, kind):
     return [(peer, h) for peer, k, h in s.van.sent if k == kind]
 
 
+def test_one_survivor_is_counted_in_the_singular():
+    node = bare_node(rank=0, workers=2)
+    with pytest.raises(WorkersChanged) as e:
+        node._new_members(message(protocol.MEMBERS, 'scheduler', round=1, lost='worker:1',
+                                  workers=['worker:0'], reason='no heartbeat'))
+    assert str(e.value) == 'worker 1 was lost (no heartbeat); 1 worker goes on (round 1)'
+
+
 def test_a_restarted_worker_waits_for_the_others_commit_then_joins_with_the_book():
     s = elastic_scheduler()
     s.van.connect = lambda peer, address: None
