@@ -29,6 +29,7 @@ order is still the step count. (No checkpoints there: --checkpoint-dir is refuse
 """
 import argparse
 import hashlib
+import itertools
 from pathlib import Path
 
 import torch
@@ -95,6 +96,14 @@ def fingerprint(weights):
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
 
 
+def epochs_left(done, X, y, args):
+    """After ``done`` steps: each epoch left, with its batches not yet trained."""
+    per_epoch = len(y) // args.batch_size
+    for epoch in range(done // per_epoch, args.epochs):
+        skip = max(0, done - epoch * per_epoch)          # (trained before the checkpoint)
+        yield epoch, itertools.islice(batches(X, y, epoch, args), skip, None)
+
+
 def step(net, opt, X, y):
     """One step on a global batch, this worker's part of it cut by its rank and size now."""
     r, N = d2ldist.rank(), d2ldist.size()
@@ -130,12 +139,9 @@ def train(args):
                          '--batch-size {batch_size}: give the same'.format(**state['data']))
     if config.get().min_workers:
         return train_elastic(args, net, opt, (X_train, y_train, X_test, y_test))
-    per_epoch = len(y_train) // args.batch_size
-    every = args.checkpoint_every or per_epoch
-    for epoch in range(state['step'] // per_epoch, args.epochs):
-        for i, (X, y) in enumerate(batches(X_train, y_train, epoch, args)):
-            if epoch * per_epoch + i < state['step']:
-                continue                             # done before the checkpoint
+    every = args.checkpoint_every or len(y_train) // args.batch_size
+    for epoch, todo in epochs_left(state['step'], X_train, y_train, args):
+        for X, y in todo:
             loss = step(net, opt, X, y)
             state['step'] += 1
             if own and state['step'] % every == 0:
@@ -150,15 +156,12 @@ def train_elastic(args, net, opt, data):
     """Under d2l-launch --min-workers: the same steps inside hvd.elastic.run, a commit
     after each; after a loss, the survivors go on from the last commit (``state.step``)."""
     X_train, y_train, X_test, y_test = data
-    per_epoch = len(y_train) // args.batch_size
     state = d2ldist.elastic.TorchState(model=net, optimizer=opt, step=0)
 
     @d2ldist.elastic.run
     def loop(state):
-        for epoch in range(state.step // per_epoch, args.epochs):
-            for i, (X, y) in enumerate(batches(X_train, y_train, epoch, args)):
-                if epoch * per_epoch + i < state.step:
-                    continue                         # done before the commit
+        for epoch, todo in epochs_left(state.step, X_train, y_train, args):
+            for X, y in todo:                        # (from the last commit)
                 loss = step(net, opt, X, y)          # (cut for the workers there now)
                 state.step += 1
                 state.commit()
