@@ -166,7 +166,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._params = [p for p in params if p.requires_grad]
         self._buckets = None
         self._synchronized, self._should_synchronize = False, True
-        self._clock = faults.StepClock()      # for d2l-launch --slow / --fail
+        self.step_clock = faults.StepClock()      # for d2l-launch --slow / --fail
         if size() > 1:
             self._make_buckets(bucket_cap_mb)
 
@@ -237,7 +237,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """Average the gradients over all workers, then take the wrapped optimizer's step."""
-        self._clock.computed()           # d2l-launch --slow / --fail, the timeline
+        self.step_clock.computed()           # d2l-launch --slow / --fail, the timeline
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(STEP_AFTER_SYNCHRONIZE)
@@ -248,7 +248,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             with spans.span('update', 'step'):
                 return self.optimizer.step(closure)
         finally:
-            self._clock.done()
+            self.step_clock.done()
 
     def forget_gradients(self) -> None:
         """Forget the gradients of a step cut short (elastic: its collective failed); the
@@ -256,7 +256,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._buckets is not None:
             self._buckets._reset()
         self._synchronized = False
-        self._clock.restart()
+        self.step_clock.restart()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         return self.optimizer.zero_grad(set_to_none=set_to_none)

@@ -133,7 +133,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.max_whole_buckets = max_whole_buckets    # stage 2: None, as many as backward
         self._in_flight = []                          # gets ahead of the reduce-scatters
         self.rank, self.size = world.backend().rank, world.backend().size
-        self._clock = faults.StepClock()              # d2l-launch --slow / --fail
+        self.step_clock = faults.StepClock()              # d2l-launch --slow / --fail
         owned = [(g, p) for g, group in enumerate(optimizer.param_groups)
                  for p in group['params'] if p.requires_grad]
         self._params = [p for _, p in owned]
@@ -179,7 +179,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """Average the gradients into this worker's shards, step them, gather the weights."""
-        self._clock.computed()           # (a step cut short by a failure: not counted)
+        self.step_clock.computed()           # (a step cut short by a failure: not counted)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -191,7 +191,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._all_gather_weights()
             if self.replica is not None:  # (sent while the next step computes)
                 self.replica.send()
-        self._clock.done()
+        self.step_clock.done()
         return loss
 
     def _reduce_scatter_gradients(self):
@@ -291,7 +291,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._in_flight = []
         for t in self._params + self.shards:
             t.grad = None
-        self._clock.restart()
+        self.step_clock.restart()
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()

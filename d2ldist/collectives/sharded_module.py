@@ -7,7 +7,8 @@ shard instead of its parameters, laid out as ``sharded.py``'s buckets; worker r 
 shard r as the unit's only parameter, ``flat_shard``, and a plain torch optimizer over
 ``net.parameters()`` steps the shards alone. Hooks all-gather a unit's weights before
 its forward and again for its backward, and free them after; the autograd function
-``Gather`` reduce-scatters its gradient into ``flat_shard.grad``.
+``Gather`` reduce-scatters its gradient into ``flat_shard.grad``. That optimizer's steps
+count as ShardedOptimizer's do (``d2l-launch --fail``, ``--slow``, the timeline).
 
 Between steps a unit's ``weight`` is None; ``full_weights(net)`` gathers them all.
 Start every worker with the same weights. One step drawn, its bytes, and how "free"
@@ -18,6 +19,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from ..runtime import faults
 from . import world
 from .ops import Average
 from .sharded import peak_moment
@@ -148,7 +150,7 @@ def shard_module(net: nn.Module, units: Iterable[nn.Module] | None = None) -> nn
         units = [m for m in net.modules() if next(m.parameters(recurse=False), None) is not None]
     units = list(units)
     check(net, units, names)
-    backend, shards = world.backend(), set()
+    backend, shards = world.backend(), {}
     for module in sorted(units, key=lambda m: -len(names[m].split('.'))):   # innermost first
         prefix = names[module] + '.' if names[module] else ''
         places = [(sub, pname, prefix + (sname + '.' if sname else '') + pname)
@@ -164,7 +166,8 @@ def shard_module(net: nn.Module, units: Iterable[nn.Module] | None = None) -> nn
                              'parameters: make them units of their own')
         unit = Unit(module, [(s, p) for s, p, _ in places], [q for _, _, q in places],
                     backend.rank, backend.size)
-        shards.add(id(unit.shard))
+        shards[id(unit.shard)] = unit.shard
+    faults.watch(faults.StepClock(), shards.values())   # the steps of whatever steps them
     return net
 
 

@@ -17,8 +17,8 @@ act in the job's first attempt only (``D2L_RESTART=0``): a restart (``d2l-launch
 
 A compute step is what d2ldist sees of a script's work: the forward and backward pass
 of ``train_batch`` (step 1 of the seven), and the time between two ``step()`` calls of
-DistributedOptimizer or ShardedOptimizer (``StepClock``). Stage 3 (``shard_module``)
-steps a plain torch optimizer, which d2ldist does not see: no step counts there. Dying
+DistributedOptimizer or ShardedOptimizer (``StepClock``), or of a torch optimizer over
+stage 3's shards (``shard_module``: ``watch``, by torch's global step hooks). Dying
 is a SIGKILL, as a crash would be: no goodbye and no clean-up, so the others must
 notice (the heartbeats, the launcher).
 """
@@ -69,6 +69,45 @@ class StepClock:
         """The step has ended: one more in the count (spans.step_done)."""
         spans.step_done()
         self.restart()
+
+
+def watch(clock, params):
+    """Count on ``clock`` the steps of any torch optimizer that steps ``params`` (stage 3's:
+    the user's own optimizer, which d2ldist does not wrap; torch's global step hooks)."""
+    from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                       register_optimizer_step_pre_hook)
+    global _watching
+    for p in params:
+        p.step_clock = clock
+    if not _watching:
+        _watching = True
+        register_optimizer_step_pre_hook(
+            lambda optimizer, args, kwargs: _tick(optimizer, StepClock.computed))
+        register_optimizer_step_post_hook(
+            lambda optimizer, args, kwargs: _tick(optimizer, StepClock.done))
+
+
+_watching = False
+
+
+def _tick(optimizer, what):
+    """``what`` on the clock of the watched parameters ``optimizer`` steps, if any."""
+    clock = watched(optimizer)
+    if clock is not None:
+        what(clock)
+
+
+def watched(optimizer):
+    """The StepClock ``watch`` gave the parameters ``optimizer`` steps; None if none."""
+    return next((p.step_clock for g in optimizer.param_groups for p in g['params']
+                 if hasattr(p, 'step_clock')), None)
+
+
+def counted(optimizer):
+    """Whether d2ldist counts ``optimizer``'s steps itself (its own optimizers', and a torch
+    optimizer's over stage 3's shards); a script counts the others' (spans.step_done)."""
+    return isinstance(getattr(optimizer, 'step_clock', None), StepClock) or \
+        watched(optimizer) is not None
 
 
 def served(rounds, what='sync round'):

@@ -114,3 +114,16 @@ def test_min_workers_with_a_checkpoint_folder_is_refused_in_one_line(tmp_path):
                          env=dict(os.environ, D2L_MIN_WORKERS='2'))
     assert bad.returncode == 2 and bad.stdout == '' and bad.stderr.count('\n') == 1
     assert '--checkpoint-dir with --min-workers' in bad.stderr
+
+
+def test_a_fail_at_a_step_fires_at_stage_3():
+    """Stage 3 steps a plain torch optimizer over the shards, and d2ldist still counts its
+    steps (faults.watch): --fail worker:1@step=3 kills worker 1 after its compute of step
+    3, before its update; the job stops, and nothing is left running."""
+    r = run_launch('-n', 2, '-s', 0, '--fail', 'worker:1@step=3', '--timeout', 90,
+                   sys.executable, SCRIPT, '--stage', 3, '--epochs', 1, timeout=120)
+    assert wait_no_survivors(r.tag) == []
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert 'worker 1 fails on purpose after its compute step 3 (--fail)' in out, out[-3000:]
+    assert 'final weights' not in out

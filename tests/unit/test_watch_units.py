@@ -56,9 +56,10 @@ def test_timeline_windows_refused(text):
 
 
 def test_one_count_of_steps_for_the_spans_and_fail(monkeypatch, use_config):
-    """train_batch, DistributedOptimizer.step() and ShardedOptimizer.step() each end a
-    step of the one count (spans.step()); --fail step=2 dies at the end of step 2's
-    compute on every path."""
+    """train_batch, DistributedOptimizer.step(), ShardedOptimizer.step() and a torch
+    optimizer's step over shard_module's shards each end a step of the one count
+    (spans.step()); --fail step=2 dies at the end of step 2's compute on every path. A
+    torch optimizer over other parameters counts nothing (faults.counted says which)."""
     import d2ldist
     from d2ldist.runtime import faults
     use_config({'D2L_FAIL': 'step=2'})
@@ -70,12 +71,20 @@ def test_one_count_of_steps_for_the_spans_and_fail(monkeypatch, use_config):
     optimizer = d2ldist.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1))
 
     sharded = d2ldist.ShardedOptimizer(torch.optim.Adam(net.parameters()), stage=1)
+    stage_3 = d2ldist.shard_module(torch.nn.Linear(4, 2))
+    over_shards = torch.optim.Adam(stage_3.parameters())
+    plain = torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=0.1)
 
-    def optimizer_step(optimizer):
+    def optimizer_step(optimizer, net=net):
         loss(net(X), y).sum().backward()
         optimizer.step()
+    assert [faults.counted(o) for o in (optimizer, sharded, over_shards, plain)] == \
+        [True, True, True, False]
+    optimizer_step(plain)
+    assert (spans.step(), died) == (1, [])
     for step in (lambda: d2ldist.train_batch(X, y, net, loss, trainer, trainer.devices),
-                 lambda: optimizer_step(optimizer), lambda: optimizer_step(sharded)):
+                 lambda: optimizer_step(optimizer), lambda: optimizer_step(sharded),
+                 lambda: optimizer_step(over_shards, stage_3)):
         monkeypatch.setattr(spans, '_steps_done', 0)
         died.clear()
         assert spans.step() == 1
