@@ -22,6 +22,7 @@ stage 3's shards (``shard_module``: ``watch``, by torch's global step hooks). Dy
 is a SIGKILL, as a crash would be: no goodbye and no clean-up, so the others must
 notice (the heartbeats, the launcher).
 """
+import functools
 import os
 import signal
 import threading
@@ -74,20 +75,20 @@ class StepClock:
 def watch(clock, params):
     """Count on ``clock`` the steps of any torch optimizer that steps ``params`` (stage 3's:
     the user's own optimizer, which d2ldist does not wrap; torch's global step hooks)."""
-    from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                       register_optimizer_step_pre_hook)
-    global _watching
     for p in params:
         p.step_clock = clock
-    if not _watching:
-        _watching = True
-        register_optimizer_step_pre_hook(
-            lambda optimizer, args, kwargs: _tick(optimizer, StepClock.computed))
-        register_optimizer_step_post_hook(
-            lambda optimizer, args, kwargs: _tick(optimizer, StepClock.done))
+    _hook_torch()
 
 
-_watching = False
+@functools.cache
+def _hook_torch():
+    """(Once in a process) torch's global hooks before and after every optimizer's step."""
+    from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                       register_optimizer_step_pre_hook)
+    register_optimizer_step_pre_hook(lambda optimizer, args, kwargs:
+                                     _tick(optimizer, StepClock.computed))
+    register_optimizer_step_post_hook(lambda optimizer, args, kwargs:
+                                      _tick(optimizer, StepClock.done))
 
 
 def _tick(optimizer, what):
