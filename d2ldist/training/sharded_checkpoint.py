@@ -8,8 +8,9 @@ Every worker calls both.
 
 Each tensor is named as if nothing were sharded (``model.0.weight``,
 ``optimizer.state.model.0.weight.exp_avg``). A worker writes the pieces it holds (its
-shard; a tensor all workers hold whole: worker 0 alone) into its own file, and worker 0
-writes ``manifest.json``: the number of workers, each piece's owner and range, the plain
+shard; of a tensor all workers hold whole, an even N-th of its elements, the r-th; of a
+0-dim one, Adam's step, worker 0 all) into its own file, and worker 0 writes
+``manifest.json``: the number of workers, each piece's owner and range, the plain
 values. A load cuts the pieces again for its own layout: any number of workers, any
 stage. At both, worker 0 prints the SHA-256 of the whole state in a canonical order
 (``state_hash.py``). A state with FSDP2's modules is written in PyTorch's own format
@@ -34,6 +35,7 @@ from ..collectives.distributed_optimizer import DistributedOptimizer, initialize
 from ..collectives.sharded import ShardedOptimizer
 from ..collectives.sharded_module import units_of
 from ..lines import say
+from ..runtime.split import even_slices
 from . import dcp_checkpoint
 from .checkpoint import (CheckpointError, beyond_kept, read_file, replace_file, step_folders,
                          write_file)
@@ -50,7 +52,7 @@ class Damaged(CheckpointError):
 
 class Slot:
     """Elements ``start``..``end`` of the tensor ``key`` (of ``shape``, flattened), held
-    here in ``view``; ``written``: by this worker (one that all hold whole: by worker 0)."""
+    here in ``view``; ``written``: by this worker (``Flat.ranges``: who writes what)."""
 
     def __init__(self, key, shape, start, end, view, written):
         self.key, self.shape, self.start, self.end = key, tuple(shape), start, end
@@ -67,15 +69,16 @@ class Slot:
 
 class Flat:
     """Tensors back to back in one flat vector (a ZeRO bucket or unit; or one tensor
-    alone, ``whole``), of which this worker holds elements [start, start + length)."""
+    alone, ``whole``: held by each of the ``workers``), of which this worker holds
+    elements [start, start + length)."""
 
-    def __init__(self, keys, shapes, start, length, whole):
+    def __init__(self, keys, shapes, start, length, whole, workers=1):
         self.keys, self.shapes = list(keys), [tuple(s) for s in shapes]
-        self.start, self.length, self.whole = start, length, whole
+        self.start, self.length, self.whole, self.workers = start, length, whole, workers
 
     @classmethod
-    def alone(cls, key, tensor):
-        return cls([key], [tensor.shape], 0, tensor.numel(), whole=True)
+    def alone(cls, key, tensor, workers):
+        return cls([key], [tensor.shape], 0, tensor.numel(), True, workers)
 
     def pieces(self):
         """(key, shape, start, end, offset in the part held) of each tensor held here."""
@@ -88,14 +91,25 @@ class Flat:
             offset += numel
         return found
 
+    def ranges(self, n, rank):
+        """(start, end, whether this worker writes it) of n elements held here: a shard's,
+        one range, this worker's; a tensor all hold whole, n cut evenly, range r worker r's
+        (as DCP's dedup spreads replicated items over the ranks), so no one writes it all."""
+        if not self.whole:
+            return [(0, n, True)]
+        return [(a, b, r == rank) for r, (a, b) in enumerate(even_slices(n, self.workers))
+                if a < b]
+
     def slots(self, held, rank, prefix='', suffix=''):
         """The Slots of ``held``: this worker's part of the flat vector, or a state tensor
-        shaped like it; anything else (Adam's step) belongs whole to each of its tensors."""
-        written = rank == 0 or not self.whole
+        shaped like it; anything else (Adam's step) belongs whole to each of its tensors,
+        written by worker 0."""
         if held.dim() > 0 and held.numel() == self.length:
             flat = held.view(-1)
-            return [Slot(prefix + key + suffix, shape, a, b, flat[at:at + b - a], written)
-                    for key, shape, a, b, at in self.pieces()]
+            return [Slot(prefix + key + suffix, shape, a + lo, a + hi,
+                         flat[at + lo:at + hi], written)
+                    for key, shape, a, b, at in self.pieces()
+                    for lo, hi, written in self.ranges(b - a, rank)]
         return [Slot(prefix + key + suffix, held.shape, 0, held.numel(), held.view(-1),
                      rank == 0) for key in self.keys]
 
@@ -134,7 +148,7 @@ class ModulePart(Part):
     """A module: each unit of shard_module one Flat (its shard held), every other tensor
     of its state_dict alone (held whole). ``flats``: by each parameter, its Flat."""
 
-    def __init__(self, key, module, rank):
+    def __init__(self, key, module, rank, size):
         self.rank, self.held, self.flats = rank, [], {}
         for unit in units_of(module):
             k = unit.shard.numel()
@@ -143,7 +157,7 @@ class ModulePart(Part):
             self.flats[id(unit.shard)] = flat
         for name, t in module.state_dict(keep_vars=True).items():
             if id(t) not in self.flats:
-                flat = Flat.alone(f'{key}.{name}', t)
+                flat = Flat.alone(f'{key}.{name}', t, size)
                 self.held.append((flat, t.detach()))
                 self.flats[id(t)] = flat
 
@@ -233,8 +247,8 @@ def flat_of(flats, param, key):
 class TensorPart(Part):
     """A tensor of the state: held whole, loaded in place."""
 
-    def __init__(self, key, tensor, rank):
-        self.flat, self.tensor, self.rank = Flat.alone(key, tensor), tensor, rank
+    def __init__(self, key, tensor, rank, size):
+        self.flat, self.tensor, self.rank = Flat.alone(key, tensor, size), tensor, rank
 
     def slots(self):
         return self.flat.slots(self.tensor.detach(), self.rank)
@@ -262,16 +276,17 @@ def saved(values, key):
     return values[key]
 
 
-def parts_of(state, rank):
+def parts_of(state, rank, size):
     """A part for each entry of ``state``: the modules first (the optimizers find their
     parameters' names in them), then optimizers, tensors and plain values."""
     if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
         raise TypeError('a checkpoint\'s state is a dict by names (str): of modules, '
                         'optimizers, tensors and plain values')
-    modules = [ModulePart(k, v, rank) for k, v in state.items() if isinstance(v, nn.Module)]
+    modules = [ModulePart(k, v, rank, size) for k, v in state.items()
+               if isinstance(v, nn.Module)]
     flats = {i: flat for m in modules for i, flat in m.flats.items()}
     others = [OptimizerPart(k, v, flats, rank) if isinstance(v, torch.optim.Optimizer)
-              else TensorPart(k, v, rank) if torch.is_tensor(v) else ValuePart(k, state)
+              else TensorPart(k, v, rank, size) if torch.is_tensor(v) else ValuePart(k, state)
               for k, v in state.items() if not isinstance(v, nn.Module)]
     return modules + others
 
@@ -341,7 +356,7 @@ def save(state: dict, directory: str | os.PathLike | None = None) -> str:
     rank, size = backend.rank, backend.size
     if dcp_checkpoint.holds_fsdp2(state):
         return save_dcp(state, folder, rank, size)
-    slots, values = contents(parts_of(state, rank))
+    slots, values = contents(parts_of(state, rank, size))
     mine = [s for s in slots if s.written]
     agree(cleared(folder, rank))      # (until its new manifest is written: no checkpoint)
     error = None
@@ -454,7 +469,7 @@ def load(state: dict, directory: str | os.PathLike | None = None) -> str | None:
         loaded(folder, saved_by, backend, sha)
         return sha
     layout = checked(folder)
-    parts, error = parts_of(state, backend.rank), None
+    parts, error = parts_of(state, backend.rank, backend.size), None
     try:
         for part in parts:
             part.prepare(layout)
@@ -513,8 +528,9 @@ def loaded(folder, saved_by, backend, sha):
 
 
 def fill(slots, layout, folder):
-    """Each Slot's elements, copied from the pieces that hold them, file by file."""
-    files = {}
+    """Each Slot's elements, copied from the pieces that hold them, file by file (one in
+    memory at a time: a tensor all hold whole is in every file, a piece in each)."""
+    copies = {}                 # by owner: (slot, lo, hi, the piece's start) to copy
     for slot in slots:
         entry = layout['tensors'].get(slot.key)
         if entry is None:
@@ -526,15 +542,17 @@ def fill(slots, layout, folder):
         for owner, start, end in entry['pieces']:
             lo, hi = max(start, slot.start), min(end, slot.end)
             if lo < hi:
-                if owner not in files:
-                    files[owner] = read_file(folder / layout['files'][owner])
-                piece = files[owner].get(slot.key)
-                if piece is None:
-                    raise CheckpointError(f'{layout["files"][owner]} holds no {slot.key}')
-                slot.view[lo - slot.start:hi - slot.start].copy_(piece[lo - start:hi - start])
+                copies.setdefault(owner, []).append((slot, lo, hi, start))
                 found += hi - lo
         if found != slot.end - slot.start:
             raise CheckpointError(f'{folder / MANIFEST}: pieces of {slot.key} are missing')
+    for owner, wanted in sorted(copies.items()):
+        pieces = read_file(folder / layout['files'][owner])
+        for slot, lo, hi, start in wanted:
+            piece = pieces.get(slot.key)
+            if piece is None:
+                raise CheckpointError(f'{layout["files"][owner]} holds no {slot.key}')
+            slot.view[lo - slot.start:hi - slot.start].copy_(piece[lo - start:hi - start])
 
 
 # -- in d2l-launch's folder: --checkpoint-dir, --checkpoint-every, --checkpoint-keep -------

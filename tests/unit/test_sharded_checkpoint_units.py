@@ -15,7 +15,7 @@ import d2ldist
 from d2ldist import config
 from d2ldist.collectives.distributed_optimizer import DistributedOptimizer
 from d2ldist.collectives.sharded_module import full_weights
-from d2ldist.training.checkpoint import CheckpointError, write_file
+from d2ldist.training.checkpoint import CheckpointError, read_file, write_file
 from d2ldist.training.sharded_checkpoint import Flat, fill, manifest, read_manifest
 
 from test_sharded_units import OPTIMIZERS, in_threads, mlp, zero
@@ -64,7 +64,7 @@ def test_a_missing_tensor_or_another_shape_is_one_line(tmp_path):
                        match=r'^a is of shape \(7, 5\) in .*, and \(5, 7\) here$'):
         fill(other.slots(torch.zeros(36), 0), read_manifest(tmp_path), tmp_path)
     with pytest.raises(CheckpointError, match=r'holds no e$'):
-        fill(Flat.alone('e', torch.zeros(1)).slots(torch.zeros(1), 0),
+        fill(Flat.alone('e', torch.zeros(1), 1).slots(torch.zeros(1), 0),
              read_manifest(tmp_path), tmp_path)
     with pytest.raises(CheckpointError, match=r'holds no whole checkpoint \(manifest.json: '):
         read_manifest(tmp_path / 'nothing')
@@ -127,6 +127,81 @@ def train_steps(net):
     opt = OPTIMIZERS['adam'](list(net.parameters()))
     steps(net, opt, 0, 1, 0, 5)
     return [p.detach() for p in net.parameters()]
+
+
+@pytest.mark.parametrize('kind', ['plain', 2])
+@pytest.mark.parametrize('n', [2, 3])
+def test_a_tensor_every_worker_holds_whole_is_written_once_in_near_equal_ranges(
+        tmp_path, monkeypatch, kind, n):
+    """The weights (and under plain Adam, its moments): each worker writes a range of
+    each, worker r the r-th, near-equal, every element once; Adam's 0-dim steps worker
+    0 alone; the plain values are in the manifest, in no worker's file."""
+    nets = [mlp() for _ in range(n)]
+
+    def save(r):
+        net, opt = (nets[r], OPTIMIZERS['adam'](list(nets[r].parameters()))) \
+            if kind == 'plain' else make(kind, nets[r])
+        steps(net, opt, *((0, 1) if kind == 'plain' else (r, n)), 0, 2)   # (the same state)
+        d2ldist.checkpoint.save({'model': net, 'optimizer': opt, 'step': 2}, tmp_path)
+        return {k: t.detach().clone() for k, t in net.state_dict().items()}
+
+    weights = in_threads(n, monkeypatch, save)[0]
+    layout = read_manifest(tmp_path)
+    files = [read_file(tmp_path / name) for name in layout['files']]
+    whole = [k for k in layout['tensors'] if k.startswith('model.') or
+             kind == 'plain' and not k.endswith('.step')]
+    assert len(whole) == (12 if kind == 'plain' else 4)
+    for key in whole:
+        pieces = layout['tensors'][key]['pieces']
+        sizes = [end - start for _, start, end in pieces]
+        assert [owner for owner, _, _ in pieces] == list(range(n))
+        assert all(a[2] == b[1] for a, b in zip(pieces, pieces[1:]))
+        assert sum(sizes) == math.prod(layout['tensors'][key]['shape'])
+        assert max(sizes) - min(sizes) <= 1
+        if key.startswith('model.'):
+            assert torch.equal(torch.cat([files[r][key] for r in range(n)]),
+                               weights[key.removeprefix('model.')].view(-1))
+    steps_ = [k for k in layout['tensors'] if k.endswith('.step')]
+    assert len(steps_) == 4 and all(layout['tensors'][k]['pieces'] == [[0, 0, 1]]
+                                    for k in steps_)
+    assert layout['values']['step'] == 2 and not any('step' in f for f in files)
+
+
+def test_a_checkpoint_of_the_old_layout_whole_tensors_by_worker_0_still_loads(
+        tmp_path, monkeypatch):
+    """Before, worker 0 alone wrote a tensor all hold whole (one piece, one owner): the
+    manifest says who holds what, so 3 workers load such a checkpoint of 2, as they load
+    today's; the SHA-256 is the same for both layouts."""
+    nets = [mlp() for _ in range(2)]
+
+    def train(r):
+        net, opt = make(2, nets[r])
+        steps(net, opt, r, 2, 0, 3)
+        return {'model': net, 'optimizer': opt, 'step': 3}
+
+    states = in_threads(2, monkeypatch, train)
+    shas = {}
+    with monkeypatch.context() as old:           # the old rule: worker 0 writes it all
+        old.setattr(Flat, 'ranges', lambda self, n, rank: [(0, n, rank == 0 or not self.whole)])
+        shas['old'] = in_threads(2, monkeypatch, lambda r: d2ldist.checkpoint.save(
+            states[r], tmp_path / 'old'))
+    shas['new'] = in_threads(2, monkeypatch, lambda r: d2ldist.checkpoint.save(
+        states[r], tmp_path / 'new'))
+    assert shas['old'] == shas['new'] and len(set(shas['old'])) == 1
+    pieces = {k: read_manifest(tmp_path / k)['tensors']['model.0.weight']['pieces']
+              for k in shas}
+    assert pieces == {'old': [[0, 0, 35]], 'new': [[0, 0, 18], [1, 18, 35]]}
+
+    def load(r):
+        net, opt = make(1, mlp(seed=1))
+        state = {'model': net, 'optimizer': opt, 'step': 0}
+        return d2ldist.checkpoint.load(state, tmp_path / 'old'), state['step'], \
+            dict(net.named_parameters())
+
+    saved = dict(states[0]['model'].named_parameters())
+    for sha, step, got in in_threads(3, monkeypatch, load):
+        assert (sha, step) == (shas['old'][0], 3)
+        assert all(torch.equal(p, saved[k]) for k, p in got.items())
 
 
 def test_every_way_of_training_saves_the_same_state(tmp_path):
