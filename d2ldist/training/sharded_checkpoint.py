@@ -7,11 +7,11 @@
 Every worker calls both.
 
 Each tensor is named as if nothing were sharded (``model.0.weight``,
-``optimizer.state.model.0.weight.exp_avg``). A worker writes the pieces it holds (its
-shard; of a tensor all workers hold whole, an even N-th of its elements, the r-th; of a
-0-dim one, Adam's step, worker 0 all) into its own file, and worker 0 writes
-``manifest.json``: the number of workers, each piece's owner and range, the plain
-values. A load cuts the pieces again for its own layout: any number of workers, any
+``optimizer.state.model.0.weight.exp_avg``). A worker writes the pieces it holds into its
+own file: its shard; of a parameter all workers hold whole, and of its optimizer state,
+an even N-th of the elements, the r-th; of a buffer, another tensor or a 0-dim one
+(Adam's step), worker 0 all. Worker 0 writes ``manifest.json``: the number of workers,
+each piece's owner and range, the plain values. A load cuts the pieces again for its own layout: any number of workers, any
 stage. At both, worker 0 prints the SHA-256 of the whole state in a canonical order
 (``state_hash.py``). A state with FSDP2's modules is written in PyTorch's own format
 instead (``dcp_checkpoint.py``). With no folder, both use ``d2l-launch --checkpoint-dir``:
@@ -146,10 +146,13 @@ class Part:
 
 class ModulePart(Part):
     """A module: each unit of shard_module one Flat (its shard held), every other tensor
-    of its state_dict alone (held whole). ``flats``: by each parameter, its Flat."""
+    of its state_dict alone (held whole): a parameter, the same on every worker, written
+    by all in even parts; a buffer (BatchNorm's statistics: a worker's own, unless
+    synchronized), worker 0's. ``flats``: by each parameter, its Flat."""
 
     def __init__(self, key, module, rank, size):
         self.rank, self.held, self.flats = rank, [], {}
+        params = {id(p) for p in module.parameters()}
         for unit in units_of(module):
             k = unit.shard.numel()
             flat = Flat([f'{key}.{n}' for n in unit.names], unit.shapes, rank * k, k, False)
@@ -157,7 +160,7 @@ class ModulePart(Part):
             self.flats[id(unit.shard)] = flat
         for name, t in module.state_dict(keep_vars=True).items():
             if id(t) not in self.flats:
-                flat = Flat.alone(f'{key}.{name}', t, size)
+                flat = Flat.alone(f'{key}.{name}', t, size if id(t) in params else 1)
                 self.held.append((flat, t.detach()))
                 self.flats[id(t)] = flat
 
@@ -245,10 +248,11 @@ def flat_of(flats, param, key):
 
 
 class TensorPart(Part):
-    """A tensor of the state: held whole, loaded in place."""
+    """A tensor of the state: held whole, loaded in place; worker 0's (each worker's may
+    differ: a random generator's state, say)."""
 
-    def __init__(self, key, tensor, rank, size):
-        self.flat, self.tensor, self.rank = Flat.alone(key, tensor, size), tensor, rank
+    def __init__(self, key, tensor, rank):
+        self.flat, self.tensor, self.rank = Flat.alone(key, tensor, 1), tensor, rank
 
     def slots(self):
         return self.flat.slots(self.tensor.detach(), self.rank)
@@ -286,7 +290,7 @@ def parts_of(state, rank, size):
                if isinstance(v, nn.Module)]
     flats = {i: flat for m in modules for i, flat in m.flats.items()}
     others = [OptimizerPart(k, v, flats, rank) if isinstance(v, torch.optim.Optimizer)
-              else TensorPart(k, v, rank, size) if torch.is_tensor(v) else ValuePart(k, state)
+              else TensorPart(k, v, rank) if torch.is_tensor(v) else ValuePart(k, state)
               for k, v in state.items() if not isinstance(v, nn.Module)]
     return modules + others
 
