@@ -6,7 +6,7 @@
 * ``ssh.py``       -- the same over ssh: hosts, preflight, rsync, remote clean-up;
 * ``slurm.py``     -- the same as one srun step inside a Slurm allocation;
 * ``guard.py``     -- wraps every process and ends its group when the job ends;
-* ``failwatch.py`` -- ``--fail`` on a worker that never joins through d2ldist;
+* ``failwatch.py`` -- ``--fail`` as the launcher sees it (fired, or never);
 * ``progress.py``  -- what we know of a running job (``JobModel``, fed by the job's hooks)
                      and d2l-launch's terminal view of it.
 

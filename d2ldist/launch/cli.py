@@ -152,8 +152,8 @@ OPTIONS = {
          'time after it joined (server:0@30s, scheduler@5s); a worker that never '
          'joins through d2ldist (a plain torch.distributed script): the time counts '
          'from its start and the launcher kills it (local and ssh), and a step, '
-         'which only d2ldist counts, is said at the end never to have fired; '
-         'repeatable'),
+         'which only d2ldist counts, is said at the end never to have fired, as '
+         'is a fault of a worker that exited 0 first; repeatable'),
     ),
     'what a failure costs': (
         ('--max-restarts', dict(type=int, default=0, metavar='K'),

@@ -130,7 +130,7 @@ class Job:
         self.starter = None               # this host's starter, once the job starts
         self.scheduler_address = None     # tcp://host:port, once the scheduler is ready
         self.notice = None                # elastic: how we tell the scheduler of a loss
-        self.fails = FailWatch(specs, self.kills_one)   # --fail on workers not joined
+        self.fails = FailWatch(specs, self.kills_one)   # --fail: fired, or never
 
     # -- the main loop -------------------------------------------------------------
     def run(self):
@@ -448,6 +448,8 @@ class Job:
 
     def _set_state(self, p, state):
         p.state = state
+        if state == 'finished' and p.code == 0:
+            self.fails.exited(p)          # by itself (stopped by us, its code is not known yet)
         self.on_state(p)
 
     def _say(self, text):

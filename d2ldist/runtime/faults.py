@@ -9,7 +9,8 @@ worker's pace, and what a failure looks like. The launcher gives the process it 
   40th sync round it closed on the first key it holds, in dist_async the 40th push it
   applied there) or ``30s`` (30 s after it joined the job; servers and the scheduler too).
   On joining, the process says so to the launcher (``JOINED``, a hidden line): a worker
-  that never joins is the launcher's to kill (``launch/failwatch.py``).
+  that never joins is the launcher's to kill (``launch/failwatch.py``), and one that
+  ends before its fault fires is named at the job's end.
 
 (``config.py`` reads both; the steps are the timeline's count, ``spans.step()``.) Both
 act in the job's first attempt only (``D2L_RESTART=0``): a restart (``d2l-launch
@@ -24,6 +25,7 @@ notice (the heartbeats, the launcher).
 """
 import functools
 import os
+import re
 import signal
 import threading
 import time
@@ -33,6 +35,7 @@ from ..lines import say
 from . import spans
 
 JOINED = 'd2ldist.fail: joined'     # this process counts its own --fail (hidden by the launcher)
+FIRED = re.compile(r'd2ldist: [\w ]+ fails on purpose .*\(--fail\)')   # die()'s line, as read
 
 def computed(seconds):
     """The compute of this training step has just ended, after ``seconds``: stretch it

@@ -42,6 +42,22 @@ def test_fail_kills_a_worker_at_its_step_and_the_job_stops():
     assert 'worker 1 fails on purpose after its compute step 3 (--fail)' in out
     assert 'd2l-launch: worker 1 failed (killed by SIGKILL' in out
     assert 'STEP1' not in out                      # nobody went on to the end
+    assert 'never fired' not in out                # it did fire
+    assert wait_no_survivors(r.tag) == []
+
+
+def test_a_fail_past_the_jobs_last_step_is_said_never_to_have_fired():
+    """--fail worker:1@step=400 in a job of 4 steps: both workers join and finish, the
+    job succeeds, and its end says in one line that the fault never fired."""
+    r = run_launch('-n', 2, '-s', 0, '--fail', 'worker:1@step=400', '--timeout', 90,
+                   sys.executable, JOB, 'ring', 4, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert out.count('STEP1') == 2, out[-3000:]     # both trained to the end
+    never = [line for line in r.stdout.splitlines() if 'never fired' in line]
+    assert len(never) == 1 and never[0].startswith(
+        'd2l-launch: --fail worker:1@step=400 never fired: worker 1 ended before its step '
+        '400'), out[-3000:]
     assert wait_no_survivors(r.tag) == []
 
 

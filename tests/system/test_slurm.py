@@ -194,6 +194,22 @@ def test_a_killed_worker_cancels_the_step(slurm, tmp_path):
     assert failed == ['d2l-launch: worker 1@node2 failed (killed by SIGKILL (exit code 137)); '
                       'the job was stopped.'], out[-3000:]
     assert 'Traceback' not in out and '[srun]' not in out, out[-3000:]
+    assert 'never fired' not in out, out[-3000:]
+    assert slurm.wait_queue_empty(30) == []
+    assert wait_no_survivors(r.tag) == []
+
+
+def test_a_fail_a_joined_task_never_reached_is_said_at_the_end(slurm):
+    """--fail worker:1@step=3 on exact_sums.py, whose sums by hand d2ldist does not count
+    as steps: the step's tasks join and finish, and the job's end says that it never fired."""
+    r = in_allocation(slurm, '-n', 2, '-s', 0, '--fail', 'worker:1@step=3', sys.executable,
+                      EXACT_SUMS, 'ring')
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    never = [x for x in r.stdout.splitlines() if 'never fired' in x]
+    assert len(never) == 1 and never[0].startswith(
+        'd2l-launch: --fail worker:1@step=3 never fired: worker 1 ended before its step 3'), \
+        out[-3000:]
     assert slurm.wait_queue_empty(30) == []
     assert wait_no_survivors(r.tag) == []
 

@@ -187,6 +187,43 @@ def test_the_launcher_fires_a_timed_fail_only_on_a_worker_that_never_joined():
         'launcher cannot kill one task of srun or mpirun alone')
 
 
+def test_a_fail_that_a_joined_worker_never_reached_is_named_at_the_end():
+    """failwatch.FailWatch on workers that joined: one that exited 0 by itself (the Job's
+    'finished' with code 0) before its step or its time gets the line, under every
+    launcher; one that said it fails on purpose, one stopped by the launcher (no code
+    yet) or one that failed gets none, nor does a worker of a later attempt."""
+    from d2ldist import config
+    from d2ldist.runtime.faults import JOINED
+    args = parse('-n', 4, '-s', 0, '--fail', 'worker:0@step=5', '--fail', 'worker:1@30s',
+                 '--fail', 'worker:2@step=5', '--fail', 'worker:3@step=5')
+    for kills_one in (True, False):                 # local and ssh; srun's, mpirun's tasks
+        job = Job([ProcSpec('scheduler', 0, argv=COMMAND)] + [
+            ProcSpec('worker', r, argv=COMMAND, env=args.process_env[('worker', r)]
+                     | config.env(restart=0)) for r in range(4)])
+        job.fails.kills = kills_one
+        workers = job.procs[1:]
+        for p in workers:
+            p.popen = object()
+            job.fails.start(p)
+            assert job.fails.said(p, JOINED)
+        assert not job.fails.said(workers[2], 'd2ldist: worker 2 fails on purpose after '
+                                              'its compute step 5 (--fail)')   # (shown)
+        for p in workers[:3]:                       # ... and its wrapper exited 0
+            p.code = 0
+            job._set_state(p, 'finished')
+        job._set_state(workers[3], 'finished')      # stopped by the launcher: no code yet
+        workers[3].code = 0
+        assert list(job.fails.never_fired()) == [
+            '--fail worker:0@step=5 never fired: worker 0 ended before its step 5 (d2ldist '
+            "counts only its Trainer's and optimizers' steps)",
+            '--fail worker:1@30s never fired: worker 1 ended less than 30 s after it joined']
+    later = Proc(ProcSpec('worker', 3, env=args.process_env[('worker', 3)]
+                          | config.env(restart=1)))
+    later.code = 0
+    job._set_state(later, 'finished')               # a restart runs without its fault
+    assert len(list(job.fails.never_fired())) == 2
+
+
 def test_percent_launch_dry_run_prints_the_plan_and_starts_nothing(monkeypatch, capsys):
     """%launch --dry-run (d2ldist/notebook/magic.py): d2l-launch's plan in the cell, no
     job made, no process started."""
