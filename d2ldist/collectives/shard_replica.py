@@ -223,6 +223,11 @@ class NetShards:
 
     def stepped(self, optimizer, args, kwargs):
         """(The user's optimizer's step post-hook) the gradient shards sent right."""
+        idle = [repr(unit) for unit in self.buckets if unit.shard.grad is None]
+        if self.replica is not None and idle:     # (the optimizer skipped it: no gradient)
+            raise RuntimeError(f'--shard-replicas: {idle[0]} got no gradient in this step, and '
+                               'its replica cannot skip the step alike: use every unit each '
+                               'step')
         if self.replica is not None:
             self.replica.send()
 

@@ -1,7 +1,8 @@
 """examples/zero_digits.py in real jobs (issue 52 item 7): ZeRO's stages 0 and 2 on 3
 workers; stage 2's checkpoint resumed at stage 1 on 3 workers and at stage 3 on 2. One
 epoch (31 steps) each run: four jobs. And the elastic command of its docstring (two epochs,
-a worker lost at step 20), and at stage 3 (one epoch) against its replay. Values and SHA-256 lines, never times."""
+a worker lost at step 20), and at stage 3 (one epoch) against its replay. Values and
+SHA-256 lines, never times."""
 import os
 import re
 import subprocess

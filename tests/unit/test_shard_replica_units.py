@@ -257,6 +257,20 @@ def test_stage_3_after_a_loss_the_survivors_cut_each_unit_again_and_go_on(lost, 
                    for k, e in zip(names, expected))
 
 
+def test_stage_3_a_unit_without_gradient_is_one_line(ring_threads):
+    """The user's optimizer skips a shard that got no gradient; its replica could not."""
+    nets = [mlp() for _ in range(2)]
+
+    def work(r):
+        net, opt, holder = net_replicated('adam', nets[r])
+        net[0](torch.ones(1, 5, dtype=torch.float64)).sum().backward()   # (net[2] unused)
+        with pytest.raises(RuntimeError) as e:
+            opt.step()
+        return str(e.value)
+    for message in ring_threads(2, work):
+        assert '\n' not in message and 'got no gradient' in message
+
+
 def test_fetch_copies_the_predecessors_state_anew(ring_threads):
     """After a checkpoint's load (which loads the owners' shards only) every replica
     fetches its owner's state, one step right."""
