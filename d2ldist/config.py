@@ -273,7 +273,7 @@ class Config:
         0, _whole, "each server's keys are also held by the next R servers, which take "
         'over when it is lost (`--server-replicas`; 0: no replicas)')
     shard_replicas: int = _setting(
-        0, _whole, "ZeRO (stages 1-2) on the ring: each worker's shard of the optimizer's "
+        0, _whole, "ZeRO (stages 1-3) on the ring: each worker's shard of the optimizer's "
         'state is also kept, stepped alike, by its ring successor, so that under '
         '`--min-workers` a lost worker\'s shard is not gone (`--shard-replicas`; 0: none)')
     checkpoint_dir: str | None = _setting(

@@ -19,7 +19,7 @@ every worker takes rank 0's state (``sync``) and ``train`` is called again. A wo
 that joins (``--max-workers``) is taken in at a ``commit()`` (``HostsUpdatedInterrupt``).
 A batch cut by ``hvd.rank()`` and ``hvd.size()`` from a position kept in the state is
 cut anew after a reset (``part``, ``ElasticSampler``). ZeRO's shards have one copy each,
-unless ``--shard-replicas 1`` keeps a second on each ring successor (stages 1-2,
+unless ``--shard-replicas 1`` keeps a second on each ring successor (stages 1-3,
 ``shard_replica.py``): then every survivor goes back to the same commit, and the lost
 shard comes from its replica; without it, under --min-workers a TorchState of them is
 refused in one line. The whole story: docs/design/ring.md#elastic-workers.
@@ -163,21 +163,25 @@ class TorchState(State):
     """A model's and an optimizer's state (copies in memory), and numbers."""
 
     def __init__(self, model=None, optimizer=None, **attrs):
-        self.replicated = bool(getattr(optimizer, 'replicas', 0))  # ZeRO with a replica
-        if config.get().min_workers and _sharded(model, optimizer) and (
-                not self.replicated or _sharded(model, None)):
+        stage_3 = model is not None and _sharded(model, None)
+        self.replicated = bool(getattr(optimizer, 'replicas', 0) or (  # ZeRO with a replica
+            stage_3 and optimizer is not None and config.get().shard_replicas))
+        if config.get().min_workers and _sharded(model, optimizer) and not self.replicated:
             say("--min-workers: ZeRO's shards (ShardedOptimizer, shard_module) have one copy "
                 "each: a lost worker's is gone, and the others cannot go on without it; run "
-                'without --min-workers, or with --shard-replicas 1 (ShardedOptimizer only)',
-                err=True)
+                'without --min-workers, or with --shard-replicas 1', err=True)
             raise SystemExit(2)
         self.model, self.optimizer = model, optimizer
+        self.holder = optimizer        # what holds ZeRO's shards and their replica
+        if self.replicated and stage_3:
+            from .sharded_module import units_of
+            self.holder = shard_replica.NetShards(units_of(model), optimizer)
         self._model_saved = self._optimizer_saved = self._replica_saved = None
         self._commits, self._previous = 0, None
         super().__init__(**attrs)
 
     def save(self):
-        replica = getattr(self.optimizer, 'replica', None)
+        replica = getattr(self.holder, 'replica', None)
         if replica is not None:        # its last step first (it may fail: nothing saved)
             replica.settle()
         if self.replicated:            # the commit before too: survivors may differ by one
@@ -198,20 +202,20 @@ class TorchState(State):
             self.model.load_state_dict(self._model_saved)
         if self.optimizer is not None and self._optimizer_saved is not None:
             self.optimizer.load_state_dict(_copy(self._optimizer_saved))
-        replica = getattr(self.optimizer, 'replica', None)
+        replica = getattr(self.holder, 'replica', None)
         if replica is not None and self._replica_saved is not None:
             replica.load_state_dict(_copy(self._replica_saved))
-        if hasattr(self.optimizer, 'refresh_shards'):     # ShardedOptimizer's weights
-            self.optimizer.refresh_shards()
-        if hasattr(self.optimizer, 'forget_gradients'):   # DistributedOptimizer's, ZeRO's
-            self.optimizer.forget_gradients()
+        if hasattr(self.holder, 'refresh_shards'):     # ShardedOptimizer's weights
+            self.holder.refresh_shards()
+        if hasattr(self.holder, 'forget_gradients'):   # DistributedOptimizer's, ZeRO's
+            self.holder.forget_gradients()
 
     def sync(self):
         from .distributed_optimizer import broadcast_optimizer_state, broadcast_parameters
         if self.replicated and world.membership() != self._membership:
             self._same_commit()
-            shard_replica.recover(self.optimizer)     # the lost shard, from its replica
-        if self.model is not None:
+            shard_replica.recover(self.holder)        # the lost shard, from its replica
+        if self.model is not None and not _sharded(self.model, None):  # (stage 3's: shards)
             broadcast_parameters(self.model.state_dict(), root_rank=0)
         if self.optimizer is not None and not self.replicated:
             broadcast_optimizer_state(self.optimizer, root_rank=0)

@@ -1,4 +1,4 @@
-"""A copy of each ZeRO shard on the ring successor: ZeRO (stages 1-2) that loses a worker
+"""A copy of each ZeRO shard on the ring successor: ZeRO (stages 1-3) that loses a worker
 without a disk (``d2l-launch --shard-replicas 1 --min-workers A``).
 
 Worker r keeps, besides its own shards, a replica of its ring predecessor's (worker
@@ -16,11 +16,19 @@ from the owners left and, for a lost one, from its successor's replica, then cut
 again for the workers left (``ShardedOptimizer.reshard``) and makes the replicas of the
 new ring. Two ring neighbours lost at once: their shard is gone (one line).
 
+Stage 3 (``shard_module``) is the same with each unit for a bucket (``NetShards``, made by
+``TorchState``): the user's optimizer steps the shards, and its step post-hook sends the
+gradient shards right; the weights' shards exist once, so the replica keeps its owner's
+(``NetReplica``), commits save them, and ``recover`` gathers them as one more state.
+
 Why and what it costs: docs/design/zero.md#a-replica-of-each-shard.
 """
 import torch
 
+from ..runtime import faults
 from . import world
+
+WEIGHTS = '(weights)'        # stage 3: the shard's weights, recovered as its state is
 
 
 class ShardReplica:
@@ -30,16 +38,22 @@ class ShardReplica:
     def __init__(self, sharded, wholes=None):
         self.sharded, self.pending = sharded, None
         self.owner = (sharded.rank - 1) % sharded.size      # whose shards these are
-        self.shards = [bucket.pack(bucket.params)[slice(*bucket.shard(self.owner))].clone()
-                       for bucket in sharded.buckets]
+        self.shards = self.weights(wholes)
         inner = sharded.optimizer
-        groups = [{**settings(g), 'params': [s for b, s in zip(sharded.buckets, self.shards)
-                                             if b.group == i]}
-                  for i, g in enumerate(inner.param_groups)]
+        groups = [{**settings(g), 'params': [s for mine, s in zip(sharded.shards, self.shards)
+                                             if any(mine is p for p in g['params'])]}
+                  for g in inner.param_groups]
         self.optimizer = type(inner)(groups, **inner.defaults)
         for bucket, shard, whole in zip(sharded.buckets, self.shards, wholes or ()):
-            if whole:
-                self.optimizer.state[shard] = cut(whole, bucket, self.owner)
+            state = cut(whole, bucket, self.owner)
+            state.pop(WEIGHTS, None)
+            if state:
+                self.optimizer.state[shard] = state
+
+    def weights(self, wholes):
+        """The predecessor's shards of the weights, cut from the parameters (whole here)."""
+        return [bucket.pack(bucket.params)[slice(*span(bucket, self.owner))].clone()
+                for bucket in self.sharded.buckets]
 
     def send(self):
         """Start sending this step's averaged gradient shards to the successor (on the
@@ -70,7 +84,7 @@ class ShardReplica:
         step not yet settled is dropped)."""
         self.pending = None
         for bucket, shard in zip(self.sharded.buckets, self.shards):
-            shard.copy_(bucket.pack(bucket.params)[slice(*bucket.shard(self.owner))])
+            shard.copy_(bucket.pack(bucket.params)[slice(*span(bucket, self.owner))])
 
     @torch.no_grad()
     def fetch(self):
@@ -103,11 +117,16 @@ def settings(group):
     return {k: v for k, v in group.items() if k != 'params'}
 
 
+def span(bucket, r):
+    """(start, end) of worker r's shard in a bucket's (or a stage 3 unit's) flat vector."""
+    return r * bucket.shard_numel, (r + 1) * bucket.shard_numel
+
+
 def cut(whole, bucket, rank):
     """Worker ``rank``'s shard, in ``bucket``'s layout, of a bucket's whole state
     (``{name: a flat tensor, or a value every shard shares}``). The elements keep their
     places in the flat bucket whatever N is: only the padding at its end differs."""
-    a, b = bucket.shard(rank)
+    a, b = span(bucket, rank)
     found = {}
     for name, value in whole.items():
         if torch.is_tensor(value) and value.dim() > 0:
@@ -148,27 +167,120 @@ def recover(sharded):
     me = world.backend().rank
     order = [r for i in range(len(table)) for r in sorted(given) if given[r][0] == i]
     wholes = []
-    for b, bucket in enumerate(sharded.buckets):
-        held = [sharded.optimizer.state.get(sharded.shards[b], {}),
-                replica.optimizer.state.get(replica.shards[b], {}) if replica else {}]
+    for bucket, pair in zip(sharded.buckets, held(sharded)):
         whole = {}
-        for name, value in sorted(held[0].items()):
+        for name, value in sorted(pair[0].items()):
             if torch.is_tensor(value) and value.dim() > 0:
-                rows = [held[how][name] for r in order for i, how in [given[r]] if i == me]
+                rows = [pair[how][name] for r in order for i, how in [given[r]] if i == me]
                 pieces = gather(torch.stack(rows) if rows
                                 else value.new_zeros((0, bucket.shard_numel)))
                 flat = value.new_zeros(bucket.padded)
                 for r, piece in zip(order, pieces):
-                    flat[slice(*bucket.shard(r))] = piece
+                    flat[slice(*span(bucket, r))] = piece
                 whole[name] = flat
             else:
                 whole[name] = value
         wholes.append(whole)
-    sharded.reshard()
+    sharded.reshard(wholes)
     for bucket, shard, whole in zip(sharded.buckets, sharded.shards, wholes):
-        if whole:
-            sharded.optimizer.state[shard] = cut(whole, bucket, sharded.rank)
-    sharded.replica = ShardReplica(sharded, wholes) if sharded.size > 1 else None
+        state = cut(whole, bucket, sharded.rank)
+        state.pop(WEIGHTS, None)
+        if state:
+            sharded.optimizer.state[shard] = state
+    sharded.replica = type(replica)(sharded, wholes) if sharded.size > 1 else None
+
+
+def held(sharded):
+    """Bucket by bucket, what this worker holds of its state: its own shard's, its
+    replica's (stage 3: the weights too, as ``WEIGHTS``)."""
+    replica, pairs = sharded.replica, []
+    for b, shard in enumerate(sharded.shards):
+        own = dict(sharded.optimizer.state.get(shard, {}))
+        theirs = dict(replica.optimizer.state.get(replica.shards[b], {})) if replica else {}
+        if isinstance(sharded, NetShards):
+            own[WEIGHTS] = shard.detach()
+            if replica:
+                theirs[WEIGHTS] = replica.shards[b]
+        pairs.append((own, theirs))
+    return pairs
+
+
+class NetShards:
+    """Stage 3's shards (``shard_module``), stepped by the user's own optimizer, seen as
+    ShardedOptimizer's by ShardReplica and ``recover``: each unit a bucket. The replica
+    steps after the user's optimizer (its step post-hook)."""
+
+    def __init__(self, units, optimizer):
+        if world.backend().name != 'ring':
+            raise ValueError('--shard-replicas needs the ring backend, not '
+                             f'{world.backend().name!r}')
+        self.buckets, self.optimizer = units, optimizer
+        self.rank, self.size = world.backend().rank, world.backend().size
+        self.replica = NetReplica(self) if self.size > 1 else None
+        if self.replica is not None and optimizer.state:     # (it stepped before)
+            self.replica.fetch()
+        optimizer.register_step_post_hook(self.stepped)
+
+    def stepped(self, optimizer, args, kwargs):
+        """(The user's optimizer's step post-hook) the gradient shards sent right."""
+        idle = [repr(unit) for unit in self.buckets if unit.shard.grad is None]
+        if self.replica is not None and idle:     # (the optimizer skipped it: no gradient)
+            raise RuntimeError(f'--shard-replicas: {idle[0]} got no gradient in this step, and '
+                               'its replica cannot skip the step alike: use every unit each '
+                               'step')
+        if self.replica is not None:
+            self.replica.send()
+
+    shards = property(lambda self: [unit.shard for unit in self.buckets])
+    param_groups = property(lambda self: self.optimizer.param_groups)
+
+    def reshard(self, wholes):
+        """Each unit cut again for the workers in the ring now, from its whole weights."""
+        self.rank, self.size = world.backend().rank, world.backend().size
+        self.optimizer.state.clear()
+        for unit, whole in zip(self.buckets, wholes):
+            unit.reshard(whole[WEIGHTS], self.rank, self.size)
+
+    def refresh_shards(self):
+        """(After a restore) the step pending on the replica dropped."""
+        if self.replica is not None:
+            self.replica.refresh()
+
+    def forget_gradients(self):
+        """Drop a step's gradients (an elastic restore after a failed step); the next
+        step's compute is timed from here."""
+        for shard in self.shards:
+            shard.grad = None
+        clock = faults.watched(self.optimizer)
+        if clock is not None:
+            clock.restart()
+
+
+class NetReplica(ShardReplica):
+    """Stage 3's replica: the predecessor's shards of the weights are nowhere else, so
+    they come from it (or from ``recover``'s whole weights), and commits keep them."""
+
+    @torch.no_grad()
+    def weights(self, wholes):
+        """The predecessor's shards: cut from the whole weights, or sent one step right."""
+        if wholes:
+            return [cut({WEIGHTS: whole[WEIGHTS]}, unit, self.owner)[WEIGHTS]
+                    for unit, whole in zip(self.sharded.buckets, wholes)]
+        return [world.run(world.backend().pass_right, shard.detach().clone()).wait()
+                for shard in self.sharded.shards]
+
+    def refresh(self):
+        """(After a restore: the weights came back with the commit.)"""
+        self.pending = None
+
+    def state_dict(self):
+        return {'optimizer': super().state_dict(), 'weights': [s.clone() for s in self.shards]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict['optimizer'])
+        for shard, saved in zip(self.shards, state_dict['weights']):
+            shard.copy_(saved)
 
 
 def gather(rows):

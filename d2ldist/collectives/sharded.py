@@ -157,10 +157,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for g, group in enumerate(self.optimizer.param_groups):
             group['params'] = [s for b, s in zip(self.buckets, self.shards) if b.group == g]
 
-    def reshard(self) -> None:
+    def reshard(self, wholes=None) -> None:
         """Cut the buckets again for the workers in the ring now (after one was lost):
         the same groups of parameters, new shards of the weights from the parameters, no
-        optimizer state (``shard_replica.recover`` brings it)."""
+        optimizer state (``shard_replica.recover`` brings it, and ``wholes``, unused here:
+        the weights are whole on every worker)."""
         self.rank, self.size = world.backend().rank, world.backend().size
         self.buckets = layout(self._params, [b.indices for b in self.buckets], self.size,
                               self._kinds)

@@ -8,7 +8,9 @@ shard r as the unit's only parameter, ``flat_shard``, and a plain torch optimize
 ``net.parameters()`` steps the shards alone. Hooks all-gather a unit's weights before
 its forward and again for its backward, and free them after; the autograd function
 ``Gather`` reduce-scatters its gradient into ``flat_shard.grad``. That optimizer's steps
-count as ShardedOptimizer's do (``d2l-launch --fail``, ``--slow``, the timeline).
+count as ShardedOptimizer's do (``d2l-launch --fail``, ``--slow``, the timeline). Under
+``--min-workers`` with ``--shard-replicas 1``, a TorchState of the net and that optimizer
+keeps each unit's shard on the ring successor too (``shard_replica.py``).
 
 Between steps a unit's ``weight`` is None; ``full_weights(net)`` gathers them all.
 Start every worker with the same weights. One step drawn, its bytes, and how "free"
@@ -54,12 +56,11 @@ class Unit:
         self.module, self.places, self.names = module, places, names  # [(submodule, name)]
         params = [getattr(m, name) for m, name in places]
         self.shapes, self.numels = [p.shape for p in params], [p.numel() for p in params]
-        self.padded = -(-sum(self.numels) // n) * n              # rounded up to a multiple of n
         self.dtype, self.device = params[0].dtype, params[0].device
+        self.layout(n)
         flat = self.empty().zero_()
         torch.cat([p.detach().reshape(-1) for p in params], out=flat[:sum(self.numels)])
-        k = self.padded // n
-        self.shard = nn.Parameter(flat[rank * k:(rank + 1) * k].clone(),
+        self.shard = nn.Parameter(flat[slice(*self.cut(rank))].clone(),
                                   requires_grad=params[0].requires_grad)
         self.full = self.grad = None    # the gathered weights, their gradient: while computing
         for m, name in places:           # the module holds the shard, not its weights
@@ -69,6 +70,26 @@ class Unit:
         setattr(module, UNIT, self)
         module.register_forward_pre_hook(self.before_forward)
         module.register_forward_hook(self.after_forward)
+
+    def layout(self, n):
+        """The flat vector padded to a multiple of n, cut into n shards of ``shard_numel``."""
+        self.padded = -(-sum(self.numels) // n) * n
+        self.shard_numel = self.padded // n
+
+    def cut(self, r):
+        """(start, end) of worker r's shard in the flat vector."""
+        return r * self.shard_numel, (r + 1) * self.shard_numel
+
+    @torch.no_grad()
+    def reshard(self, flat, rank, n):
+        """Cut again for n workers from the whole flat weights (any padding): this worker's
+        shard, in place of the old in the same Parameter (the optimizer holds it)."""
+        self.layout(n)
+        mine = self.empty().zero_()
+        k = min(self.padded, flat.numel())
+        mine[:k] = flat[:k]
+        self.shard.data = mine[slice(*self.cut(rank))].clone()
+        self.shard.grad = None
 
     def before_forward(self, module, args):
         """Forward pre-hook: the full weights gathered into the module's places."""

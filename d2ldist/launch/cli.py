@@ -176,7 +176,7 @@ OPTIONS = {
          'replication): a lost server does not stop the job, its replica answers '
          'for it (default: 0)'),
         ('--shard-replicas', dict(type=int, default=0, metavar='R'),
-         "ZeRO stages 1-2 on the ring: 1 keeps each worker's shard of the "
+         "ZeRO stages 1-3 on the ring: 1 keeps each worker's shard of the "
          "optimizer's state also on its ring successor, so that with --min-workers "
          'a lost worker\'s shard is taken from there (default: 0)'),
         ('--checkpoint-dir', dict(default=None, metavar='DIR'),

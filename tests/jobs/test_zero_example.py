@@ -1,7 +1,8 @@
 """examples/zero_digits.py in real jobs (issue 52 item 7): ZeRO's stages 0 and 2 on 3
 workers; stage 2's checkpoint resumed at stage 1 on 3 workers and at stage 3 on 2. One
 epoch (31 steps) each run: four jobs. And the elastic command of its docstring (two epochs,
-a worker lost at step 20). Values and SHA-256 lines, never times."""
+a worker lost at step 20), and at stage 3 (one epoch) against its replay. Values and
+SHA-256 lines, never times."""
 import os
 import re
 import subprocess
@@ -106,6 +107,28 @@ def test_under_min_workers_the_two_left_go_on_and_end_alike():
     final = dict(re.findall(r'\[worker (\d)\] final weights after (\d+ steps: SHA-256 \w+)',
                             out))
     assert sorted(final) == ['0', '2'] and only(final).startswith('62 steps: ')
+
+
+def test_at_stage_3_the_two_left_end_as_the_replay_of_the_loss(tmp_path):
+    """Stage 3 with --shard-replicas 1, worker 1 lost at its step 20: the two left go back to
+    commit 19 (worker 2 never gets worker 1's gradient shards of step 20), take its unit
+    shards from worker 2's replica, cut each unit for 2, and end with the weights, bit for
+    bit, of a replay: 3 workers to step 19, a checkpoint, 2 workers from it."""
+    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, '--shard-replicas', 1, '--fail',
+                   'worker:1@step=20', '--timeout', 150, sys.executable, SCRIPT, '--stage', 3,
+                   '--epochs', 1, timeout=200)
+    assert wait_no_survivors(r.tag) == []
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert 'worker 1 failed (killed by SIGKILL (exit code 137)); 2 workers go on' in out
+    final = dict(re.findall(r'\[worker (\d)\] final weights after (\d+ steps: SHA-256 \w+)',
+                            out))
+    assert sorted(final) == ['0', '2'] and only(final).startswith('31 steps: ')
+    replay = ('--stage', 3, '--checkpoint-dir', tmp_path, '--checkpoint-every', 19)
+    zero_job(3, *replay)
+    got, replayed = zero_job(2, *replay)
+    assert f'checkpoint loaded from {tmp_path}/step-19 (saved by 3 workers) by 2' in got
+    assert only(replayed) == only(final)
 
 
 def test_min_workers_with_a_checkpoint_folder_is_refused_in_one_line(tmp_path):

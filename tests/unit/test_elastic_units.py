@@ -920,7 +920,7 @@ def test_zero_under_min_workers_is_refused_in_one_line_at_the_start(monkeypatch,
     assert capsys.readouterr().err == 2 * (
         "d2ldist: --min-workers: ZeRO's shards (ShardedOptimizer, shard_module) have one copy "
         "each: a lost worker's is gone, and the others cannot go on without it; run without "
-        "--min-workers, or with --shard-replicas 1 (ShardedOptimizer only)\n")
+        "--min-workers, or with --shard-replicas 1\n")
 
 
 def test_an_uncaught_workers_changed_says_why_this_worker_does_not_go_on(monkeypatch, capsys):

@@ -9,6 +9,7 @@ import torch
 import d2ldist
 from d2ldist import config
 from d2ldist.collectives import elastic, shard_replica
+from d2ldist.collectives.sharded_module import full_weights, units_of
 from d2ldist.launch import cli
 from test_sharded_units import CAP_MB, OPTIMIZERS, ThreadWorkers, in_threads, mlp, train
 
@@ -162,6 +163,112 @@ def test_under_min_workers_a_replicated_sharded_optimizer_is_taken(monkeypatch, 
     with pytest.raises(SystemExit):
         elastic.TorchState(model=stage_3, optimizer=None)
     assert '--shard-replicas 1' in capsys.readouterr().err
+    adam = torch.optim.Adam(stage_3.parameters(), lr=0.01)
+    assert elastic.TorchState(model=stage_3, optimizer=adam).replicated
+    monkeypatch.setattr(config, '_current', config.Config(min_workers=2))
+    with pytest.raises(SystemExit):
+        elastic.TorchState(model=stage_3, optimizer=adam)
+
+
+# -- stage 3: shard_module's units, stepped by a plain torch optimizer ----------------------
+
+def two_groups(ps):
+    """Adam, the first Linear's parameters (or its unit's shard) in a group of their own."""
+    half = len(ps) // 2
+    return torch.optim.Adam([{'params': ps[:half], 'lr': 0.05}, {'params': ps[half:]}],
+                            lr=0.01, weight_decay=1e-2)
+
+
+UNIT_OPTIMIZERS = {**OPTIMIZERS, 'adam, two groups': two_groups}
+
+
+def net_replicated(name, net):
+    """A worker's net sharded, the user's optimizer over its shards, and their holder."""
+    net = d2ldist.shard_module(net)
+    opt = UNIT_OPTIMIZERS[name](list(net.parameters()))
+    return net, opt, shard_replica.NetShards(units_of(net), opt)
+
+
+def whole_units(holders, n, key=None):
+    """Unit by unit, n workers' shards (``key``: of that optimizer state) back to back."""
+    return [torch.cat([(h.optimizer.state[h.shards[u]][key] if key else h.shards[u].detach())
+                       for h in holders[:n]])[:sum(unit.numels)]
+            for u, unit in enumerate(holders[0].buckets)]
+
+
+@pytest.mark.parametrize('n', [2, 3])
+@pytest.mark.parametrize('name', UNIT_OPTIMIZERS)
+def test_stage_3_the_replica_equals_the_predecessors_shard_bit_for_bit(name, n, ring_threads):
+    nets = [mlp() for _ in range(n)]          # (out of the threads: torch's seed is global)
+
+    def work(r):
+        net, opt, holder = net_replicated(name, nets[r])
+        steps(net, opt, r, n, 0, 4)
+        holder.replica.settle()
+        return holder
+    holders = ring_threads(n, work)
+    for r, holder in enumerate(holders):
+        successor = holders[(r + 1) % n].replica
+        assert successor.owner == r and successor.optimizer.state
+        assert all(torch.equal(a, b) for a, b in zip(holder.shards, successor.shards))
+        assert same_state(states(holder.optimizer, holder.shards),
+                          states(successor.optimizer, successor.shards))
+
+
+@pytest.mark.parametrize('lost', [0, 1, 2])
+def test_stage_3_after_a_loss_the_survivors_cut_each_unit_again_and_go_on(lost, ring_threads):
+    """3 workers, 3 steps; one lost; the 2 left take its unit shards from its successor's
+    replica, hold the same whole weights and state in 2 shards (the same Parameters), and
+    after 3 more steps have the plain optimizer's weights on the whole batch."""
+    nets = [mlp() for _ in range(3)]
+
+    def start(r):
+        net, opt, holder = made = net_replicated('adam, two groups', nets[r])
+        steps(net, opt, r, 3, 0, 3)
+        holder.replica.settle()                  # (as a commit does)
+        return made
+    made = ring_threads(3, start)
+    holders = [h for _, _, h in made]
+    before = [whole_units(holders, 3)] + [whole_units(holders, 3, k)
+                                          for k in ('exp_avg', 'exp_avg_sq')]
+    params = [list(net.parameters()) for net, _, _ in made]
+    left = [r for r in range(3) if r != lost]
+
+    def go_on(r):
+        shard_replica.recover(holders[left[r]])
+        return holders[left[r]]
+    after = ring_threads(2, go_on)
+    assert [(h.rank, h.size) for h in after] == [(0, 2), (1, 2)]
+    assert all(list(made[old][0].parameters())[i] is p          # the user's optimizer's
+               for old in left for i, p in enumerate(params[old]))
+    got = [whole_units(after, 2)] + [whole_units(after, 2, k) for k in ('exp_avg', 'exp_avg_sq')]
+    assert all(torch.equal(a, b) for x, y in zip(before, got) for a, b in zip(x, y))
+    for r, holder in enumerate(after):
+        successor = after[(r + 1) % 2].replica
+        assert successor.owner == r
+        assert all(torch.equal(a, b) for a, b in zip(holder.shards, successor.shards))
+    ring_threads(2, lambda r: steps(made[left[r]][0], made[left[r]][1], r, 2, 3, 3))
+    finals = ring_threads(2, lambda r: full_weights(made[left[r]][0]))
+    plain = mlp()
+    expected = train(plain, two_groups(list(plain.parameters())), steps=6, batch=12)
+    names = [name for name, _ in mlp().named_parameters()]
+    for weights in finals:
+        assert all(torch.allclose(weights[k], e, rtol=1e-10, atol=1e-13)
+                   for k, e in zip(names, expected))
+
+
+def test_stage_3_a_unit_without_gradient_is_one_line(ring_threads):
+    """The user's optimizer skips a shard that got no gradient; its replica could not."""
+    nets = [mlp() for _ in range(2)]
+
+    def work(r):
+        net, opt, holder = net_replicated('adam', nets[r])
+        net[0](torch.ones(1, 5, dtype=torch.float64)).sum().backward()   # (net[2] unused)
+        with pytest.raises(RuntimeError) as e:
+            opt.step()
+        return str(e.value)
+    for message in ring_threads(2, work):
+        assert '\n' not in message and 'got no gradient' in message
 
 
 def test_fetch_copies_the_predecessors_state_anew(ring_threads):
