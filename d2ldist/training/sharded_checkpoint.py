@@ -8,15 +8,16 @@ Every worker calls both.
 
 Each tensor is named as if nothing were sharded (``model.0.weight``,
 ``optimizer.state.model.0.weight.exp_avg``). A worker writes the pieces it holds into its
-own file: its shard; of a parameter all workers hold whole, and of its optimizer state,
-an even N-th of the elements, the r-th; of a buffer, another tensor or a 0-dim one
-(Adam's step), worker 0 all. Worker 0 writes ``manifest.json``: the number of workers,
-each piece's owner and range, the plain values. A load cuts the pieces again for its
-own layout: any number of workers, any stage. At both, worker 0 prints the SHA-256 of the whole state in a canonical order
-(``state_hash.py``). A state with FSDP2's modules is written in PyTorch's own format
-instead (``dcp_checkpoint.py``). With no folder, both use ``d2l-launch --checkpoint-dir``:
-``save`` into ``step-K``, ``load`` from the newest finished one (one whose files do not
-read back whole is passed over, in one line, for the one before); ``due(step)`` says when.
+own file: its shard; of a parameter all workers hold whole, and of its optimizer state, an
+even N-th of the elements, the r-th; of a buffer, another tensor or a 0-dim one (Adam's
+step), worker 0 all. Worker 0 writes ``manifest.json``: the number of workers, each
+piece's owner and range, the plain values. A load cuts the pieces again for its own
+layout: any number of workers, any stage. At both, worker 0 prints the SHA-256 of the
+whole state in a canonical order (``state_hash.py``). A state with FSDP2's modules is
+written in PyTorch's own format instead (``dcp_checkpoint.py``). With no folder, both use
+``d2l-launch --checkpoint-dir``: ``save`` into ``step-K``, ``load`` from the newest
+finished one (one whose files do not read back whole is passed over, in one line, for the
+one before); ``due(step)`` says when.
 
 The layout, and why: docs/design/sharded_checkpoints.md.
 """
