@@ -24,8 +24,9 @@ the state's SHA-256 lines at save and at load are equal (docs/design/sharded_che
 Under --min-workers the job trains inside d2ldist.elastic.run (Horovod's hvd.elastic.run:
 ``train_elastic``), committing after each step: when a worker is lost, the others go back
 to the last commit, take its shard from its replica (--shard-replicas 1; stage 0 needs
-none; at stage 3 each unit's shard of the weights too) and go on, each global batch cut for
-the workers left: the data order is still the step count. (No checkpoints there: --checkpoint-dir is refused.)
+none; at stage 3 each unit's shard of the weights too) and go on, each global batch cut
+for the workers left: the data order is still the step count. (No checkpoints there:
+--checkpoint-dir is refused.)
 """
 import argparse
 import hashlib
