@@ -157,7 +157,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for g, group in enumerate(self.optimizer.param_groups):
             group['params'] = [s for b, s in zip(self.buckets, self.shards) if b.group == g]
 
-    def reshard(self, wholes=None) -> None:
+    def reshard(self, wholes: list[dict] | None = None) -> None:
         """Cut the buckets again for the workers in the ring now (after one was lost):
         the same groups of parameters, new shards of the weights from the parameters, no
         optimizer state (``shard_replica.recover`` brings it, and ``wholes``, unused here:
