@@ -92,21 +92,29 @@ def test_a_stage_that_is_not_one_is_refused_in_one_line():
     assert bad.stderr.count('\n') == 1
 
 
+def losing_worker_1(stage, epochs):
+    """The example on 3 workers under --min-workers 2 with shard replicas, worker 1 lost at
+    its step 20: the output, and the final line of each of the two left (which go on)."""
+    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, '--shard-replicas', 1, '--fail',
+                   'worker:1@step=20', '--timeout', 150, sys.executable, SCRIPT, '--stage',
+                   stage, '--epochs', epochs, timeout=200)
+    assert wait_no_survivors(r.tag) == []
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert 'worker 1 failed (killed by SIGKILL (exit code 137)); 2 workers go on' in out
+    final = dict(re.findall(r'\[worker (\d)\] final weights after (\d+ steps: SHA-256 \w+)',
+                            out))
+    assert sorted(final) == ['0', '2']
+    return out, final
+
+
 def test_under_min_workers_the_two_left_go_on_and_end_alike():
     """The docstring's elastic command: worker 1 dies at its step 20; the two left go back
     to their last commit, take its shard from its replica, cut each global batch for 2,
     and end with one SHA-256 after all the steps. Nothing left running."""
-    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, '--shard-replicas', 1, '--fail',
-                   'worker:1@step=20', '--timeout', 150, sys.executable, SCRIPT, '--stage', 2,
-                   '--epochs', 2, timeout=200)
-    assert wait_no_survivors(r.tag) == []
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-3000:]
+    out, final = losing_worker_1(2, epochs=2)
     assert 'worker 1 fails on purpose after its compute step 20 (--fail)' in out
-    assert 'worker 1 failed (killed by SIGKILL (exit code 137)); 2 workers go on' in out
-    final = dict(re.findall(r'\[worker (\d)\] final weights after (\d+ steps: SHA-256 \w+)',
-                            out))
-    assert sorted(final) == ['0', '2'] and only(final).startswith('62 steps: ')
+    assert only(final).startswith('62 steps: ')
 
 
 def test_at_stage_3_the_two_left_end_as_the_replay_of_the_loss(tmp_path):
@@ -114,16 +122,8 @@ def test_at_stage_3_the_two_left_end_as_the_replay_of_the_loss(tmp_path):
     commit 19 (worker 2 never gets worker 1's gradient shards of step 20), take its unit
     shards from worker 2's replica, cut each unit for 2, and end with the weights, bit for
     bit, of a replay: 3 workers to step 19, a checkpoint, 2 workers from it."""
-    r = run_launch('-n', 3, '-s', 0, '--min-workers', 2, '--shard-replicas', 1, '--fail',
-                   'worker:1@step=20', '--timeout', 150, sys.executable, SCRIPT, '--stage', 3,
-                   '--epochs', 1, timeout=200)
-    assert wait_no_survivors(r.tag) == []
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-3000:]
-    assert 'worker 1 failed (killed by SIGKILL (exit code 137)); 2 workers go on' in out
-    final = dict(re.findall(r'\[worker (\d)\] final weights after (\d+ steps: SHA-256 \w+)',
-                            out))
-    assert sorted(final) == ['0', '2'] and only(final).startswith('31 steps: ')
+    _, final = losing_worker_1(3, epochs=1)
+    assert only(final).startswith('31 steps: ')
     replay = ('--stage', 3, '--checkpoint-dir', tmp_path, '--checkpoint-every', 19)
     zero_job(3, *replay)
     got, replayed = zero_job(2, *replay)
