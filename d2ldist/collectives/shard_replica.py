@@ -187,7 +187,8 @@ def recover(sharded):
         state.pop(WEIGHTS, None)
         if state:
             sharded.optimizer.state[shard] = state
-    sharded.replica = type(replica)(sharded, wholes) if sharded.size > 1 else None
+    kind = NetReplica if isinstance(sharded, NetShards) else ShardReplica
+    sharded.replica = kind(sharded, wholes) if sharded.size > 1 else None
 
 
 def held(sharded):
