@@ -4,16 +4,18 @@
     python benchmarks/shard_replicas.py --quick    # a quarter of it, fewer steps
     python benchmarks/shard_replicas.py --batch 32 # less compute per step: the replica's
                                                    # Adam step weighs more
+    python benchmarks/shard_replicas.py --stage 3  # shard_module: the weights sharded too
 
 For N = 2 and 3 it starts one job on the ring. Every worker holds two copies of the same
-MLP, each with ZeRO stage 2 over Adam: one plain (``replicas=0``), one whose shards are
-also kept on the ring successor (``replicas=1``: the averaged gradient shard sent one step
-right, the replica stepped alike). The two train in turn, a block of 5 steps each (the
+MLP, each with ZeRO stage 2 over Adam (or stage 3, ``shard_module``): one plain, one whose
+shards are also kept on the ring successor (``replicas=1``, or ``NetShards`` at stage 3:
+the averaged gradient shard sent one step right, the replica stepped alike). The two train in turn, a block of 5 steps each (the
 replica's last step settled within its block), so that a busy machine slows both alike;
 worker 0 reports each one's median step over the blocks and the bytes it sent per step
 (the van's count of data frames). Plain ZeRO sends
 2(N-1)/N of the padded weights per step; the replica adds 1/N of them, one more N-th
-of plain ZeRO's bytes at N = 2 and half of that at N = 3. Its time is the clone and the
+of plain ZeRO's bytes at N = 2 and half of that at N = 3 (stage 3 sends 3(N-1)/N: the
+replica adds a third as much). Its time is the clone and the
 send of the gradient shard, and the replica's optimizer step: as much work as the
 owner's step on 1/N of the weights (docs/performance.md).
 """
@@ -30,37 +32,45 @@ def worker(args):
     import torch
     from torch import nn
     import d2ldist
+    from d2ldist.collectives.shard_replica import NetShards
+    from d2ldist.collectives.sharded_module import units_of
     from d2ldist.runtime import node
     torch.set_num_threads(1)
     d2ldist.init()
     width = 1024 // args.scale
 
     def make(replicas):
+        """The net, its optimizer, and what holds the replica (None: none)."""
         torch.manual_seed(0)
         net = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width),
                             nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                             nn.Linear(width, width))
-        return net, d2ldist.ShardedOptimizer(torch.optim.Adam(net.parameters(), lr=1e-3),
-                                             stage=2, replicas=replicas)
-    pairs = [make(0), make(1)]
+        if args.stage == 3:
+            net = d2ldist.shard_module(net)
+            adam = torch.optim.Adam(net.parameters(), lr=1e-3)
+            return net, adam, NetShards(units_of(net), adam) if replicas else None
+        opt = d2ldist.ShardedOptimizer(torch.optim.Adam(net.parameters(), lr=1e-3),
+                                       stage=2, replicas=replicas)
+        return net, opt, opt
+    triples = [make(0), make(1)]
     X = torch.randn(args.batch, width, generator=torch.Generator().manual_seed(d2ldist.rank()))
     times, sent = [[], []], [0, 0]
     van = node.current().van
     for block in range(args.warmup + args.blocks):
-        for k, (net, opt) in enumerate(pairs):
+        for k, (net, opt, holder) in enumerate(triples):
             d2ldist.barrier()
             before, start = van.bytes_sent, time.perf_counter()
             for _ in range(args.block):
                 opt.zero_grad()
                 net(X).pow(2).mean().backward()
                 opt.step()
-            if opt.replica is not None:
-                opt.replica.settle()           # (the last step's replica, in this block)
+            if holder is not None and holder.replica is not None:
+                holder.replica.settle()        # (the last step's replica, in this block)
             if block >= args.warmup:
                 times[k].append((time.perf_counter() - start) / args.block)
                 sent[k] += (van.bytes_sent - before) / args.block
     if d2ldist.rank() == 0:
-        numel = sum(p.numel() for p in pairs[0][0].parameters())
+        numel = 4 * (width * width + width)
         print('RESULT ' + json.dumps({'weights': 4 * numel,
                                       'ms': [1e3 * statistics.median(t) for t in times],
                                       'bytes': [s / args.blocks for s in sent]}), flush=True)
@@ -70,6 +80,7 @@ def run_job(n, args):
     """One job of n workers: worker 0's result."""
     out = launch(['-n', n, '-s', 0, '--timeout', 900],
                  worker_command(__file__, ['--scale', args.scale, '--batch', args.batch,
+                                           '--stage', args.stage,
                                            '--blocks', args.blocks,
                                            '--block', args.block, '--warmup', args.warmup]),
                  timeout=1000)
@@ -82,6 +93,7 @@ def main():
     p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
     p.add_argument('--scale', type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument('--batch', type=int, default=256, help="each worker's batch")
+    p.add_argument('--stage', type=int, default=2, choices=(2, 3), help="ZeRO's stage")
     p.add_argument('--blocks', type=int, default=8, help='timed blocks of steps of each')
     p.add_argument('--block', type=int, default=5, help='steps in a block')
     p.add_argument('--warmup', type=int, default=1, help='untimed blocks first')
@@ -90,7 +102,7 @@ def main():
         return worker(args)
     if args.quick:
         args.scale, args.blocks = 2, 4
-    print(f'# ZeRO stage 2 on the ring, Adam, an MLP of 4 square layers, a batch of '
+    print(f'# ZeRO stage {args.stage} on the ring, Adam, an MLP of 4 square layers, a batch of '
           f'{args.batch} per worker; per worker and step')
     print(f'{"N":>2} {"weights MB":>10} {"plain MB":>9} {"replica MB":>10} {"bytes x":>8} '
           f'{"1 + 1/N":>7} {"plain ms":>9} {"replica ms":>10} {"time x":>7}')
