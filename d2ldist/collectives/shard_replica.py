@@ -45,10 +45,7 @@ class ShardReplica:
                   for g in inner.param_groups]
         self.optimizer = type(inner)(groups, **inner.defaults)
         for bucket, shard, whole in zip(sharded.buckets, self.shards, wholes or ()):
-            state = cut(whole, bucket, self.owner)
-            state.pop(WEIGHTS, None)
-            if state:
-                self.optimizer.state[shard] = state
+            give_state(self.optimizer, shard, cut(whole, bucket, self.owner))
 
     def weights(self, wholes):
         """The predecessor's shards of the weights, cut from the parameters (whole here)."""
@@ -122,6 +119,13 @@ def span(bucket, r):
     return r * bucket.shard_numel, (r + 1) * bucket.shard_numel
 
 
+def give_state(optimizer, shard, state):
+    """``optimizer``'s state of ``shard``: a cut state less the weights (stage 3's), if any."""
+    state.pop(WEIGHTS, None)
+    if state:
+        optimizer.state[shard] = state
+
+
 def cut(whole, bucket, rank):
     """Worker ``rank``'s shard, in ``bucket``'s layout, of a bucket's whole state
     (``{name: a flat tensor, or a value every shard shares}``). The elements keep their
@@ -183,10 +187,7 @@ def recover(sharded):
         wholes.append(whole)
     sharded.reshard(wholes)
     for bucket, shard, whole in zip(sharded.buckets, sharded.shards, wholes):
-        state = cut(whole, bucket, sharded.rank)
-        state.pop(WEIGHTS, None)
-        if state:
-            sharded.optimizer.state[shard] = state
+        give_state(sharded.optimizer, shard, cut(whole, bucket, sharded.rank))
     kind = NetReplica if isinstance(sharded, NetShards) else ShardReplica
     sharded.replica = kind(sharded, wholes) if sharded.size > 1 else None
 
