@@ -117,18 +117,17 @@ class Ring:
         self.link.end()
         return flat
 
-    def pass_right_(self, flat, call='pass_right', replay=None):
-        """Send the first half of ``flat`` to the right neighbour and receive the left
-        neighbour's first half into the second half: one step of the ring, half of
-        ``flat`` sent (ZeRO's shard replicas, shard_replica.py)."""
-        half = flat.numel() // 2
-        self._begin(flat, [(0, half)], call, replay)
-        for k, (a, b) in enumerate(self.chunks((0, half))):
-            self.link.send(flat[a:b], 'pr', 0, k)
-        for k, (a, b) in enumerate(self.chunks((0, half))):
-            self.link.recv(flat[half + a:half + b], 'pr', 0, k)
+    def pass_right_(self, x, into, call='pass_right', replay=None):
+        """Send ``x`` to the right neighbour and receive the left neighbour's into
+        ``into`` (1-D, of x's length): one step of the ring (ZeRO's shard replicas,
+        shard_replica.py)."""
+        self._begin(x, [(0, x.numel())], call, replay)
+        for k, (a, b) in enumerate(self.chunks((0, x.numel()))):
+            self.link.send(x[a:b], 'pr', 0, k)
+        for k, (a, b) in enumerate(self.chunks((0, x.numel()))):
+            self.link.recv(into[a:b], 'pr', 0, k)
         self.link.end()
-        return flat
+        return into
 
     def _begin(self, flat, segs, call, replay, root=None):
         """Start a collective on ``flat`` cut into ``segs``; returns segs."""

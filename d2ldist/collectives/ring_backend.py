@@ -212,12 +212,10 @@ class RingBackend:
         self._check(tensor)
         if self.ring is None:
             return tensor.clone()
-        n = tensor.numel()
-        flat = torch.empty(2 * n, dtype=tensor.dtype)
-        flat[:n] = tensor.reshape(-1)
-        self.ring.pass_right_(flat, _call('pass_right', tensor, 'to the right'),
-                              _describe('pass_right', tensor))
-        return flat[n:].to(tensor.device)
+        x = tensor.detach().reshape(-1).cpu().contiguous()
+        return self.ring.pass_right_(x, torch.empty_like(x),
+                                     _call('pass_right', tensor, 'to the right'),
+                                     _describe('pass_right', tensor)).to(tensor.device)
 
     def barrier(self):
         if self.node is not None:
