@@ -9,15 +9,16 @@
 For N = 2 and 3 it starts one job on the ring. Every worker holds two copies of the same
 MLP, each with ZeRO stage 2 over Adam (or stage 3, ``shard_module``): one plain, one whose
 shards are also kept on the ring successor (``replicas=1``, or ``NetShards`` at stage 3:
-the averaged gradient shard sent one step right, the replica stepped alike). The two train in turn, a block of 5 steps each (the
-replica's last step settled within its block), so that a busy machine slows both alike;
-worker 0 reports each one's median step over the blocks and the bytes it sent per step
-(the van's count of data frames). Plain ZeRO sends
-2(N-1)/N of the padded weights per step; the replica adds 1/N of them, one more N-th
-of plain ZeRO's bytes at N = 2 and half of that at N = 3 (stage 3 sends 3(N-1)/N: the
-replica adds a third as much). Its time is the clone and the
-send of the gradient shard, and the replica's optimizer step: as much work as the
-owner's step on 1/N of the weights (docs/performance.md).
+the averaged gradient shard sent one step right, the replica stepped alike). The two
+train in turn, a block of 5 steps each (the replica's last step settled within its
+block), so that a busy machine slows both alike. Worker 0 reports each one's median step
+over the blocks, the median over the blocks of the two's ratio in the same block (the
+machine's speed drifts; a pair of blocks shares it), and the bytes it sent per step (the
+van's count of data frames). Plain ZeRO sends 2(N-1)/N of the padded weights per step;
+the replica adds 1/N of them, one more N-th of plain ZeRO's bytes at N = 2 and half of
+that at N = 3 (stage 3 sends 3(N-1)/N: the replica adds a third as much). Its time is the
+clone and the send of the gradient shard, and the replica's optimizer step: as much work
+as the owner's step on 1/N of the weights (docs/performance.md).
 """
 import argparse
 import json
@@ -73,6 +74,8 @@ def worker(args):
         numel = 4 * (width * width + width)
         print('RESULT ' + json.dumps({'weights': 4 * numel,
                                       'ms': [1e3 * statistics.median(t) for t in times],
+                                      'ratio': statistics.median(
+                                          b / a for a, b in zip(*times)),
                                       'bytes': [s / args.blocks for s in sent]}), flush=True)
 
 
@@ -94,7 +97,7 @@ def main():
     p.add_argument('--scale', type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument('--batch', type=int, default=256, help="each worker's batch")
     p.add_argument('--stage', type=int, default=2, choices=(2, 3), help="ZeRO's stage")
-    p.add_argument('--blocks', type=int, default=8, help='timed blocks of steps of each')
+    p.add_argument('--blocks', type=int, default=12, help='timed blocks of steps of each')
     p.add_argument('--block', type=int, default=5, help='steps in a block')
     p.add_argument('--warmup', type=int, default=1, help='untimed blocks first')
     args = p.parse_args()
@@ -108,9 +111,9 @@ def main():
           f'{"1 + 1/N":>7} {"plain ms":>9} {"replica ms":>10} {"time x":>7}')
     for n in (2, 3):
         res = run_job(n, args)
-        (b0, b1), (t0, t1) = res['bytes'], res['ms']
+        (b0, b1), (t0, t1), ratio = res['bytes'], res['ms'], res['ratio']
         print(f'{n:>2} {res["weights"] / 1e6:>10.2f} {b0 / 1e6:>9.2f} {b1 / 1e6:>10.2f} '
-              f'{b1 / b0:>8.3f} {1 + 1 / n:>7.3f} {t0:>9.1f} {t1:>10.1f} {t1 / t0:>7.3f}',
+              f'{b1 / b0:>8.3f} {1 + 1 / n:>7.3f} {t0:>9.1f} {t1:>10.1f} {ratio:>7.3f}',
               flush=True)
 
 
