@@ -23,12 +23,15 @@ gradient shards right; the weights' shards exist once, so the replica keeps its 
 
 Why and what it costs: docs/design/zero.md#a-replica-of-each-shard.
 """
+import weakref
+
 import torch
 
 from ..runtime import faults
 from . import world
 
 WEIGHTS = '(weights)'        # stage 3: the shard's weights, recovered as its state is
+_HOLDERS = weakref.WeakKeyDictionary()   # stage 3: an optimizer's (newest) NetShards, weakly
 
 
 class ShardReplica:
@@ -221,7 +224,12 @@ class NetShards:
         self.replica = NetReplica(self) if self.size > 1 else None
         if self.replica is not None and optimizer.state:     # (it stepped before)
             self.replica.fetch()
-        optimizer.register_step_post_hook(self.stepped)
+        earlier = _HOLDERS.get(optimizer, lambda: None)()   # (a TorchState made again)
+        if earlier is not None:              # the newest one alone sends and keeps a replica
+            earlier.hook.remove()
+            earlier.replica = None
+        self.hook = optimizer.register_step_post_hook(self.stepped)
+        _HOLDERS[optimizer] = weakref.ref(self)
 
     def stepped(self, optimizer, args, kwargs):
         """(The user's optimizer's step post-hook) the gradient shards sent right."""

@@ -285,3 +285,52 @@ def test_fetch_copies_the_predecessors_state_anew(ring_threads):
         successor = opts[(r + 1) % 3].replica
         assert same_state(states(opt.optimizer, opt.shards),
                           states(successor.optimizer, successor.shards))
+
+
+def test_stage_3_a_replica_made_after_steps_fetches_its_owners_shard_and_keeps_up(ring_threads):
+    """A TorchState made after the user's optimizer stepped (NetShards then): each replica
+    fetches its predecessor's weights and state, and equals them after more steps too."""
+    nets = [mlp() for _ in range(3)]
+
+    def work(r):
+        net = d2ldist.shard_module(nets[r])
+        opt = OPTIMIZERS['adam'](list(net.parameters()))
+        steps(net, opt, r, 3, 0, 2)
+        holder = shard_replica.NetShards(units_of(net), opt)
+        fetched = [s.clone() for s in holder.replica.shards], \
+            states(holder.replica.optimizer, holder.replica.shards)
+        mine = [s.detach().clone() for s in holder.shards], states(opt, holder.shards)
+        steps(net, opt, r, 3, 2, 2)
+        holder.replica.settle()
+        return holder, fetched, mine
+    made = ring_threads(3, work)
+    for r, (holder, _, mine) in enumerate(made):
+        successor, fetched = made[(r + 1) % 3][0].replica, made[(r + 1) % 3][1]
+        assert all(torch.equal(a, b) for a, b in zip(mine[0], fetched[0]))
+        assert same_state(mine[1], fetched[1])
+        assert all(torch.equal(a, b) for a, b in zip(holder.shards, successor.shards))
+        assert same_state(states(holder.optimizer, holder.shards),
+                          states(successor.optimizer, successor.shards))
+
+
+def test_stage_3_a_second_holder_of_one_optimizer_takes_over_its_sends(ring_threads,
+                                                                       monkeypatch):
+    """Two NetShards over one optimizer (a TorchState made twice): only the newest sends
+    each step and keeps a replica, so a step passes each unit's gradient shard right once."""
+    nets, calls = [mlp() for _ in range(2)], []
+    passed = RingThreads.pass_right
+    monkeypatch.setattr(RingThreads, 'pass_right',
+                        lambda self, t: (calls.append(self.rank), passed(self, t))[1])
+
+    def work(r):
+        net, opt, first = net_replicated('adam', nets[r])
+        second = shard_replica.NetShards(units_of(net), opt)
+        before = len(calls)
+        steps(net, opt, r, 2, 0, 2)
+        second.replica.settle()
+        return first, second, before
+    made = ring_threads(2, work)
+    units = len(made[0][1].buckets)
+    assert all(first.replica is None for first, _, _ in made)
+    stepped = calls[max(before for _, _, before in made):]
+    assert sorted(stepped) == [0] * 2 * units + [1] * 2 * units
