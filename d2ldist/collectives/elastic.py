@@ -175,7 +175,7 @@ class TorchState(State):
         self.holder = optimizer        # what holds ZeRO's shards and their replica
         if self.replicated and stage_3:
             from .sharded_module import units_of
-            self.holder = shard_replica.NetShards(units_of(model), optimizer)
+            self.holder = shard_replica.NetShards.of(units_of(model), optimizer)
         self._model_saved = self._optimizer_saved = self._replica_saved = None
         self._commits, self._previous = 0, None
         super().__init__(**attrs)

@@ -31,7 +31,7 @@ from ..runtime import faults
 from . import world
 
 WEIGHTS = '(weights)'        # stage 3: the shard's weights, recovered as its state is
-_HOLDERS = weakref.WeakKeyDictionary()   # stage 3: an optimizer's (newest) NetShards, weakly
+_HOLDERS = weakref.WeakKeyDictionary()   # stage 3: each optimizer's NetShards, weakly
 
 
 class ShardReplica:
@@ -224,12 +224,17 @@ class NetShards:
         self.replica = NetReplica(self) if self.size > 1 else None
         if self.replica is not None and optimizer.state:     # (it stepped before)
             self.replica.fetch()
-        earlier = _HOLDERS.get(optimizer, lambda: None)()   # (a TorchState made again)
-        if earlier is not None:              # the newest one alone sends and keeps a replica
-            earlier.hook.remove()
-            earlier.replica = None
-        self.hook = optimizer.register_step_post_hook(self.stepped)
-        _HOLDERS[optimizer] = weakref.ref(self)
+        optimizer.register_step_post_hook(self.stepped)
+
+    @classmethod
+    def of(cls, units, optimizer):
+        """The NetShards of ``optimizer``, made at its first TorchState and the same for any
+        later one (a second would send each gradient shard twice and keep two replicas)."""
+        holder = _HOLDERS.get(optimizer, lambda: None)()
+        if holder is None:
+            holder = cls(units, optimizer)
+            _HOLDERS[optimizer] = weakref.ref(holder)     # (the optimizer's hook keeps it)
+        return holder
 
     def stepped(self, optimizer, args, kwargs):
         """(The user's optimizer's step post-hook) the gradient shards sent right."""

@@ -61,6 +61,14 @@ def states(optimizer, shards):
     return [optimizer.state[s] for s in shards]
 
 
+def copies(holder, replica):
+    """Whether ``replica`` holds ``holder``'s shards of the weights and of the optimizer's
+    state, bit for bit."""
+    return all(torch.equal(a, b) for a, b in zip(holder.shards, replica.shards)) and \
+        same_state(states(holder.optimizer, holder.shards),
+                   states(replica.optimizer, replica.shards))
+
+
 @pytest.mark.parametrize('stage', [1, 2])
 @pytest.mark.parametrize('n', [2, 3])
 @pytest.mark.parametrize('name', OPTIMIZERS)
@@ -77,9 +85,7 @@ def test_the_replica_equals_the_predecessors_shard_bit_for_bit(name, n, stage, r
     for r, opt in enumerate(opts):
         successor = opts[(r + 1) % n].replica
         assert successor.owner == r
-        assert all(torch.equal(a, b) for a, b in zip(opt.shards, successor.shards))
-        assert same_state(states(opt.optimizer, opt.shards),
-                          states(successor.optimizer, successor.shards))
+        assert copies(opt, successor)
         assert successor.optimizer.state        # (it stepped)
 
 
@@ -210,9 +216,7 @@ def test_stage_3_the_replica_equals_the_predecessors_shard_bit_for_bit(name, n, 
     for r, holder in enumerate(holders):
         successor = holders[(r + 1) % n].replica
         assert successor.owner == r and successor.optimizer.state
-        assert all(torch.equal(a, b) for a, b in zip(holder.shards, successor.shards))
-        assert same_state(states(holder.optimizer, holder.shards),
-                          states(successor.optimizer, successor.shards))
+        assert copies(holder, successor)
 
 
 @pytest.mark.parametrize('lost', [0, 1, 2])
@@ -308,29 +312,29 @@ def test_stage_3_a_replica_made_after_steps_fetches_its_owners_shard_and_keeps_u
         successor, fetched = made[(r + 1) % 3][0].replica, made[(r + 1) % 3][1]
         assert all(torch.equal(a, b) for a, b in zip(mine[0], fetched[0]))
         assert same_state(mine[1], fetched[1])
-        assert all(torch.equal(a, b) for a, b in zip(holder.shards, successor.shards))
-        assert same_state(states(holder.optimizer, holder.shards),
-                          states(successor.optimizer, successor.shards))
+        assert copies(holder, successor)
 
 
-def test_stage_3_a_second_holder_of_one_optimizer_takes_over_its_sends(ring_threads,
-                                                                       monkeypatch):
-    """Two NetShards over one optimizer (a TorchState made twice): only the newest sends
-    each step and keeps a replica, so a step passes each unit's gradient shard right once."""
+def test_stage_3_a_second_torch_state_of_one_optimizer_shares_its_holder(ring_threads,
+                                                                         monkeypatch):
+    """Two TorchStates over one optimizer share its NetShards (NetShards.of), so a step
+    passes each unit's gradient shard right once."""
     nets, calls = [mlp() for _ in range(2)], []
     passed = RingThreads.pass_right
     monkeypatch.setattr(RingThreads, 'pass_right',
                         lambda self, t: (calls.append(self.rank), passed(self, t))[1])
 
     def work(r):
-        net, opt, first = net_replicated('adam', nets[r])
-        second = shard_replica.NetShards(units_of(net), opt)
+        net = d2ldist.shard_module(nets[r])
+        opt = OPTIMIZERS['adam'](list(net.parameters()))
+        first = shard_replica.NetShards.of(units_of(net), opt)
+        second = shard_replica.NetShards.of(units_of(net), opt)
         before = len(calls)
         steps(net, opt, r, 2, 0, 2)
         second.replica.settle()
         return first, second, before
     made = ring_threads(2, work)
     units = len(made[0][1].buckets)
-    assert all(first.replica is None for first, _, _ in made)
+    assert all(first is second for first, second, _ in made)
     stepped = calls[max(before for _, _, before in made):]
     assert sorted(stepped) == [0] * 2 * units + [1] * 2 * units
