@@ -19,7 +19,6 @@ The stores: ``d2ldist.kv.create(kind)`` for 'local' (one process) and the parame
 server ('dist_sync', 'dist_async', 'dist_sync_device'); here ``AllreduceStore`` for
 'ring' (d2ldist's ring) and 'torch' (torch.distributed).
 """
-from collections.abc import Callable
 
 import torch
 
@@ -109,7 +108,7 @@ class AllreduceStore:
                 o.copy_(v)
 
     def allreduce_async_(self, tensor: torch.Tensor,
-                         after: Callable[[], None] | None = None) -> Handle:
+                         after: torch.cuda.Event | None = None) -> Handle:
         """Start summing a contiguous tensor of gradients over all workers, in place;
         ``.wait()`` for it.
 

@@ -8,7 +8,8 @@ copy, pinned buffer and synchronization of several GPUs runs, only not in parall
 Issue 53's tests make the copies land late on purpose (``torch.cuda._sleep`` queued
 before them on the stream they use): a host that reads before they have landed then reads
 stale memory, every time, and the weights differ from the CPU's. The two-GPU ones are
-skipped below two GPUs; the first test runs everywhere.
+skipped below two GPUs; the first test runs everywhere. How each fails on the code
+before its fix (ca86de4): issue 53.
 
 Tolerance against the CPU: the GPU's kernels add in other orders, and cuDNN's
 convolutions would use TF32 (10-bit mantissas) unless told not to; with TF32 off the
@@ -49,12 +50,12 @@ def no_tf32():
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
 
 
-def train(devices, kvstore, steps=3, loss=LOSS, **kwargs):
+def train(devices, kvstore, steps=3, **kwargs):
     """A small CNN with BatchNorm trained on `devices`; returns the trainer."""
     net = small_cnn(batch_norm=True)
     trainer = Trainer(net, 'sgd', HYPER, kvstore=kvstore, devices=devices, **kwargs)
     for X, y in batches(steps, 8):
-        l, correct = train_batch(X, y, net, loss, trainer, devices)
+        l, correct = train_batch(X, y, net, LOSS, trainer, devices)
         assert l > 0 and 0 <= correct <= 8
     return trainer
 
@@ -225,31 +226,30 @@ class SummedOnTheHost(DocumentedStore):
         return self.engine.run(compressed.allreduce_, self, tensor, ops.Sum, None, after)
 
 
-class LateBackward(torch.autograd.Function):
-    """Identity; its backward first queues ``LATE`` cycles of sleep on the GPU's current
-    stream, so that every gradient and copy backward queues after it lands late."""
+@pytest.fixture
+def late_copies(monkeypatch):
+    """Step 3's copies land late: each step-2 sum on a GPU has ``LATE`` cycles of sleep
+    queued behind it on the stream where the copy of it to the host is queued next. (So
+    late after the cross-GPU add of step 2, that a wait for any event recorded before
+    it, or on another GPU, returns before the copy has landed.)"""
+    sum_replicas = Trainer._sum_replicas
 
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        torch.cuda._sleep(LATE)
-        return grad
-
-
-def late_loss(y_hat, y):
-    return LOSS(LateBackward.apply(y_hat), y)
+    def late(self, i):
+        g = sum_replicas(self, i)
+        if g.is_cuda:
+            with torch.cuda.device(g.device):     # (current stream: the copy's)
+                torch.cuda._sleep(LATE)
+        return g
+    monkeypatch.setattr(Trainer, '_sum_replicas', late)
 
 
 @cuda
 @pytest.mark.parametrize('devices', ['cuda:0', pytest.param('cuda:0,cuda:1', marks=two_gpus)])
-def test_host_sums_wait_for_copies_that_land_late(devices):
+def test_host_sums_wait_for_copies_that_land_late(devices, late_copies):
     """The summing thread reads each bucket only once step 3's copies have landed: it
     waits for the event recorded behind them on devices[0]'s stream."""
     gpus, store = parse_devices(devices), SummedOnTheHost()
-    on_gpu = train(gpus, store, loss=late_loss, bucket_cap_mb=0.001)
+    on_gpu = train(gpus, store, bucket_cap_mb=0.001)
     on_cpu = train([cpu()] * len(gpus), SummedOnTheHost(), bucket_cap_mb=0.001)
     assert on_gpu.flat_grads.is_pinned() and on_gpu._grads_up.device == gpus[0]
     assert {e.device for e in store.afters} == {gpus[0]}
@@ -257,12 +257,12 @@ def test_host_sums_wait_for_copies_that_land_late(devices):
 
 
 @two_gpus
-def test_an_unindexed_cuda_device_is_the_current_gpu_in_every_thread():
+def test_an_unindexed_cuda_device_is_the_current_gpu_in_every_thread(late_copies):
     """torch.device('cuda') first, cuda:1 last: the event is recorded on GPU 0, where the
     copies run, though the hook that records it runs on GPU 1's autograd thread."""
     torch.cuda.set_device(0)
     devices, store = [torch.device('cuda'), torch.device('cuda', 1)], SummedOnTheHost()
-    on_gpus = train(devices, store, loss=late_loss, bucket_cap_mb=0.001)
+    on_gpus = train(devices, store, bucket_cap_mb=0.001)
     on_cpu = train([cpu(), cpu()], SummedOnTheHost(), bucket_cap_mb=0.001)
     assert on_gpus.devices == [torch.device('cuda', 0), torch.device('cuda', 1)]
     assert {e.device for e in store.afters} == {torch.device('cuda', 0)}
@@ -279,8 +279,8 @@ class LateSums:
     def __getattr__(self, name):
         return getattr(self.store, name)
 
-    def allreduce_async_(self, tensor):
-        handle = self.store.allreduce_async_(tensor)
+    def allreduce_async_(self, tensor, **after):   # (after: as the store's)
+        handle = self.store.allreduce_async_(tensor, **after)
         with torch.cuda.device(tensor.device):
             torch.cuda._sleep(LATE)
         return handle
