@@ -302,9 +302,6 @@ class Config:
         None, _text, "where this host's starter listens, which forks the job's processes "
         'from an interpreter that has imported torch (d2l-launch, local jobs: the guards)',
         job=True)
-    kept_starter: str | None = _setting(
-        None, _text, "the launcher's own: where a starter that its caller keeps listens (a "
-        "test session's): local jobs fork from it and leave it running")
     preload: bool = _setting(
         True, _flag, "the launcher's own: `0`: each process of a local job starts its own "
         'interpreter, without the starter (launch/starter.py)')

@@ -7,22 +7,8 @@ import subprocess
 import pytest
 
 from d2ldist import config
-from d2ldist.launch import starter
 from d2ldist.testing.slurm_cluster import SlurmCluster
 from support import need, need_command
-
-
-@pytest.fixture(scope='session', autouse=True)
-def kept_starter():
-    """One starter for the session's local jobs (D2L_KEPT_STARTER): their processes fork
-    from it, where each job would start one that imports torch (about 4 s of CPU a job).
-    test_starter.py runs without it: the launcher's own starter, as users get it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith('D2L_')}
-    s = starter.Starter(dict(env, PYTHONUNBUFFERED='1'))    # (as each job's processes)
-    os.environ[config.variable('kept_starter')] = s.address
-    yield s
-    del os.environ[config.variable('kept_starter')]
-    s.stop()
 
 
 @pytest.fixture(scope='session')

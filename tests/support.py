@@ -172,42 +172,20 @@ def run_mpirun(*argv, workers=2, options=(), netns=None, env=None, cwd=ROOT, tim
 
 
 def tagged_pids(tag):
-    """Pids of live processes whose environment holds D2L_TEST_TAG=tag, and of every
-    process forked by a starter of this test process (the session's, conftest; a
-    kernel's, %launch): a forked process shows its starter's environment, where a kept
-    starter has no job's tag, and this process runs one test at a time."""
+    """Pids of live processes whose environment holds D2L_TEST_TAG=tag."""
     needle = f'D2L_TEST_TAG={tag}'.encode()
-    pids, parents, starters = [], {}, set()
+    pids = []
     for entry in Path('/proc').iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / 'stat').read_text().rsplit(')', 1)[1].split()
-            if stat[0] == 'Z':
-                continue
-            parents[int(entry.name)] = int(stat[1])
             if needle in (entry / 'environ').read_bytes().split(b'\0'):
-                pids.append(int(entry.name))
-            if (entry / 'cmdline').read_bytes().split(b'\0')[1:2] == [STARTER]:
-                starters.add(int(entry.name))
+                state = (entry / 'stat').read_text().rsplit(')', 1)[1].split()[0]
+                if state != 'Z':
+                    pids.append(int(entry.name))
         except OSError:
             continue
-    ours = {s for s in starters if _below(s, {os.getpid()}, parents)}
-    return sorted(set(pids) | {p for p in parents if _below(p, ours, parents)})
-
-
-STARTER = str(ROOT / 'd2ldist' / 'launch' / 'starter.py').encode()
-
-
-def _below(pid, ancestors, parents):
-    """Whether one of ``ancestors`` is the parent of ``pid``'s parent of ... (not pid)."""
-    seen = set()
-    while pid in parents and pid not in seen:
-        seen.add(pid)
-        pid = parents[pid]
-        if pid in ancestors:
-            return True
-    return False
+    return pids
 
 
 def wait_no_survivors(tag, timeout=10.0):

@@ -100,14 +100,13 @@ class Job:
     """Start a job's processes, merge their output, stop them all when it ends.
 
     ``last_lines=False``: the report of a failure is one line, without the failed
-    process's last lines (%launch: they are in the cell's log just above). ``kept``: a
-    starter that outlives the job (``starter.Kept``, a Jupyter kernel's)."""
+    process's last lines (%launch: they are in the cell's log just above)."""
     kills_one = True                      # it can kill one process alone (--fail)
 
     def __init__(self, specs, timeout=None, max_restarts=0, out=None, on_line=None,
                  on_state=None, on_tick=None, on_restart=None, on_change=None,
                  last_lines=True, log_dir=None, min_workers=None, max_workers=None,
-                 restart_lost=False, console_ranks=None, kept=None):
+                 restart_lost=False, console_ranks=None):
         self.procs = [Proc(s) for s in specs]
         self.log_dir = log_dir            # --log-dir: each process's lines in a file too
         self.console_ranks = console_ranks   # --local-ranks-filter: workers shown (None: all)
@@ -129,9 +128,6 @@ class Job:
         self.code = None
         self._sel = selectors.DefaultSelector()
         self.starter = None               # this host's starter, once the job starts
-        address = config.get().kept_starter   # ... from a starter kept beyond the job
-        self.kept = kept or (starter.Elsewhere(address) if address else None)
-        self.own_starter = False          # ... or from the job's own, stopped at its end
         self.scheduler_address = None     # tcp://host:port, once the scheduler is ready
         self.notice = None                # elastic: how we tell the scheduler of a loss
         self.fails = FailWatch(specs, self.kills_one)   # --fail: fired, or never
@@ -153,7 +149,7 @@ class Job:
             raise
         finally:
             self.stop_all('finished' if self.code == 0 else 'stopped')
-            if self.own_starter:
+            if self.starter is not None:
                 self.starter.stop()
             self._close_notice()
             self._sel.close()
@@ -250,9 +246,7 @@ class Job:
         assert scheduler.spec.role == 'scheduler'
         if self.starter is None and config.get().preload and type(self).spawn is Job.spawn:
             # first, for it imports torch while the scheduler starts (which needs none)
-            env = {**os.environ, **shared_env([p.spec for p in others])}
-            kept = self.kept.serving(env) if self.kept else None
-            self.starter, self.own_starter = kept or starter.Starter(env), kept is None
+            self.starter = starter.Starter({**os.environ, **shared_env([p.spec for p in others])})
         self._start(scheduler)
         port = self._wait_ready(scheduler)
         if port is None:

@@ -9,11 +9,9 @@ the script as python would (``become``, ``run``, ``leave``). The guard gets
 start-up variables differ from the starter's is refused (``refusal``), and its guard
 starts the process the old way.
 
-A starter may also outlive its job (``Kept``: a Jupyter kernel's, from one ``%launch`` to
-the next; ``D2L_KEPT_STARTER``: one its caller keeps). This file imports nothing of
-d2ldist: the children import it fresh, under their own environment. ``D2L_PRELOAD=0``
-turns the starter off. Why it exists, and what it refuses: docs/design/launch.md, "The
-starter".
+This file imports nothing of d2ldist: the children import it fresh, under their own
+environment. ``D2L_PRELOAD=0`` turns the starter off. Why it exists, and what it
+refuses: docs/design/launch.md, "The starter".
 """
 import json
 import os
@@ -37,7 +35,6 @@ class Starter:
     job's processes share); ``address`` is what the guards are told (D2L_STARTER)."""
 
     def __init__(self, env, python=sys.executable):
-        self.env, self.python = env, python
         self.address = 'd2ldist-starter-' + secrets.token_hex(8)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         listener.bind('\0' + self.address)   # (Linux's abstract names: no file to remove)
@@ -48,10 +45,6 @@ class Starter:
             start_new_session=True)
         listener.close()
 
-    def serves(self, env):
-        """Whether it runs and would fork processes with ``env`` (not refuse them)."""
-        return self.popen.poll() is None and _differs(env, self.env) is None
-
     def stop(self):
         """Close its stdin: it ends, with whatever it forked that is still running."""
         self.popen.stdin.close()
@@ -60,42 +53,6 @@ class Starter:
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
-
-
-class Kept:
-    """A starter kept from job to job by its owner (a Jupyter kernel): each job's processes
-    fork from it while it serves them, else from a new one started in its place. It ends
-    with its owner (its stdin is the owner's pipe)."""
-
-    def __init__(self):
-        self.starter = None
-
-    def serving(self, env):
-        """A running starter for processes with ``env`` (none of the job's own variables:
-        it outlives the job)."""
-        env = {k: v for k, v in env.items() if not k.startswith('D2L_')}
-        if self.starter is None or not self.starter.serves(env):
-            if self.starter is not None:
-                self.starter.stop()
-            self.starter = Starter(env)
-        return self.starter
-
-
-class Elsewhere:
-    """A starter that another process keeps, known by its address (``D2L_KEPT_STARTER``):
-    used as it is where it can be reached (None elsewhere, e.g. in another network
-    namespace), never stopped; a process it refuses starts the old way."""
-
-    def __init__(self, address):
-        self.address = address
-
-    def serving(self, env):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
-            try:
-                sock.connect('\0' + self.address)
-            except OSError:
-                return None
-        return self
 
 
 # -- the guard's side ------------------------------------------------------------------
@@ -147,16 +104,10 @@ def refusal(request, own_env, python):
         return f'not run by {python}'
     if argv[1].startswith('-') and (argv[1] != '-m' or len(argv) < 3):
         return f'interpreter option {argv[1]}'
-    name = _differs(env, own_env)
-    return None if name is None else f'{name} differs from the starter'
-
-
-def _differs(env, own_env):
-    """The first variable read at start whose value differs in ``env``, or None."""
-    for name in sorted(set(env) | set(own_env)):
+    for name in set(env) | set(own_env):
         if name.startswith(READ_AT_START) and name not in LATE \
                 and env.get(name) != own_env.get(name):
-            return name
+            return f'{name} differs from the starter'
     return None
 
 

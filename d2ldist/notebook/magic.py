@@ -20,7 +20,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 from IPython.utils.process import arg_split
 
-from ..launch import cli, starter
+from ..launch import cli
 from ..launch.job import READY, JobFailed, describe_exit, failure_report
 from ..launch.progress import JobModel
 from . import final
@@ -103,12 +103,7 @@ def _view(model, shell):
 
 @magics_class
 class LaunchMagics(Magics):
-    """The ``%launch`` line magic (``%load_ext d2ldist`` registers it). Its local jobs fork
-    from one starter, kept from launch to launch; it ends with the kernel."""
-
-    def __init__(self, shell=None):
-        super().__init__(shell)
-        self._starter = starter.Kept()
+    """The ``%launch`` line magic (``%load_ext d2ldist`` registers it)."""
 
     @line_magic
     def launch(self, line):
@@ -122,7 +117,7 @@ class LaunchMagics(Magics):
         self._args = args
         out = _Out(sys.stdout)
         try:        # ssh: checks the hosts and syncs the directory first
-            job = cli.make_job(args, out=out, notices=False, kept=self._starter,
+            job = cli.make_job(args, out=out, notices=False,
                                on_line=lambda p, t: on_line(p, t),
                                on_state=lambda p: on_state(p),
                                on_restart=lambda n, why: on_restart(n, why),

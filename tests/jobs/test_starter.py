@@ -15,12 +15,6 @@ from support import new_tag, run_launch, tagged_pids, wait_no_survivors
 from d2ldist import config
 from d2ldist.launch import starter
 
-@pytest.fixture(autouse=True)
-def own_starters(monkeypatch):
-    """The launcher starts a starter of its own, as without a test session's (conftest)."""
-    monkeypatch.delenv(config.variable('kept_starter'), raising=False)
-
-
 # What a process sees of itself: enough to tell a fork of the starter from a fresh python
 SELF = r'''
 import json, os, sys
@@ -202,47 +196,3 @@ def test_a_forked_process_ends_as_python_ends_one(a_starter, tmp_path):
         (fresh.returncode, fresh.stdout, fresh.stderr) == \
         (1, 'the thread ended\natexit ran\n', 'said on the way out\n')
     assert (tmp_path / 'forked.txt').read_text() == 'written, not closed\n'
-
-
-def test_jobs_fork_from_a_kept_starter_and_leave_it_running(write_script):
-    """D2L_KEPT_STARTER (a starter its caller keeps): two jobs, every process of both
-    forked by it, and it still runs after them. Where it cannot be reached (here: gone;
-    in another network namespace, alike) the job forks from a starter of its own."""
-    script = write_script('''
-import os
-parent = open(f'/proc/{os.getppid()}/cmdline', 'rb').read().split(b'\\0')
-print('parent', os.getppid(), parent[-3].endswith(b'starter.py'), flush=True)
-''')
-    env = {k: v for k, v in os.environ.items() if not k.startswith('D2L_')}
-    kept = starter.Starter(dict(env, PYTHONUNBUFFERED='1'))
-
-    def job():
-        return run_launch('-n', 2, '-s', 1, 'python', script,
-                          env={config.variable('kept_starter'): kept.address})
-    try:
-        for _ in range(2):
-            r = job()
-            assert r.returncode == 0, r.stdout
-            assert r.stdout.count(f'parent {kept.popen.pid} True') == 2, r.stdout
-        assert kept.popen.poll() is None
-    finally:
-        kept.stop()
-    r = job()
-    assert r.returncode == 0 and r.stdout.count(' True') == 2, r.stdout
-    assert f'parent {kept.popen.pid}' not in r.stdout
-
-
-def test_a_kernels_kept_starter_serves_while_what_is_read_at_start_is_the_same():
-    """starter.Kept (a Jupyter kernel's): one starter while the variables read at start
-    stay; another in its place when they change; none of a job's own D2L_ variables."""
-    tag = new_tag()
-    kept = starter.Kept()
-    env = dict(os.environ, D2L_TEST_TAG=tag)
-    try:
-        first = kept.serving(env)
-        assert kept.serving(dict(env, D2L_SECRET='another job')) is first
-        assert tagged_pids(tag) == []                  # it is no job's: it has no tag
-        second = kept.serving(dict(env, PYTHONHASHSEED='7'))
-        assert second is not first and first.popen.wait(timeout=10) is not None
-    finally:
-        kept.starter.stop()
